@@ -1,0 +1,45 @@
+# cryptotrain — every workflow is one make target. `make help` lists them.
+VENV   ?= .venv
+PYTHON ?= python3
+PY      = $(VENV)/bin/python
+CLI     = $(VENV)/bin/cryptotrain
+# TensorFlow build: the GPU wheel where an NVIDIA driver is present, else the small CPU wheel.
+TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+FAMILIES = v7 v8_stable v8_aligned
+
+.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput lint clean
+
+help:            ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
+
+install:         ## venv + dependencies + the package (editable), TF_EXTRA=cpu|gpu to force a build
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),dev]"
+	@$(CLI) --version
+
+test:            ## the test suite (fast: tiny configs, real components)
+	$(PY) -m pytest -q
+
+demo:            ## train the quickstart config end to end (offline, synthetic candles, ~1-2 min on CPU)
+	$(CLI) run --config configs/quickstart.yaml
+
+train-all:       ## train the three model families in turn (40 jobs each); ARGS="--only BTC*" to narrow
+	@for family in $(FAMILIES); do $(CLI) run --config configs/$$family.yaml $(ARGS) || exit $$?; done
+
+bench: bench-features bench-run bench-throughput  ## all benchmarks
+
+bench-features:  ## data preparation: old loop-based way vs ours cold vs ours cached
+	$(PY) benchmarks/bench_features.py
+
+bench-run:       ## N tiny jobs: old per-job scripts vs `cryptotrain run`
+	$(PY) benchmarks/bench_run.py
+
+bench-throughput: ## training samples/s and achieved GFLOP/s per family shape
+	$(PY) benchmarks/bench_throughput.py
+
+lint:            ## ruff
+	$(VENV)/bin/ruff check trainer tests benchmarks
+
+clean:           ## remove runs/ and caches (keeps the venv)
+	rm -rf runs .pytest_cache .ruff_cache

@@ -1,0 +1,70 @@
+"""Shared fixtures: the real candles in ../shared and a tiny config that runs every code path fast."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Every test gets its own cache directory; nothing leaks between tests or into ~/.cache."""
+    monkeypatch.setenv("CRYPTOTRAIN_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def tiny_config_dict(tmp_path: Path, **sections) -> dict:
+    """A small V7-shaped config over the real candles in ../shared; sections replace top-level keys."""
+    cfg = {
+        "name": "tiny",
+        "output_dir": str(tmp_path / "run"),
+        "data": {
+            "source": "local",
+            "local": {"path": str(SHARED_OHLCV), "pattern": "{symbol}_{timeframe}.csv.gz"},
+            "symbols": ["BTCUSDT", "ETHUSDT"],
+            "timeframes": ["1h"],
+            "max_rows": 600,
+        },
+        "features": {
+            "base": ["open", "high", "low", "close"],
+            "indicators": [
+                {"name": "rsi", "window": 14},
+                {"name": "bb_upper", "window": 20, "std": 2.0},
+                {"name": "bb_lower", "window": 20, "std": 2.0},
+                {"name": "atr", "window": 14},
+            ],
+        },
+        "window": {"lookback": 16, "horizon": 3, "scaler": "standard"},
+        "heads": [
+            {"name": "ohlc", "columns": ["open", "high", "low", "close"], "weight": 1.0},
+            {"name": "bb", "columns": ["bb_upper", "bb_lower"], "weight": 0.8},
+        ],
+        "model": {"layers": [
+            {"kind": "bilstm", "units": 8, "return_sequences": True},
+            {"kind": "layernorm"},
+            {"kind": "lstm", "units": 8},
+            {"kind": "repeat_vector"},
+            {"kind": "lstm", "units": 8, "return_sequences": True},
+        ]},
+        "train": {"batch_size": 64, "epochs": 2, "learning_rate": 0.003, "seed": 1,
+                  "early_stopping": {"patience": 3}, "reduce_lr": {"patience": 2}},
+    }
+    cfg.update(sections)
+    return cfg
+
+
+@pytest.fixture
+def tiny_config(tmp_path):
+    """Write a tiny config to tmp_path and return (path, dict); pass sections to replace parts."""
+    def write(**sections) -> Path:
+        path = tmp_path / "tiny.yaml"
+        path.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, **sections), sort_keys=False))
+        return path
+    return write

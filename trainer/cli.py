@@ -1,0 +1,225 @@
+"""`cryptotrain` command line: thin click commands over the library; parsing and printing only.
+
+Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers at once.
+"""
+from __future__ import annotations
+
+import sys
+import traceback
+from pathlib import Path
+
+import click
+
+from . import __version__
+from .errors import JobError, UserError
+
+
+class _Cli(click.Group):
+    """Turns the library's UserError / JobError into one line on stderr and an exit code."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except (UserError, JobError) as exc:
+            if ctx.meta.get("debug"):
+                traceback.print_exc()
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="cryptotrain")
+@click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """Train, evaluate and publish crypto price forecasters, one model per symbol x timeframe.
+
+    \b
+    Quick start (offline, synthetic candles, a minute on CPU):
+      cryptotrain run --config quickstart
+    The real families (40 jobs each), resumable at any moment:
+      cryptotrain plan --config v8_aligned
+      cryptotrain run  --config v8_aligned --only 'BTC*' --timeframes 15m
+      cryptotrain status runs/v8_aligned
+    """
+    ctx.meta["debug"] = debug
+
+
+def config_options(func):
+    """--config, --set, --only, --timeframes: shared by every command that reads a run config."""
+    func = click.option("--timeframes", "timeframes", default="", metavar="TF[,TF]",
+                        help="Only these timeframes, e.g. --timeframes 15m.")(func)
+    func = click.option("--only", "only", multiple=True, metavar="PATTERN",
+                        help="Only symbols or jobs matching this shell pattern, e.g. --only 'BTC*' "
+                             "or --only ETHUSDT_1h. Repeatable.")(func)
+    func = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                        help="Override a config value without editing the file, e.g. --set train.epochs=2. "
+                             "Repeatable; VALUE is YAML.")(func)
+    func = click.option("--config", "-c", "config_path", required=True, metavar="FILE",
+                        help="Run config (YAML). A bundled name also works: quickstart, v7, v8_stable, "
+                             "v8_aligned.")(func)
+    return func
+
+
+def _load(config_path: str, overrides: tuple[str, ...], only: tuple[str, ...], timeframes: str):
+    from .config import load_config
+    from .jobs import make_jobs
+
+    cfg = load_config(config_path, overrides)
+    jobs = make_jobs(cfg, only, tuple(t for t in timeframes.split(",") if t))
+    return cfg, jobs
+
+
+@main.command()
+@config_options
+def plan(config_path, overrides, only, timeframes):
+    """Print the job matrix without training: jobs, model size, windows, heads, cuDNN eligibility.
+
+    \b
+    Example:
+      cryptotrain plan --config v8_stable
+    """
+    from .planning import print_plan
+
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
+    print_plan(cfg, jobs)
+
+
+@main.command()
+@config_options
+@click.option("--new-run", is_flag=True, help="Start over in a fresh run directory when the config changed "
+                                              "(the old one is kept, renamed with a timestamp).")
+@click.option("--retries", default=1, show_default=True, type=click.IntRange(0),
+              help="Retry each failed job this many times (in this and later invocations).")
+@click.option("--push", is_flag=True, help="Push each job to the Hugging Face Hub (config hub.repo_id) as "
+                                           "it finishes.")
+def run(config_path, overrides, only, timeframes, new_run, retries, push):
+    """Train and evaluate every job of a config, in one process; resumable.
+
+    Interrupt it at any moment (Ctrl-C, kill -9) and run the same command again: finished jobs
+    are kept, an interrupted job resumes from its last finished epoch.
+
+    \b
+    Examples:
+      cryptotrain run --config quickstart
+      cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
+    """
+    from .runner import run_config
+
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
+    outcome = run_config(cfg, jobs, new_run=new_run, retries=retries, push=push)
+    sys.exit(outcome.exit_code)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def status(run_dir, as_json):
+    """Show every job of a run: done, running, failed or pending, with metrics and pushes.
+
+    \b
+    Example:
+      cryptotrain status runs/v8_aligned
+    """
+    from .runner import print_status
+
+    print_status(run_dir, as_json=as_json)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--repo-id", default=None, metavar="NS/NAME",
+              help="Target repo; may hold {symbol}/{timeframe} for one repo per job. Default: hub.repo_id "
+                   "of the run's config.")
+@click.option("--public", is_flag=True, help="Create the repo public (default: private).")
+@click.option("--overwrite-cards", is_flag=True, help="Replace model cards that were edited on the Hub.")
+@click.option("--only", "only", multiple=True, metavar="PATTERN", help="Only jobs matching this pattern.")
+def push(run_dir, repo_id, public, overwrite_cards, only):
+    """Publish a run's finished jobs to the Hugging Face Hub, in as few commits as possible.
+
+    The token comes from HF_TOKEN or `hf auth login`. Idempotent: unchanged files are not
+    uploaded again, and an interrupted push is simply run again.
+
+    \b
+    Example:
+      cryptotrain push runs/v8_aligned --repo-id you/cpb-v8-aligned
+    """
+    from .hub import push_run
+
+    push_run(run_dir, repo_id=repo_id, private=not public, overwrite_cards=overwrite_cards, only=only)
+
+
+@main.command()
+@click.option("--model", "model_ref", required=True, metavar="PATH_OR_URI",
+              help="A job directory (runs/v7/jobs/BTCUSDT_15m), a run directory with --symbol/--timeframe, "
+                   "or hf://NS/NAME/SYMBOL/TIMEFRAME.")
+@click.option("--symbol", default=None, help="Symbol, when --model is a run directory or repo.")
+@click.option("--timeframe", default=None, help="Timeframe, when --model is a run directory or repo.")
+@click.option("--data", "data_path", default=None, type=click.Path(path_type=Path),
+              help="Candles file (CSV/CSV.gz/Parquet) to predict from; default: the job's own data source.")
+@click.option("--config", "config_path", default=None, metavar="FILE",
+              help="Config whose data source to read the latest candles from.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
+    """Forecast the next `horizon` candles, in price units, from a trained job.
+
+    \b
+    Examples:
+      cryptotrain predict --model runs/quickstart/jobs/BTCUSDT_15m
+      cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
+    """
+    from .predict import predict_command
+
+    predict_command(model_ref, symbol=symbol, timeframe=timeframe, data_path=data_path,
+                    config_path=config_path, as_json=as_json)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def doctor(as_json):
+    """Check that TensorFlow really uses the hardware: devices, cuDNN, memory, precision.
+
+    Runs a timed small LSTM training step on each device and ends with a verdict and the fix for
+    each problem found. Without a GPU it says so and still checks the CPU path.
+
+    \b
+    Example:
+      cryptotrain doctor
+    """
+    from .device import doctor as run_doctor
+
+    sys.exit(run_doctor(as_json=as_json))
+
+
+@main.command()
+@config_options
+def features(config_path, overrides, only, timeframes):
+    """Precompute (and cache) every job's features; prints cache hits and misses.
+
+    \b
+    Example:
+      cryptotrain features --config v8_stable --only 'ETH*'
+    """
+    from .features import precompute
+
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
+    sys.exit(precompute(cfg, jobs))
+
+
+@main.group()
+def data():
+    """Fetch and inspect candle data."""
+
+
+@data.command()
+@config_options
+def download(config_path, overrides, only, timeframes):
+    """Download a config's candles into the local cache (binance and hf sources).
+
+    A second run needs no network. Example:
+      cryptotrain data download --config my_binance.yaml
+    """
+    from .data import download as download_all
+
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
+    sys.exit(download_all(cfg, jobs))

@@ -1,0 +1,471 @@
+"""Run configuration: YAML -> validated RunConfig, overrides, fingerprint.
+
+Everything a run does is decided here, as data. The three model families differ only in
+their YAML; a new family needs no code. Unknown keys are errors everywhere (extra="forbid").
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import UserError
+
+TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
+OHLCV = ("open", "high", "low", "close", "volume")
+
+
+class ConfigError(UserError):
+    """A bad config or override: the message is one line naming the file and the key path."""
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ----------------------------------------------------------------------------- data
+class LocalSource(Strict):
+    """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
+    path: Path = Path("../shared/data/ohlcv")
+    pattern: str = "{symbol}_{timeframe}.csv.gz"
+
+
+class HfSource(Strict):
+    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
+    repo_id: str = "zongowo111/cpb-models"
+    repo_type: Literal["dataset", "model"] = "dataset"
+    revision: str = "main"
+    pattern: str = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
+
+
+class BinanceSource(Strict):
+    """Public spot klines (no API key), downloaded once into the cache."""
+    base_url: str = "https://api.binance.com"
+    start: str = "2024-01-01"
+    end: str | None = None  # None: up to now
+
+
+class SyntheticSource(Strict):
+    """Deterministic generated candles, for demos and tests only (always labelled synthetic)."""
+    seed: int = 7
+    rows: int = Field(3000, gt=0)
+
+
+class DataConfig(Strict):
+    source: Literal["local", "hf", "binance", "synthetic"]
+    symbols: list[str]
+    timeframes: list[str]
+    max_rows: int | None = Field(None, gt=0)
+    local: LocalSource = LocalSource()
+    hf: HfSource = HfSource()
+    binance: BinanceSource = BinanceSource()
+    synthetic: SyntheticSource = SyntheticSource()
+
+    @field_validator("symbols")
+    @classmethod
+    def _symbols(cls, symbols: list[str]) -> list[str]:
+        if not symbols:
+            raise ValueError("must list at least one symbol")
+        for s in symbols:
+            if not re.fullmatch(r"[A-Z0-9]{2,20}", s):
+                raise ValueError(f"'{s}' is not a symbol like BTCUSDT (upper-case letters and digits)")
+        _no_duplicates(symbols, "symbols")
+        return symbols
+
+    @field_validator("timeframes")
+    @classmethod
+    def _timeframes(cls, timeframes: list[str]) -> list[str]:
+        if not timeframes:
+            raise ValueError("must list at least one timeframe")
+        for tf in timeframes:
+            if tf not in TIMEFRAMES:
+                raise ValueError(f"unknown timeframe '{tf}' (one of {', '.join(TIMEFRAMES)})")
+        _no_duplicates(timeframes, "timeframes")
+        return timeframes
+
+
+def _no_duplicates(items: list[str], what: str) -> None:
+    dupes = sorted({x for x in items if items.count(x) > 1})
+    if dupes:
+        raise ValueError(f"duplicate {what}: {', '.join(dupes)}")
+
+
+# ----------------------------------------------------------------------------- features
+# One entry per output column; the entry's `name` is both the indicator kind and the column name
+# (names as the old scripts used them).
+class _Indicator(Strict):
+    pass
+
+
+class Rsi(_Indicator):
+    name: Literal["rsi"]
+    window: int = Field(14, gt=1)
+
+
+class Macd(_Indicator):
+    name: Literal["macd"]
+    fast: int = Field(12, gt=0)
+    slow: int = Field(26, gt=0)
+
+
+class MacdSignal(_Indicator):
+    name: Literal["signal"]
+    fast: int = Field(12, gt=0)
+    slow: int = Field(26, gt=0)
+    signal: int = Field(9, gt=0)
+
+
+class _Bollinger(_Indicator):
+    window: int = Field(20, gt=1)
+    std: float = Field(2.0, gt=0)
+
+
+class BbUpper(_Bollinger):
+    name: Literal["bb_upper"]
+
+
+class BbLower(_Bollinger):
+    name: Literal["bb_lower"]
+
+
+class BbWidthPct(_Bollinger):
+    name: Literal["bb_width_pct"]
+
+
+class BbPosition(_Bollinger):
+    name: Literal["bb_position"]
+
+
+class Volatility(_Indicator):
+    name: Literal["volatility"]
+    window: int = Field(20, gt=1)
+
+
+class Atr(_Indicator):
+    name: Literal["atr"]
+    window: int = Field(14, gt=1)
+
+
+class Roc(_Indicator):
+    name: Literal["roc"]
+    window: int = Field(12, gt=0)
+
+
+class VolumeNorm(_Indicator):
+    name: Literal["volume_norm"]
+    window: int = Field(20, gt=1)
+
+
+Indicator = Annotated[
+    Union[Rsi, Macd, MacdSignal, BbUpper, BbLower, BbWidthPct, BbPosition, Volatility, Atr, Roc, VolumeNorm],
+    Field(discriminator="name"),
+]
+INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
+              "volatility", "atr", "roc", "volume_norm")
+
+
+class FeaturesConfig(Strict):
+    base: list[Literal["open", "high", "low", "close", "volume"]] = ["open", "high", "low", "close"]
+    indicators: list[Indicator] = []
+
+    @model_validator(mode="after")
+    def _unique_columns(self) -> "FeaturesConfig":
+        _no_duplicates(self.columns, "feature columns")
+        return self
+
+    @property
+    def columns(self) -> list[str]:
+        """Model input columns, in order: the base OHLC(V) columns, then the indicators."""
+        return list(self.base) + [ind.name for ind in self.indicators]
+
+
+# ----------------------------------------------------------------------------- window, heads
+class Split(Strict):
+    train: float = Field(0.7, gt=0, lt=1)
+    val: float = Field(0.15, gt=0, lt=1)
+    test: float = Field(0.15, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "Split":
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
+        return self
+
+
+class WindowConfig(Strict):
+    lookback: int = Field(gt=0)
+    horizon: int = Field(gt=0)
+    split: Split = Split()
+    scaler: Literal["standard", "minmax"] = "standard"
+
+
+class HeadConfig(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    columns: list[str] = Field(min_length=1)
+    loss: Literal["mse", "mae", "huber"] = "mse"
+    weight: float = Field(1.0, gt=0)
+
+
+# ----------------------------------------------------------------------------- model layers
+# Field names are Keras's own argument names, so each spec maps straight onto its layer class.
+class _Recurrent(Strict):
+    units: int = Field(gt=0)
+    return_sequences: bool = False
+    dropout: float = Field(0.0, ge=0, lt=1)
+    recurrent_dropout: float = Field(0.0, ge=0, lt=1)
+    activation: str = "tanh"
+    recurrent_activation: str = "sigmoid"
+    use_bias: bool = True
+    unroll: bool = False
+
+
+class LstmLayer(_Recurrent):
+    kind: Literal["lstm"]
+
+
+class GruLayer(_Recurrent):
+    kind: Literal["gru"]
+
+
+class BiLstmLayer(_Recurrent):
+    kind: Literal["bilstm"]
+    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
+
+
+class BiGruLayer(_Recurrent):
+    kind: Literal["bigru"]
+    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
+
+
+class DenseLayer(Strict):
+    kind: Literal["dense"]
+    units: int = Field(gt=0)
+    activation: str | None = None
+
+
+class TimeDenseLayer(Strict):
+    """A Dense layer applied at every time step (TimeDistributed)."""
+    kind: Literal["time_dense"]
+    units: int = Field(gt=0)
+    activation: str | None = None
+
+
+class DropoutLayer(Strict):
+    kind: Literal["dropout"]
+    rate: float = Field(gt=0, lt=1)
+
+
+class LayerNormLayer(Strict):
+    kind: Literal["layernorm"]
+    epsilon: float = Field(1e-3, gt=0)
+
+
+class RepeatVectorLayer(Strict):
+    kind: Literal["repeat_vector"]
+    n: int | None = Field(None, gt=0)  # None: the window horizon
+
+
+Layer = Annotated[
+    Union[LstmLayer, GruLayer, BiLstmLayer, BiGruLayer, DenseLayer, TimeDenseLayer, DropoutLayer,
+          LayerNormLayer, RepeatVectorLayer],
+    Field(discriminator="kind"),
+]
+LAYER_KINDS = ("lstm", "gru", "bilstm", "bigru", "dense", "time_dense", "dropout", "layernorm", "repeat_vector")
+RECURRENT_KINDS = ("lstm", "gru", "bilstm", "bigru")
+
+
+class ModelConfig(Strict):
+    """The trunk, in order. Each head becomes a linear Dense on top (per time step if the trunk
+    ends in a sequence)."""
+    layers: list[Layer] = Field(min_length=1)
+
+
+# ----------------------------------------------------------------------------- training
+class EarlyStoppingConfig(Strict):
+    monitor: str = "val_loss"
+    patience: int = Field(20, ge=0)
+    min_delta: float = Field(0.0, ge=0)
+    restore_best_weights: bool = True
+
+
+class ReduceLrConfig(Strict):
+    monitor: str = "val_loss"
+    factor: float = Field(0.5, gt=0, lt=1)
+    patience: int = Field(8, ge=0)
+    min_lr: float = Field(1e-6, ge=0)
+
+
+class TrainConfig(Strict):
+    optimizer: Literal["adam", "adamw", "rmsprop", "sgd"] = "adam"
+    learning_rate: float = Field(1e-3, gt=0)
+    clipvalue: float | None = Field(None, gt=0)
+    clipnorm: float | None = Field(None, gt=0)
+    batch_size: int = Field(32, gt=0)
+    epochs: int = Field(100, gt=0)
+    early_stopping: EarlyStoppingConfig | None = EarlyStoppingConfig()
+    reduce_lr: ReduceLrConfig | None = ReduceLrConfig()
+    seed: int = 42
+    precision: Literal["float32", "mixed_float16", "mixed_bfloat16", "auto"] = "float32"
+    steps_per_execution: int = Field(1, gt=0)
+
+
+class HubConfig(Strict):
+    # repo_id may hold {symbol} / {timeframe} for one repo per job; path_template places a job's
+    # files inside the repo ("" for the repo root).
+    repo_id: str | None = Field(None, pattern=r"^[\w.\-{}]+/[\w.\-{}]+$")
+    private: bool = True
+    path_template: str = "{symbol}/{timeframe}"
+
+
+# ----------------------------------------------------------------------------- the run
+class RunConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+    output_dir: Path | None = None  # None: runs/{name}
+    cache_dir: Path | None = None  # None: $CRYPTOTRAIN_CACHE or ~/.cache/cryptotrain
+    data: DataConfig
+    features: FeaturesConfig = FeaturesConfig()
+    window: WindowConfig
+    heads: list[HeadConfig] = Field(min_length=1)
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+    hub: HubConfig = HubConfig()
+
+    @model_validator(mode="after")
+    def _heads_target_features(self) -> "RunConfig":
+        columns = self.features.columns
+        _no_duplicates([h.name for h in self.heads], "head names")
+        for head in self.heads:
+            missing = [c for c in head.columns if c not in columns]
+            if missing:
+                raise ValueError(
+                    f"head '{head.name}' targets {', '.join(missing)}, which is not a feature column "
+                    f"(features are: {', '.join(columns)})"
+                )
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_dir if self.output_dir is not None else Path("runs") / self.name
+
+    @property
+    def cache_path(self) -> Path:
+        """Feature and download cache, shared by all runs: keys are content hashes, never stale."""
+        if self.cache_dir is not None:
+            return self.cache_dir
+        return Path(os.environ.get("CRYPTOTRAIN_CACHE", Path.home() / ".cache" / "cryptotrain"))
+
+    def fingerprint(self) -> str:
+        """sha256 of everything that changes what a job computes. Where results go (output_dir,
+        cache_dir) and where they are published (hub) do not count."""
+        return hashlib.sha256(_canonical_json(self.fingerprint_data()).encode()).hexdigest()
+
+    def fingerprint_data(self) -> dict:
+        return self.model_dump(mode="json", exclude={"output_dir", "cache_dir", "hub"})
+
+
+def _canonical_json(data: object) -> str:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"))
+
+
+# ----------------------------------------------------------------------------- loading
+def bundled_configs_dir() -> Path:
+    """Configs shipped with the package (wheel) or beside it (editable install / checkout)."""
+    here = Path(__file__).resolve().parent
+    wheel_dir = here / "bundled_configs"
+    return wheel_dir if wheel_dir.is_dir() else here.parent / "configs"
+
+
+def resolve_config_path(name: str | Path) -> Path:
+    """A path as given if it exists; otherwise the bundled config of that name (`v8_aligned`,
+    `v8_aligned.yaml` or `configs/v8_aligned.yaml`)."""
+    path = Path(name)
+    candidates = [path, path.with_name(path.name + ".yaml")]
+    stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
+    candidates.append(bundled_configs_dir() / stem)
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    bundled = ", ".join(sorted(p.stem for p in bundled_configs_dir().glob("*.yaml")))
+    raise ConfigError(f"{name}: no such config file (bundled configs: {bundled})")
+
+
+def load_config(name: str | Path, overrides: tuple[str, ...] | list[str] = ()) -> RunConfig:
+    """Read, override (`key.path=value`, value parsed as YAML) and validate a run config."""
+    path = resolve_config_path(name)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}:{where}: YAML syntax error: {problem}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping of settings at the top level")
+    for override in overrides:
+        _apply_override(raw, override, path)
+    try:
+        return RunConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, path)) from None
+
+
+def _apply_override(raw: dict, override: str, path: Path) -> None:
+    key, sep, value = override.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {override}: expected KEY.PATH=VALUE, e.g. --set train.epochs=2")
+    try:
+        parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {override}: the value is not valid YAML") from None
+    node = raw
+    parts = key.split(".")
+    for part in parts[:-1]:
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"--set {override}: {part} is not a mapping in {path}")
+        node = child
+    node[parts[-1]] = parsed
+
+
+_UNION_TAGS = set(INDICATORS) | set(LAYER_KINDS)
+
+
+def format_validation_error(exc: ValidationError, path: Path) -> str:
+    """`configs/x.yaml: train.epochs: Input should be greater than 0` (+ how many more)."""
+    errors = exc.errors()
+    first = errors[0]
+    loc = _format_loc(first["loc"])
+    message = first["msg"].removeprefix("Value error, ")
+    if first["type"] == "extra_forbidden":
+        message = "unknown key"
+    elif first["type"] == "union_tag_invalid":
+        message = f"unknown kind '{first['input'].get('kind', first['input'].get('name'))}'; expected one of: " \
+                  f"{first['ctx']['expected_tags']}"
+    elif first["type"] == "missing":
+        message = "required key is missing"
+    more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
+    return f"{path}: {loc or '(top level)'}: {message}{more}"
+
+
+def _format_loc(loc: tuple) -> str:
+    out = ""
+    previous = None
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif isinstance(previous, int) and part in _UNION_TAGS:
+            pass  # pydantic's discriminated-union tag, not a key the user wrote
+        else:
+            out += ("." if out else "") + str(part)
+        previous = part
+    return out
+
