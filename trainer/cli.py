@@ -79,9 +79,9 @@ def plan(config_path, overrides, only, timeframes):
     Example:
       cryptotrain plan --config v8_stable
     """
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .planning import print_plan
 
-    cfg, jobs = _load(config_path, overrides, only, timeframes)
     print_plan(cfg, jobs)
 
 
@@ -104,9 +104,9 @@ def run(config_path, overrides, only, timeframes, new_run, retries, push):
       cryptotrain run --config quickstart
       cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
     """
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .runner import run_config
 
-    cfg, jobs = _load(config_path, overrides, only, timeframes)
     outcome = run_config(cfg, jobs, new_run=new_run, retries=retries, push=push)
     sys.exit(outcome.exit_code)
 
@@ -200,9 +200,9 @@ def features(config_path, overrides, only, timeframes):
     Example:
       cryptotrain features --config v8_stable --only 'ETH*'
     """
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .features import precompute
 
-    cfg, jobs = _load(config_path, overrides, only, timeframes)
     sys.exit(precompute(cfg, jobs))
 
 
@@ -219,7 +219,7 @@ def download(config_path, overrides, only, timeframes):
     A second run needs no network. Example:
       cryptotrain data download --config my_binance.yaml
     """
+    cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
 
-    cfg, jobs = _load(config_path, overrides, only, timeframes)
     sys.exit(download_all(cfg, jobs))

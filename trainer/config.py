@@ -337,16 +337,22 @@ class RunConfig(Strict):
     train: TrainConfig = TrainConfig()
     hub: HubConfig = HubConfig()
 
+    @field_validator("heads")
+    @classmethod
+    def _unique_heads(cls, heads: list[HeadConfig]) -> list[HeadConfig]:
+        _no_duplicates([h.name for h in heads], "head names")
+        return heads
+
     @model_validator(mode="after")
     def _heads_target_features(self) -> "RunConfig":
         columns = self.features.columns
-        _no_duplicates([h.name for h in self.heads], "head names")
-        for head in self.heads:
+        for i, head in enumerate(self.heads):
             missing = [c for c in head.columns if c not in columns]
             if missing:
+                # The key path is part of the message: a model-level validator has no location of its own.
                 raise ValueError(
-                    f"head '{head.name}' targets {', '.join(missing)}, which is not a feature column "
-                    f"(features are: {', '.join(columns)})"
+                    f"heads[{i}].columns: head '{head.name}' targets {', '.join(missing)}, which is not a "
+                    f"feature column (features are: {', '.join(columns)})"
                 )
         return self
 
@@ -453,7 +459,7 @@ def format_validation_error(exc: ValidationError, path: Path) -> str:
     elif first["type"] == "missing":
         message = "required key is missing"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
-    return f"{path}: {loc or '(top level)'}: {message}{more}"
+    return f"{path}: {loc + ': ' if loc else ''}{message}{more}"
 
 
 def _format_loc(loc: tuple) -> str:

@@ -1,0 +1,214 @@
+"""Config loading: the bundled families, overrides, fingerprints, and a table of bad configs that must
+each exit 2 with one line naming the file and the key path, writing nothing."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from trainer.cli import main
+from trainer.config import ConfigError, load_config, resolve_config_path
+from trainer.jobs import make_jobs
+from tests.conftest import tiny_config_dict
+
+
+@pytest.mark.parametrize("name", ["v7", "v8_stable", "v8_aligned"])
+def test_family_configs_match_the_specification(name):
+    cfg = load_config(name)
+    assert len(cfg.data.symbols) == 20 and cfg.data.timeframes == ["15m", "1h"]
+    assert len(make_jobs(cfg)) == 40
+    assert cfg.data.source == "hf" and cfg.data.hf.repo_id == "zongowo111/cpb-models"
+    assert cfg.features.columns[:4] == ["open", "high", "low", "close"]
+    if name == "v8_stable":
+        assert len(cfg.features.columns) == 15
+        assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (120, 1, "minmax")
+        assert (cfg.train.learning_rate, cfg.train.clipvalue, cfg.train.batch_size, cfg.train.epochs) == (0.001, 1.0, 32, 150)
+        assert cfg.train.reduce_lr.min_lr == 1e-7
+    else:
+        assert len(cfg.features.columns) == 12
+        assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (60, 10, "standard")
+        assert [(h.name, len(h.columns), h.weight) for h in cfg.heads] == [("ohlc", 4, 1.0), ("bb", 2, 0.8),
+                                                                          ("volatility", 1, 0.3)]
+        assert (cfg.train.learning_rate, cfg.train.batch_size, cfg.train.epochs) == (0.0005, 16, 100)
+        third_encoder = cfg.model.layers[4]
+        assert third_encoder.units == 32
+        assert third_encoder.kind == ("bilstm" if name == "v8_aligned" else "lstm")
+
+
+def test_v7_and_v8_aligned_differ_only_in_the_third_encoder_layer():
+    v7, aligned = load_config("v7").fingerprint_data(), load_config("v8_aligned").fingerprint_data()
+    v7_layers, aligned_layers = v7.pop("model")["layers"], aligned.pop("model")["layers"]
+    v7.pop("name"), aligned.pop("name")
+    assert v7 == aligned
+    assert [i for i, (a, b) in enumerate(zip(v7_layers, aligned_layers)) if a != b] == [4]
+
+
+def test_bundled_config_is_found_from_any_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spelling in ("v8_aligned", "v8_aligned.yaml", "configs/v8_aligned.yaml"):
+        assert resolve_config_path(spelling).name == "v8_aligned.yaml"
+    (tmp_path / "v8_aligned.yaml").write_text("name: mine\n")
+    assert resolve_config_path("v8_aligned.yaml").resolve() == tmp_path / "v8_aligned.yaml"  # a local file wins
+
+
+def test_overrides_change_values_and_the_fingerprint(tiny_config):
+    path = tiny_config()
+    base = load_config(path)
+    changed = load_config(path, ["train.epochs=7", "window.split={train: 0.8, val: 0.1, test: 0.1}"])
+    assert changed.train.epochs == 7 and changed.window.split.train == 0.8
+    assert changed.fingerprint() != base.fingerprint()
+    # Where results go does not change what a job computes.
+    assert load_config(path, ["output_dir=elsewhere"]).fingerprint() == base.fingerprint()
+    assert load_config(path, ["hub.repo_id=me/models"]).fingerprint() == base.fingerprint()
+
+
+def test_fingerprint_is_stable_across_key_order_and_spelling(tmp_path):
+    data = tiny_config_dict(tmp_path)
+    a = tmp_path / "a.yaml"
+    a.write_text(yaml.safe_dump(data, sort_keys=False))
+    b = tmp_path / "b.yaml"
+    b.write_text(yaml.safe_dump(data, sort_keys=True).replace("learning_rate: 0.003", "learning_rate: 3.0e-3"))
+    assert load_config(a).fingerprint() == load_config(b).fingerprint()
+
+
+def test_job_filters(tiny_config):
+    cfg = load_config(tiny_config(), ["data.timeframes=[15m, 1h]"])
+    assert [j.name for j in make_jobs(cfg)] == ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
+    assert [j.name for j in make_jobs(cfg, only=("btc*",))] == ["BTCUSDT_15m", "BTCUSDT_1h"]
+    assert [j.name for j in make_jobs(cfg, only=("ETHUSDT_1h",))] == ["ETHUSDT_1h"]
+    assert [j.name for j in make_jobs(cfg, timeframes=("15m",))] == ["BTCUSDT_15m", "ETHUSDT_15m"]
+    with pytest.raises(ConfigError, match="matches none"):
+        make_jobs(cfg, only=("DOGE*",))
+    with pytest.raises(ConfigError, match="--timeframes 4h"):
+        make_jobs(cfg, timeframes=("4h",))
+
+
+def _set(path: str, value):
+    """A mutation that sets one dotted key (list items by index) of the tiny config."""
+    def mutate(cfg: dict) -> None:
+        *parents, last = path.split(".")
+        node = cfg
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        node[int(last) if last.isdigit() else last] = value
+    return mutate
+
+
+def _delete(path: str):
+    def mutate(cfg: dict) -> None:
+        *parents, last = path.split(".")
+        node = cfg
+        for key in parents:
+            node = node[key]
+        del node[last]
+    return mutate
+
+
+BAD_CONFIGS = [
+    # (id, mutation of the tiny config, text expected in the one-line error)
+    ("unknown top-level key", _set("optimiser", "adam"), "optimiser: unknown key"),
+    ("unknown nested key", _set("train.epoch", 3), "train.epoch: unknown key"),
+    ("wrong type", _set("train.epochs", "many"), "train.epochs: Input should be a valid integer"),
+    ("zero epochs", _set("train.epochs", 0), "train.epochs: Input should be greater than 0"),
+    ("negative lookback", _set("window.lookback", -5), "window.lookback: Input should be greater than 0"),
+    ("horizon 0", _set("window.horizon", 0), "window.horizon: Input should be greater than 0"),
+    ("split not summing to 1", _set("window.split", {"train": 0.7, "val": 0.2, "test": 0.2}),
+     "window.split: train + val + test must sum to 1"),
+    ("unknown scaler", _set("window.scaler", "robust"), "window.scaler: Input should be 'standard' or 'minmax'"),
+    ("unknown indicator", _set("features.indicators.0", {"name": "stoch_rsi"}),
+     "features.indicators[0]: unknown kind 'stoch_rsi'"),
+    ("bad indicator parameter", _set("features.indicators.0.window", 1),
+     "features.indicators[0].window: Input should be greater than 1"),
+    ("unknown indicator parameter", _set("features.indicators.0.period", 14),
+     "features.indicators[0].period: unknown key"),
+    ("duplicate indicator", _set("features.indicators.1", {"name": "rsi"}),
+     "features: duplicate feature columns: rsi"),
+    ("unknown layer kind", _set("model.layers.0", {"kind": "transformer", "units": 8}),
+     "model.layers[0]: unknown kind 'transformer'"),
+    ("dropout out of range", _set("model.layers.0.dropout", 1.5), "model.layers[0].dropout: Input should be less than 1"),
+    ("no layers", _set("model.layers", []), "model.layers: List should have at least 1 item"),
+    ("head column not a feature", _set("heads.1.columns", ["bb_upper", "macd"]),
+     "heads[1].columns: head 'bb' targets macd, which is not a feature column"),
+    ("duplicate head", _set("heads.1.name", "ohlc"), "heads: duplicate head names: ohlc"),
+    ("empty symbols", _set("data.symbols", []), "data.symbols: must list at least one symbol"),
+    ("duplicate symbols", _set("data.symbols", ["BTCUSDT", "BTCUSDT"]), "data.symbols: duplicate symbols: BTCUSDT"),
+    ("lower-case symbol", _set("data.symbols", ["btcusdt"]), "data.symbols: 'btcusdt' is not a symbol like BTCUSDT"),
+    ("unknown timeframe", _set("data.timeframes", ["1h", "7m"]), "data.timeframes: unknown timeframe '7m'"),
+    ("unknown source", _set("data.source", "kaggle"), "data.source: Input should be 'local', 'hf', 'binance' or"),
+    ("missing section", _delete("window"), "window: required key is missing"),
+    ("negative max_rows", _set("data.max_rows", -1), "data.max_rows: Input should be greater than 0"),
+    ("bad precision", _set("train.precision", "fp8"), "train.precision: Input should be"),
+]
+
+
+def _run_cli(args, cwd):
+    """Invoke the CLI in `cwd`; return (exit code, output, files that appeared)."""
+    before = set(cwd.rglob("*"))
+    old = os.getcwd()
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(main, args)
+    finally:
+        os.chdir(old)
+    return result.exit_code, result.output, set(cwd.rglob("*")) - before
+
+
+@pytest.mark.parametrize("case_id,mutate,expected", BAD_CONFIGS, ids=[c[0] for c in BAD_CONFIGS])
+def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path, case_id, mutate, expected):
+    data = tiny_config_dict(tmp_path)
+    data["output_dir"] = "runs/tiny"  # relative: would appear under cwd if anything were written
+    mutate(data)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    code, output, new_files = _run_cli(["run", "--config", "bad.yaml"], tmp_path)
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in output, output
+    assert lines[0].startswith("error: bad.yaml: "), lines[0]
+    assert expected in lines[0], lines[0]
+    assert new_files == set()
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("name: x\ndata: [unclosed\n", "bad.yaml: line 3: YAML syntax error"),
+    ("- just\n- a list\n", "bad.yaml: expected a mapping of settings at the top level"),
+])
+def test_unparseable_config_files(tmp_path, text, expected):
+    (tmp_path / "bad.yaml").write_text(text)
+    code, output, new_files = _run_cli(["plan", "--config", "bad.yaml"], tmp_path)
+    assert code == 2, output
+    assert output.strip().splitlines() == [f"error: {expected}"] or (
+        len(output.strip().splitlines()) == 1 and output.startswith(f"error: {expected}")), output
+    assert new_files == set()
+
+
+def test_missing_config_file_lists_the_bundled_ones(tmp_path):
+    code, output, _ = _run_cli(["run", "--config", "v9_turbo"], tmp_path)
+    assert code == 2
+    assert output.startswith("error: v9_turbo: no such config file (bundled configs: quickstart, v7, v8_aligned")
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--set", "train.epochs"], "--set train.epochs: expected KEY.PATH=VALUE"),
+    (["--set", "train.epochs=[1"], "--set train.epochs=[1: the value is not valid YAML"),
+    (["--set", "train.epochs=-3"], "train.epochs: Input should be greater than 0"),
+    (["--only", "NOPE*"], "--only NOPE*: matches none of BTCUSDT, ETHUSDT"),
+])
+def test_bad_command_line_overrides(tmp_path, tiny_config, args, expected):
+    path = tiny_config()
+    code, output, new_files = _run_cli(["run", "--config", str(path), *args], tmp_path)
+    assert code == 2 and expected in output and len(output.strip().splitlines()) == 1, output
+    assert new_files == set()
+
+
+def test_every_command_has_help_with_an_example():
+    runner = CliRunner()
+    top = runner.invoke(main, ["--help"])
+    assert top.exit_code == 0
+    commands = ["run", "plan", "status", "push", "predict", "doctor", "features", "data download"]
+    for command in commands:
+        result = runner.invoke(main, [*command.split(), "--help"])
+        assert result.exit_code == 0, command
+        assert "Example" in result.output and "cryptotrain" in result.output, command
