@@ -8,10 +8,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from tests.conftest import tiny_config_dict
 from trainer.cli import main
 from trainer.config import ConfigError, load_config, resolve_config_path
 from trainer.jobs import make_jobs
-from tests.conftest import tiny_config_dict
 
 
 @pytest.mark.parametrize("name", ["v7", "v8_stable", "v8_aligned"])
@@ -24,7 +24,8 @@ def test_family_configs_match_the_specification(name):
     if name == "v8_stable":
         assert len(cfg.features.columns) == 15
         assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (120, 1, "minmax")
-        assert (cfg.train.learning_rate, cfg.train.clipvalue, cfg.train.batch_size, cfg.train.epochs) == (0.001, 1.0, 32, 150)
+        train = cfg.train
+        assert (train.learning_rate, train.clipvalue, train.batch_size, train.epochs) == (0.001, 1.0, 32, 150)
         assert cfg.train.reduce_lr.min_lr == 1e-7
     else:
         assert len(cfg.features.columns) == 12
@@ -127,7 +128,8 @@ BAD_CONFIGS = [
      "features: duplicate feature columns: rsi"),
     ("unknown layer kind", _set("model.layers.0", {"kind": "transformer", "units": 8}),
      "model.layers[0]: unknown kind 'transformer'"),
-    ("dropout out of range", _set("model.layers.0.dropout", 1.5), "model.layers[0].dropout: Input should be less than 1"),
+    ("dropout out of range", _set("model.layers.0.dropout", 1.5),
+     "model.layers[0].dropout: Input should be less than 1"),
     ("no layers", _set("model.layers", []), "model.layers: List should have at least 1 item"),
     ("head column not a feature", _set("heads.1.columns", ["bb_upper", "macd"]),
      "heads[1].columns: head 'bb' targets macd, which is not a feature column"),

@@ -10,7 +10,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -163,7 +163,7 @@ class VolumeNorm(_Indicator):
 
 
 Indicator = Annotated[
-    Union[Rsi, Macd, MacdSignal, BbUpper, BbLower, BbWidthPct, BbPosition, Volatility, Atr, Roc, VolumeNorm],
+    Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm,
     Field(discriminator="name"),
 ]
 INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
@@ -175,7 +175,7 @@ class FeaturesConfig(Strict):
     indicators: list[Indicator] = []
 
     @model_validator(mode="after")
-    def _unique_columns(self) -> "FeaturesConfig":
+    def _unique_columns(self) -> FeaturesConfig:
         _no_duplicates(self.columns, "feature columns")
         return self
 
@@ -192,7 +192,7 @@ class Split(Strict):
     test: float = Field(0.15, gt=0, lt=1)
 
     @model_validator(mode="after")
-    def _sums_to_one(self) -> "Split":
+    def _sums_to_one(self) -> Split:
         total = self.train + self.val + self.test
         if abs(total - 1.0) > 1e-6:
             raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
@@ -273,8 +273,8 @@ class RepeatVectorLayer(Strict):
 
 
 Layer = Annotated[
-    Union[LstmLayer, GruLayer, BiLstmLayer, BiGruLayer, DenseLayer, TimeDenseLayer, DropoutLayer,
-          LayerNormLayer, RepeatVectorLayer],
+    LstmLayer | GruLayer | BiLstmLayer | BiGruLayer | DenseLayer | TimeDenseLayer | DropoutLayer
+    | LayerNormLayer | RepeatVectorLayer,
     Field(discriminator="kind"),
 ]
 LAYER_KINDS = ("lstm", "gru", "bilstm", "bigru", "dense", "time_dense", "dropout", "layernorm", "repeat_vector")
@@ -344,7 +344,7 @@ class RunConfig(Strict):
         return heads
 
     @model_validator(mode="after")
-    def _heads_target_features(self) -> "RunConfig":
+    def _heads_target_features(self) -> RunConfig:
         columns = self.features.columns
         for i, head in enumerate(self.heads):
             missing = [c for c in head.columns if c not in columns]
