@@ -1,0 +1,240 @@
+"""The run ledger against real SQLite files, shared by real OS processes."""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from trainer.config import load_config
+from trainer.errors import JobError, UserError
+from trainer.ledger import Ledger, LostClaim
+
+REPO = Path(__file__).resolve().parents[1]
+
+# One helper process per scenario, run as `python -c WORKER MODE RUN_DIR [JOB...]`.
+WORKER = """
+import os, signal, sys, time
+from trainer.ledger import Ledger, LostClaim
+
+mode, run_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+ledger = Ledger(run_dir)
+if mode == "race":
+    ledger.open_run("fp", {"train": {"epochs": 1}})
+    ledger.add_jobs(names)
+    print("ready", flush=True)
+    sys.stdin.readline()
+    while (name := ledger.claim(retries=0)) is not None:
+        time.sleep(0.01)  # the "work", so that the other workers get to claim in between
+        ledger.mark_done(name, "sha-" + name, {"pid": os.getpid()}, 0.0)
+        print(name, flush=True)
+elif mode == "claim-and-die":
+    print(ledger.claim(retries=0), flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+elif mode == "claim-and-wait":
+    print(ledger.claim(retries=0), flush=True)
+    sys.stdin.readline()
+    try:
+        ledger.heartbeat(names[0])
+        print("held")
+    except LostClaim:
+        print("lost")
+"""
+
+
+def start_worker(mode: str, run_dir: Path, *names: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", WORKER, mode, str(run_dir), *names], cwd=REPO,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+
+def attempt_rows(run_dir: Path, job: str) -> list[tuple]:
+    with sqlite3.connect(run_dir / "ledger.sqlite") as conn:
+        return conn.execute("SELECT attempt, pid, outcome, error FROM attempts WHERE job = ? ORDER BY attempt",
+                            (job,)).fetchall()
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    ledger = Ledger(tmp_path / "run")
+    yield ledger
+    ledger.close()
+
+
+def test_racing_processes_do_every_job_exactly_once(tmp_path):
+    run_dir = tmp_path / "run"
+    names = [f"SYM{i:02d}USDT_1h" for i in range(30)]
+    workers = [start_worker("race", run_dir, *names) for _ in range(4)]
+    for worker in workers:  # every worker has created/opened the ledger before any claims
+        assert worker.stdout.readline() == "ready\n"
+    for worker in workers:
+        worker.stdin.write("go\n")
+        worker.stdin.flush()
+    claimed_by = {}
+    for worker in workers:
+        out, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0
+        for name in out.split():
+            assert name not in claimed_by, f"{name} claimed twice"
+            claimed_by[name] = worker.pid
+
+    ledger = Ledger(run_dir)
+    records = ledger.jobs()
+    assert [r.name for r in records] == names
+    for record in records:
+        assert (record.status, record.attempts) == ("done", 1)
+        assert record.summary == {"pid": claimed_by[record.name]}
+        assert record.manifest_sha256 == "sha-" + record.name
+        assert [(a, outcome) for a, _, outcome, _ in attempt_rows(run_dir, record.name)] == [(1, "done")]
+    assert ledger.counts() == {"pending": 0, "running": 0, "done": 30, "failed": 0}
+    ledger.close()
+
+
+def test_job_of_a_killed_process_is_reclaimed(ledger):
+    ledger.add_jobs(["BTCUSDT_1h", "ETHUSDT_1h"])
+    worker = start_worker("claim-and-die", ledger.run_dir)
+    assert worker.stdout.readline() == "BTCUSDT_1h\n"
+    assert worker.wait(timeout=30) == -signal.SIGKILL
+    assert ledger.jobs()[0].status == "running"
+
+    assert ledger.claim(retries=0) == "BTCUSDT_1h"
+    record = ledger.jobs()[0]
+    assert (record.status, record.attempts, record.pid) == ("running", 2, os.getpid())
+    (first, _, lost, error), (second, _, still_open, _) = attempt_rows(ledger.run_dir, "BTCUSDT_1h")
+    assert (first, lost, second, still_open) == (1, "lost", 2, None)
+    assert str(worker.pid) in error
+
+
+def test_live_job_is_left_alone_until_its_heartbeat_goes_stale(ledger):
+    ledger.add_jobs(["BTCUSDT_1h"])
+    worker = start_worker("claim-and-wait", ledger.run_dir, "BTCUSDT_1h")
+    try:
+        assert worker.stdout.readline() == "BTCUSDT_1h\n"
+        assert ledger.claim(retries=5) is None  # alive, fresh heartbeat
+
+        impatient = Ledger(ledger.run_dir, stale_after=0.0)
+        assert impatient.claim(retries=0) == "BTCUSDT_1h"
+        impatient.close()
+        out, _ = worker.communicate("go\n", timeout=30)
+    finally:
+        worker.kill()
+    assert out.split() == ["lost"]  # the first owner learns it no longer holds the job
+    assert attempt_rows(ledger.run_dir, "BTCUSDT_1h")[0][2] == "lost"
+    ledger.mark_done("BTCUSDT_1h", "sha", {}, 1.0)  # same process as `impatient`, so it is the owner
+    assert ledger.counts()["done"] == 1
+
+
+def test_changed_config_is_refused_naming_the_changed_keys(ledger, tiny_config):
+    path = tiny_config()
+    original = load_config(path)
+    ledger.open_run(original.fingerprint(), original.fingerprint_data())
+    Ledger(ledger.run_dir).open_run(original.fingerprint(), original.fingerprint_data())  # same config: fine
+
+    changed = load_config(path, ["train.epochs=5", "data.symbols=[BTCUSDT]", "window.lookback=8"])
+    with pytest.raises(UserError) as refused:
+        ledger.open_run(changed.fingerprint(), changed.fingerprint_data())
+    message = str(refused.value)
+    assert message.startswith(f"{ledger.run_dir}: made with a different config (changed: ")
+    assert "train.epochs 2 -> 5" in message and "window.lookback 16 -> 8" in message
+    assert "data.symbols" in message and "train.seed" not in message
+    assert "--new-run" in message and "\n" not in message
+    ledger.open_run(original.fingerprint(), original.fingerprint_data())  # the stored config is unchanged
+
+
+def test_long_change_lists_are_cut_short(ledger):
+    ledger.open_run("a", {"model": {"layers": [{"units": 64, "kind": "lstm"}]}, "train": {"epochs": 1}})
+    many = {"model": {"layers": [{"units": 32, "kind": "gru"}]}, "train": {f"k{i}": i for i in range(6)}}
+    with pytest.raises(UserError) as refused:
+        ledger.open_run("b", many)
+    message = str(refused.value)
+    assert "model.layers[0].units 64 -> 32, model.layers[0].kind lstm -> gru, train.epochs 1 -> unset" in message
+    assert message.count(" -> ") == 5 and message.endswith("+4 more); run with --new-run to start over")
+
+
+def test_failed_jobs_are_retried_up_to_retries_and_release_does_not_count(ledger):
+    ledger.add_jobs(["BTCUSDT_1h"])
+    assert ledger.claim(retries=1) == "BTCUSDT_1h"
+    ledger.mark_failed("BTCUSDT_1h", "NaN loss at epoch 3", 4.0)
+    record = ledger.jobs()[0]
+    assert (record.status, record.attempts, record.error, record.seconds) == ("failed", 1, "NaN loss at epoch 3", 4.0)
+
+    assert ledger.claim(retries=1) == "BTCUSDT_1h"
+    ledger.release("BTCUSDT_1h")  # Ctrl-C
+    assert (ledger.jobs()[0].status, ledger.jobs()[0].attempts) == ("pending", 1)
+
+    assert ledger.claim(retries=1) == "BTCUSDT_1h"
+    ledger.mark_failed("BTCUSDT_1h", "NaN loss again", 2.0)
+    assert ledger.claim(retries=1) is None
+    assert (ledger.jobs()[0].status, ledger.jobs()[0].attempts) == ("failed", 2)
+    assert ledger.claim(retries=2) == "BTCUSDT_1h"  # a later run allowing more retries
+    outcomes = [outcome for _, _, outcome, _ in attempt_rows(ledger.run_dir, "BTCUSDT_1h")]
+    assert outcomes == ["failed", "interrupted", "failed", None]
+
+
+def test_jobs_keep_first_seen_order_and_claims_respect_names(ledger):
+    ledger.add_jobs(["B", "A"])
+    ledger.add_jobs(["A", "C", "B", "C"])
+    assert [r.name for r in ledger.jobs()] == ["B", "A", "C"]
+    assert ledger.claim(retries=0, names=["C"]) == "C"
+    assert ledger.claim(retries=0, names=["C"]) is None
+    assert ledger.claim(retries=0) == "B"
+    assert ledger.counts() == {"pending": 1, "running": 2, "done": 0, "failed": 0}
+
+
+def test_only_the_owner_records_an_attempt(ledger):
+    ledger.add_jobs(["A"])
+    ledger.claim(retries=0)
+    ledger.release("A")
+    with pytest.raises(LostClaim, match="A: no longer held by this process"):
+        ledger.heartbeat("A")
+    with pytest.raises(LostClaim):
+        ledger.mark_done("A", "sha", {}, 1.0)
+    assert ledger.jobs()[0].status == "pending"
+
+
+def test_mark_pending_and_record_push(ledger):
+    ledger.add_jobs(["A"])
+    ledger.claim(retries=0)
+    ledger.mark_done("A", "f00d", {"test": {"mae": 1.5}}, 12.5)
+    ledger.record_push("A", "you/cpb", "abc123", "https://hf.co/you/cpb/commit/abc123")
+    record = ledger.jobs()[0]
+    assert (record.status, record.summary, record.seconds) == ("done", {"test": {"mae": 1.5}}, 12.5)
+    assert (record.pushed_repo, record.pushed_commit, record.pushed_url) == (
+        "you/cpb", "abc123", "https://hf.co/you/cpb/commit/abc123")
+
+    ledger.mark_pending("A", "manifest mismatch: weights.keras")
+    record = ledger.jobs()[0]
+    assert (record.status, record.attempts, record.error) == ("pending", 0, "manifest mismatch: weights.keras")
+    assert (record.manifest_sha256, record.summary, record.pushed_commit) == (None, None, "abc123")
+
+    assert ledger.claim(retries=0) == "A"
+    with pytest.raises(JobError, match="A: is running"):
+        ledger.mark_pending("A", "again")
+    with pytest.raises(JobError, match="NOPE: not a job of this run"):
+        ledger.record_push("NOPE", "you/cpb", "abc", "url")
+
+
+def test_heartbeat_thread_shares_the_instance(ledger):
+    ledger.add_jobs(["A"])
+    ledger.claim(retries=0)
+    before = ledger.jobs()[0].heartbeat_at
+    beats = threading.Thread(target=lambda: [ledger.heartbeat("A") for _ in range(50)])
+    beats.start()
+    for _ in range(50):
+        assert ledger.counts()["running"] == 1
+    beats.join()
+    assert ledger.jobs()[0].heartbeat_at > before
+
+
+def test_ledger_uses_wal_and_rejects_a_file_that_is_not_one(ledger, tmp_path):
+    with sqlite3.connect(ledger.path) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "ledger.sqlite").write_text("these are not the bytes of a database\n" * 100)
+    with pytest.raises(UserError, match="broken/ledger.sqlite: cannot open the run ledger"):
+        Ledger(broken)

@@ -1,0 +1,43 @@
+"""Crash-safe file writing and hashing, shared by the stages that persist state."""
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+    """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"tmp{os.getpid()}-{path.name}")  # same suffix: Keras and numpy check it
+    write(tmp)
+    fsync(tmp)
+    os.replace(tmp, path)
+
+
+def fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this machine."""
+    try:
+        os.kill(pid, 0)  # signal 0 only checks that the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, but belongs to another user
+        return True
+    return True

@@ -1,0 +1,333 @@
+"""The run ledger: one SQLite file per run directory recording the run's config and every job's state.
+
+Several `cryptotrain run` processes (say one per GPU) may share one run directory: each claims the
+next job in one write transaction (BEGIN IMMEDIATE), so no job is ever handed out twice. A job left
+`running` by a process that died (its pid is gone from this host, or its heartbeat is older than
+`stale_after` seconds) is handed out again. WAL journaling lets readers (`cryptotrain status`) run
+beside the writers.
+
+Times are unix seconds (UTC) as floats. `jobs.attempts` counts the attempts that count towards
+--retries; the `attempts` table keeps every attempt, interrupted ones included, as history.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from .errors import JobError, UserError
+from .files import pid_alive
+
+STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
+BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds
+SCHEMA_VERSION = 1
+STATUSES = ("pending", "running", "done", "failed")
+_MAX_LISTED_CHANGES = 5
+
+_SCHEMA = (
+    """CREATE TABLE run (
+        id INTEGER PRIMARY KEY CHECK (id = 1),
+        fingerprint TEXT NOT NULL,
+        config_json TEXT NOT NULL,
+        created_at REAL NOT NULL)""",
+    """CREATE TABLE jobs (
+        name TEXT PRIMARY KEY,
+        position INTEGER NOT NULL UNIQUE,
+        status TEXT NOT NULL DEFAULT 'pending'
+            CHECK (status IN ('pending', 'running', 'done', 'failed')),
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        started_at REAL,
+        finished_at REAL,
+        seconds REAL,
+        manifest_sha256 TEXT,
+        summary TEXT,
+        pid INTEGER,
+        host TEXT,
+        heartbeat_at REAL,
+        pushed_repo TEXT,
+        pushed_commit TEXT,
+        pushed_url TEXT,
+        pushed_at REAL)""",
+    """CREATE TABLE attempts (
+        job TEXT NOT NULL REFERENCES jobs (name),
+        attempt INTEGER NOT NULL,
+        pid INTEGER NOT NULL,
+        host TEXT NOT NULL,
+        started_at REAL NOT NULL,
+        ended_at REAL,
+        outcome TEXT CHECK (outcome IN ('done', 'failed', 'interrupted', 'lost')),
+        error TEXT,
+        PRIMARY KEY (job, attempt))""",
+)
+
+
+class LostClaim(JobError):
+    """This process no longer holds the job: another process reclaimed it as stale. Stop working on it
+    and do not record anything for it."""
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    name: str
+    status: str
+    attempts: int
+    error: str | None
+    started_at: float | None
+    finished_at: float | None
+    seconds: float | None
+    manifest_sha256: str | None
+    summary: dict | None
+    pushed_repo: str | None
+    pushed_commit: str | None
+    pushed_url: str | None
+    pushed_at: float | None
+    pid: int | None
+    host: str | None
+    heartbeat_at: float | None
+
+
+class Ledger:
+    """`run_dir / "ledger.sqlite"`, created on first use.
+
+    One connection per instance; a lock serialises its use, so a heartbeat thread may share the
+    instance with the thread doing the work (hence check_same_thread=False). A job is owned by the
+    (pid, host) that claimed it: heartbeat / mark_done / mark_failed / release from anyone else raise
+    LostClaim. Use one Ledger per process.
+    """
+
+    def __init__(self, run_dir: Path, stale_after: float = STALE_AFTER):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / "ledger.sqlite"
+        self.stale_after = stale_after
+        self._host = socket.gethostname()
+        self._lock = threading.Lock()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.row_factory = sqlite3.Row
+        try:
+            self._set_up()
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise UserError(f"{self.path}: cannot open the run ledger ({exc})") from exc
+        except UserError:
+            self._conn.close()
+            raise
+
+    def _set_up(self) -> None:
+        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        if mode != "wal":
+            raise UserError(f"{self.path}: SQLite cannot use WAL journaling here (got {mode!r}); "
+                            "put the run directory on a local disk")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        with self._transaction() as conn:
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version == 0:
+                for statement in _SCHEMA:
+                    conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version != SCHEMA_VERSION:
+                raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads "
+                                f"version {SCHEMA_VERSION}; run with --new-run to start over")
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """BEGIN IMMEDIATE takes the write lock before the first read, so a read-then-write (a claim)
+        can never interleave with another process's."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    # --- the run -----------------------------------------------------------------------------
+
+    def open_run(self, fingerprint: str, config_data: dict) -> None:
+        """Record the run's config on first use; afterwards refuse a config with another fingerprint."""
+        config_json = json.dumps(config_data)
+        with self._transaction() as conn:
+            row = conn.execute("SELECT fingerprint, config_json FROM run").fetchone()
+            if row is None:
+                conn.execute("INSERT INTO run (id, fingerprint, config_json, created_at) VALUES (1, ?, ?, ?)",
+                             (fingerprint, config_json, time.time()))
+                return
+        if row["fingerprint"] != fingerprint:
+            changes = _changed_keys(json.loads(row["config_json"]), json.loads(config_json))
+            raise UserError(f"{self.run_dir}: made with a different config ({_describe(changes)}); "
+                            "run with --new-run to start over")
+
+    def add_jobs(self, names: list[str]) -> None:
+        """Add jobs not yet in the ledger, after the existing ones, in the given order."""
+        with self._transaction() as conn:
+            last = conn.execute("SELECT COALESCE(MAX(position), -1) FROM jobs").fetchone()[0]
+            known = {row[0] for row in conn.execute("SELECT name FROM jobs")}
+            new = [name for name in dict.fromkeys(names) if name not in known]
+            conn.executemany("INSERT INTO jobs (name, position) VALUES (?, ?)",
+                             [(name, last + 1 + i) for i, name in enumerate(new)])
+
+    # --- one attempt at a job: claim, heartbeat, then done / failed / released ---------------
+
+    def claim(self, retries: int, names: list[str] | None = None) -> str | None:
+        """Take the first job in order (among `names` if given) that is pending, failed with
+        attempts <= retries, or running but abandoned; mark it running by this process. None when
+        there is nothing left to do."""
+        wanted = None if names is None else set(names)
+        with self._transaction() as conn:
+            now = time.time()  # after the lock wait: it is when this claim starts
+            rows = conn.execute("SELECT name, status, attempts, pid, host, heartbeat_at FROM jobs "
+                                "WHERE status != 'done' ORDER BY position").fetchall()
+            for row in rows:
+                if wanted is not None and row["name"] not in wanted:
+                    continue
+                abandoned = self._abandoned(row, now) if row["status"] == "running" else None
+                if (row["status"] == "pending" or abandoned
+                        or (row["status"] == "failed" and row["attempts"] <= retries)):
+                    self._start_attempt(conn, row["name"], now, abandoned)
+                    return row["name"]
+        return None
+
+    def _abandoned(self, row: sqlite3.Row, now: float) -> str | None:
+        """Why a running job's process is presumed dead, or None while it looks alive."""
+        silent = now - row["heartbeat_at"]
+        if silent > self.stale_after:
+            return f"no heartbeat from pid {row['pid']} on {row['host']} for {silent:.0f} s"
+        if row["host"] == self._host and not pid_alive(row["pid"]):
+            return f"process {row['pid']} on {row['host']} ended without finishing the job"
+        return None
+
+    def _start_attempt(self, conn: sqlite3.Connection, name: str, now: float, abandoned: str | None) -> None:
+        if abandoned:
+            conn.execute("UPDATE attempts SET ended_at = ?, outcome = 'lost', error = ? "
+                         "WHERE job = ? AND ended_at IS NULL", (now, abandoned, name))
+        pid = os.getpid()
+        conn.execute("UPDATE jobs SET status = 'running', attempts = attempts + 1, pid = ?, host = ?, "
+                     "started_at = ?, heartbeat_at = ?, finished_at = NULL, seconds = NULL, error = NULL "
+                     "WHERE name = ?", (pid, self._host, now, now, name))
+        conn.execute("INSERT INTO attempts (job, attempt, pid, host, started_at) "
+                     "VALUES (?, (SELECT COUNT(*) + 1 FROM attempts WHERE job = ?), ?, ?, ?)",
+                     (name, name, pid, self._host, now))
+
+    def heartbeat(self, name: str) -> None:
+        """Tell other processes this job's process is alive. Raises LostClaim if it was reclaimed."""
+        with self._transaction() as conn:
+            self._update_owned(conn, name, "heartbeat_at = :now", now=time.time())
+
+    def mark_done(self, name: str, manifest_sha256: str, summary: dict, seconds: float) -> None:
+        self._end_attempt(name, "done", None,
+                          "status = 'done', finished_at = :now, seconds = :seconds, "
+                          "manifest_sha256 = :manifest_sha256, summary = :summary",
+                          seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary))
+
+    def mark_failed(self, name: str, error: str, seconds: float) -> None:
+        self._end_attempt(name, "failed", error,
+                          "status = 'failed', finished_at = :now, seconds = :seconds, error = :error",
+                          seconds=seconds)
+
+    def release(self, name: str) -> None:
+        """Interrupted (Ctrl-C): back to pending; this attempt does not count towards --retries."""
+        self._end_attempt(name, "interrupted", None, "status = 'pending', attempts = attempts - 1")
+
+    def _end_attempt(self, name: str, outcome: str, error: str | None, assignments: str, **values) -> None:
+        with self._transaction() as conn:
+            now = time.time()
+            self._update_owned(conn, name, assignments, now=now, error=error, **values)
+            conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, error = ? "
+                         "WHERE job = ? AND ended_at IS NULL", (now, outcome, error, name))
+
+    def _update_owned(self, conn: sqlite3.Connection, name: str, assignments: str, **values) -> None:
+        """Apply `assignments` to the job only while this process holds it."""
+        owner = {"name": name, "pid": os.getpid(), "host": self._host}
+        updated = conn.execute(f"UPDATE jobs SET {assignments} WHERE name = :name AND status = 'running' "
+                               "AND pid = :pid AND host = :host", {**owner, **values}).rowcount
+        if not updated:
+            raise LostClaim(f"{name}: no longer held by this process (pid {owner['pid']} on {self._host}); "
+                            "another process took it over")
+
+    # --- after the fact ----------------------------------------------------------------------
+
+    def mark_pending(self, name: str, reason: str) -> None:
+        """Send a job that is not running back to pending with fresh retries, e.g. a done job whose
+        artifacts no longer match their manifest; `reason` shows as its error."""
+        with self._transaction() as conn:
+            if _status(conn, name) == "running":
+                raise JobError(f"{name}: is running; a running job cannot be sent back to pending")
+            conn.execute("UPDATE jobs SET status = 'pending', attempts = 0, error = ?, finished_at = NULL, "
+                         "seconds = NULL, manifest_sha256 = NULL, summary = NULL WHERE name = ?",
+                         (reason, name))
+
+    def record_push(self, name: str, repo_id: str, commit_sha: str, url: str) -> None:
+        with self._transaction() as conn:
+            _status(conn, name)
+            conn.execute("UPDATE jobs SET pushed_repo = ?, pushed_commit = ?, pushed_url = ?, pushed_at = ? "
+                         "WHERE name = ?", (repo_id, commit_sha, url, time.time(), name))
+
+    # --- reading -----------------------------------------------------------------------------
+
+    def jobs(self) -> list[JobRecord]:
+        with self._lock:
+            rows = self._conn.execute("SELECT * FROM jobs ORDER BY position").fetchall()
+        return [_record(row) for row in rows]
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per status; every status is present, zero included."""
+        with self._lock:
+            rows = self._conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
+        return {**dict.fromkeys(STATUSES, 0), **{status: count for status, count in rows}}
+
+
+def _record(row: sqlite3.Row) -> JobRecord:
+    values = {field.name: row[field.name] for field in fields(JobRecord)}
+    return JobRecord(**{**values, "summary": None if row["summary"] is None else json.loads(row["summary"])})
+
+
+def _status(conn: sqlite3.Connection, name: str) -> str:
+    row = conn.execute("SELECT status FROM jobs WHERE name = ?", (name,)).fetchone()
+    if row is None:
+        raise JobError(f"{name}: not a job of this run")
+    return row[0]
+
+
+_UNSET = object()
+
+
+def _changed_keys(old: object, new: object, path: str = "") -> list[str]:
+    """Dotted paths where two JSON-like configs differ, with old -> new for plain values,
+    e.g. ['train.epochs 100 -> 2', 'model.layers[0].units 64 -> 32', 'data.symbols']."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [change for key in {**old, **new}
+                for change in _changed_keys(old.get(key, _UNSET), new.get(key, _UNSET),
+                                           f"{path}.{key}" if path else str(key))]
+    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
+        return [change for i, (a, b) in enumerate(zip(old, new)) for change in _changed_keys(a, b, f"{path}[{i}]")]
+    if old == new:
+        return []
+    if isinstance(old, (dict, list)) or isinstance(new, (dict, list)):
+        return [path]
+    return [f"{path} {_short(old)} -> {_short(new)}"]
+
+
+def _short(value: object, limit: int = 30) -> str:
+    text = "unset" if value is _UNSET else value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _describe(changes: list[str]) -> str:
+    if not changes:
+        return "no config key differs, but its fingerprint does"
+    listed = ", ".join(changes[:_MAX_LISTED_CHANGES])
+    more = len(changes) - _MAX_LISTED_CHANGES
+    return f"changed: {listed}" + (f", +{more} more" if more > 0 else "")
