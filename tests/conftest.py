@@ -25,6 +25,7 @@ def tiny_config_dict(tmp_path: Path, **sections) -> dict:
     cfg = {
         "name": "tiny",
         "output_dir": str(tmp_path / "run"),
+        "cache_dir": str(tmp_path / "cache"),
         "data": {
             "source": "local",
             "local": {"path": str(SHARED_OHLCV), "pattern": "{symbol}_{timeframe}.csv.gz"},

@@ -142,6 +142,8 @@ BAD_CONFIGS = [
     ("missing section", _delete("window"), "window: required key is missing"),
     ("negative max_rows", _set("data.max_rows", -1), "data.max_rows: Input should be greater than 0"),
     ("bad precision", _set("train.precision", "fp8"), "train.precision: Input should be"),
+    ("two kinds of clipping", _set("train", {"clipvalue": 1.0, "clipnorm": 1.0}),
+     "train: set clipvalue or clipnorm, not both"),
 ]
 
 

@@ -315,6 +315,12 @@ class TrainConfig(Strict):
     precision: Literal["float32", "mixed_float16", "mixed_bfloat16", "auto"] = "float32"
     steps_per_execution: int = Field(1, gt=0)
 
+    @model_validator(mode="after")
+    def _one_kind_of_clipping(self) -> TrainConfig:
+        if self.clipvalue is not None and self.clipnorm is not None:
+            raise ValueError("set clipvalue or clipnorm, not both")
+        return self
+
 
 class HubConfig(Strict):
     # repo_id may hold {symbol} / {timeframe} for one repo per job; path_template places a job's

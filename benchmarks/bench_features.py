@@ -1,0 +1,216 @@
+"""Data preparation of a job, old way vs ours: load + validate + features + train/val/test windows.
+
+  make bench-features
+  python benchmarks/bench_features.py --repeats 5 --json benchmarks/results/features.json
+
+Over every series in ../shared/data/ohlcv, with V8-stable's features and windows (configs/v8_stable.yaml:
+15 input columns, lookback 120, horizon 1, min-max scaling), times the whole preparation until the
+arrays are ready for `fit`:
+
+  (a) old    the Colab scripts' way: pandas read_csv, RSI by a Python loop over rows (Wilder smoothing,
+             warm-up rows 0), the other indicators with pandas (ROC through np.roll), a scaler fit on the
+             whole series, windows built by a Python loop, then a chronological 70/15/15 split.
+  (b) cold   ours with an empty cache: trainer.data.load_candles (parse + validate), load_features
+             (compute, then store), trainer.windows.make_windows.
+  (c) cached the same calls again: candles and features come from the on-disk cache.
+
+Each series is timed `--repeats` times per variant, the variants interleaved so that load from other
+processes hits them alike, the garbage collector off during each timing (as timeit does); per series
+the median is kept (and the best time, in the JSON). Prints a table of per-series medians with the
+ratios old/cold and old/cached, the median ratio over series against the targets (cold >= 3x,
+cached >= 10x), and writes the same figures as JSON with the machine's load average.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import track
+from rich.table import Table
+
+from trainer.config import RunConfig, load_config
+from trainer.data import load_candles
+from trainer.features import load_features
+from trainer.windows import make_windows
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
+DEFAULT_JSON = REPO / "benchmarks" / "results" / "features.json"
+TARGETS = {"cold": 3.0, "cached": 10.0}  # required speed-up over the old way
+
+
+# ----------------------------------------------------------------------------- (a) the old way
+def old_rsi(close: np.ndarray, period: int = 14) -> np.ndarray:
+    """The scripts' RSI: Wilder smoothing seeded with the first `period` changes, a loop over rows."""
+    deltas = np.diff(close)
+    seed = deltas[:period]
+    up, down = seed[seed >= 0].sum() / period, -seed[seed < 0].sum() / period
+    rsi = np.zeros_like(close)
+    for i in range(period, len(close)):
+        delta = deltas[i - 1]
+        gain, loss = (delta, 0.0) if delta > 0 else (0.0, -delta)
+        up = (up * (period - 1) + gain) / period
+        down = (down * (period - 1) + loss) / period
+        rsi[i] = 100.0 - 100.0 / (1.0 + up / down) if down else 100.0
+    return rsi
+
+
+def old_prepare(path: Path, lookback: int, horizon: int) -> tuple[np.ndarray, ...]:
+    df = pd.read_csv(path)
+    df["timestamp"] = pd.to_datetime(df["timestamp"])
+    for column in ("open", "high", "low", "close", "volume"):
+        df[column] = pd.to_numeric(df[column])
+    close = df["close"]
+    df["rsi"] = old_rsi(close.to_numpy())
+    df["macd"] = close.ewm(span=12, adjust=False).mean() - close.ewm(span=26, adjust=False).mean()
+    df["signal"] = df["macd"].ewm(span=9, adjust=False).mean()
+    shifted = np.roll(close.to_numpy(), 12)
+    df["roc"] = (close - shifted) / shifted * 100
+    sma, std = close.rolling(20).mean(), close.rolling(20).std()
+    df["bb_upper"], df["bb_lower"] = sma + 2 * std, sma - 2 * std
+    df["bb_width_pct"] = (df["bb_upper"] - df["bb_lower"]) / sma
+    df["bb_position"] = ((close - df["bb_lower"]) / (df["bb_upper"] - df["bb_lower"])).clip(0, 1)
+    df["volatility"] = std / sma
+    previous = close.shift(1)
+    true_range = pd.concat([df["high"] - df["low"], (df["high"] - previous).abs(),
+                            (df["low"] - previous).abs()], axis=1).max(axis=1)
+    df["atr"] = true_range.rolling(14).mean()
+    df["volume_norm"] = df["volume"] / df["volume"].rolling(20).mean()
+    df = df.dropna()
+    columns = ["open", "high", "low", "close", "rsi", "macd", "signal", "roc", "bb_upper", "bb_lower",
+               "bb_width_pct", "bb_position", "volatility", "atr", "volume_norm"]
+    data = df[columns].to_numpy()
+    low, high = data.min(axis=0), data.max(axis=0)
+    data = (data - low) / (high - low)  # MinMaxScaler fit on the whole series (the old leak)
+    x, y = [], []
+    for i in range(lookback, len(data) - horizon + 1):
+        x.append(data[i - lookback:i])
+        y.append(data[i:i + horizon, :4])
+    x, y = np.array(x), np.array(y)
+    train_end, val_end = int(len(x) * 0.7), int(len(x) * 0.85)
+    return x[:train_end], y[:train_end], x[train_end:val_end], y[train_end:val_end], x[val_end:], y[val_end:]
+
+
+# ----------------------------------------------------------------------------- (b), (c) ours
+def our_prepare(cfg: RunConfig, symbol: str, timeframe: str) -> bool:
+    """Returns whether the features came from the cache."""
+    candles = load_candles(cfg, symbol, timeframe)
+    frame, hit = load_features(candles, cfg.features, cfg.cache_path)
+    horizon = cfg.window.horizon
+    shapes = {h.name: (len(h.columns),) if horizon == 1 else (horizon, len(h.columns)) for h in cfg.heads}
+    make_windows(frame, cfg, shapes)
+    return hit
+
+
+def timed(step: Callable[[], object]) -> tuple[float, object]:
+    """Seconds and result of step(); the garbage collector is off meanwhile, as in timeit, so that
+    a collection owed to one variant's garbage is not charged to another."""
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        result = step()
+        return time.perf_counter() - start, result
+    finally:
+        gc.enable()
+
+
+def time_series(cfg: RunConfig, path: Path, repeats: int, scratch: Path) -> dict:
+    """Median and best seconds of each variant over `repeats` interleaved rounds on one series."""
+    symbol, timeframe = path.name.removesuffix(".csv.gz").rsplit("_", 1)
+    window = cfg.window
+    times: dict[str, list[float]] = {"old": [], "cold": [], "cached": []}
+    for repeat in range(repeats):
+        ours = cfg.model_copy(update={"cache_dir": scratch / f"{path.name}-{repeat}"})
+        times["old"].append(timed(partial(old_prepare, path, window.lookback, window.horizon))[0])
+        for variant, expect_hit in (("cold", False), ("cached", True)):
+            elapsed, hit = timed(partial(our_prepare, ours, symbol, timeframe))
+            assert hit == expect_hit, f"{path.name}: {variant} run: cache hit {hit}"
+            times[variant].append(elapsed)
+        shutil.rmtree(ours.cache_dir)
+    rows = len(load_candles(cfg, symbol, timeframe))
+    return {"series": path.name, "rows": rows, **{k: statistics.median(v) for k, v in times.items()},
+            "best": {k: min(v) for k, v in times.items()}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3, help="timings per series and variant (median kept)")
+    parser.add_argument("--only", default="*", help="glob over ../shared/data/ohlcv file names")
+    parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
+    args = parser.parse_args()
+
+    paths = sorted(SHARED_OHLCV.glob(f"{args.only}.csv.gz"))
+    if not paths:
+        sys.exit(f"no series matching {args.only!r} in {SHARED_OHLCV}")
+    cfg = load_config(REPO / "configs" / "v8_stable.yaml",
+                      ["data.source=local", f"data.local.path={SHARED_OHLCV}"])
+    console = Console(width=110)  # the table's width, in a terminal or not
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="bench-features-") as scratch:
+        results = [time_series(cfg, path, args.repeats, Path(scratch))
+                   for path in track(paths, description="Timing", console=console, transient=True)]
+    summary = summarise(results)
+    print_table(console, results, summary)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "what": "data preparation of one job (load + validate + features + windows), seconds, per-series "
+                "median", "config": "configs/v8_stable.yaml (15 columns, lookback 120, horizon 1)",
+        "repeats": args.repeats, "machine": platform.platform(), "python": platform.python_version(),
+        "cpus": os.cpu_count(), "load_average_1_5_15_min": {"before": load_before, "after": os.getloadavg()},
+        "series": results, "summary": summary,
+    }, indent=2))
+    console.print(f"wrote {args.json}")
+
+
+def summarise(results: list[dict]) -> dict:
+    median = {k: statistics.median(r[k] for r in results) for k in ("old", "cold", "cached")}
+    ratios = {k: [r["old"] / r[k] for r in results] for k in TARGETS}
+    best_ratios = {k: [r["best"]["old"] / r["best"][k] for r in results] for k in TARGETS}
+    return {
+        "median_seconds": median,
+        "speedup_median": {k: statistics.median(v) for k, v in ratios.items()},
+        "speedup_worst": {k: min(v) for k, v in ratios.items()},
+        "speedup_median_of_best_times": {k: statistics.median(v) for k, v in best_ratios.items()},
+        "targets": TARGETS,
+        "targets_met": {k: statistics.median(v) >= TARGETS[k] for k, v in ratios.items()},
+    }
+
+
+def print_table(console: Console, results: list[dict], summary: dict) -> None:
+    table = Table(title="Data preparation per job: median ms over repeats (V8-stable features, lookback 120)")
+    table.add_column("series", no_wrap=True)
+    for column in ("rows", "(a) old", "(b) cold", "(c) cached", "old/cold", "old/cached"):
+        table.add_column(column, justify="right")
+    for r in results:
+        table.add_row(r["series"], str(r["rows"]), f"{r['old'] * 1e3:.1f}", f"{r['cold'] * 1e3:.1f}",
+                      f"{r['cached'] * 1e3:.1f}", f"{r['old'] / r['cold']:.1f}x", f"{r['old'] / r['cached']:.1f}x")
+    m, s = summary["median_seconds"], summary["speedup_median"]
+    table.add_row("median", "", f"{m['old'] * 1e3:.1f}", f"{m['cold'] * 1e3:.1f}", f"{m['cached'] * 1e3:.1f}",
+                  f"{s['cold']:.1f}x", f"{s['cached']:.1f}x", style="bold")
+    console.print(table)
+    for variant, target in TARGETS.items():
+        verdict = "met" if summary["targets_met"][variant] else "NOT met"
+        console.print(f"{variant}: {summary['speedup_median'][variant]:.1f}x faster than the old way (median over "
+                      f"series; worst series {summary['speedup_worst'][variant]:.1f}x, best times "
+                      f"{summary['speedup_median_of_best_times'][variant]:.1f}x); target >= {target:g}x: {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Device set-up, precision policies, cuDNN eligibility and `cryptotrain doctor`, on the CPU: each precision
+builds and trains the tiny model with float32 heads; the eligibility report names each blocking setting;
+doctor exits 0 without a GPU and 1 when the driver has a GPU this TensorFlow cannot use."""
+from __future__ import annotations
+
+import json
+
+import keras
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tests.conftest import tiny_config_dict
+from trainer import device
+from trainer.cli import main
+from trainer.config import RunConfig, TrainConfig
+from trainer.errors import UserError
+from trainer.models import build_model, output_shapes
+
+
+@pytest.fixture
+def float32_after():
+    """For tests that set a dtype policy or build models: the next test starts clean."""
+    yield
+    keras.backend.clear_session()
+    keras.mixed_precision.set_dtype_policy("float32")
+
+
+def tiny(tmp_path, **sections) -> RunConfig:
+    return RunConfig.model_validate(tiny_config_dict(tmp_path, **sections))
+
+
+# ----------------------------------------------------------------------------- set-up and precision
+@pytest.mark.usefixtures("float32_after")
+def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
+    first = device.setup(TrainConfig(precision="auto"))
+    assert first["precision"] == "float32"
+    assert first["gpus"] == [] and any("CPU" in d for d in first["devices"])
+    assert first["jit_compile"] is False
+    assert 1 <= first["threads"]["usable_cpus"] == device.usable_cpus()
+
+    again = device.setup(TrainConfig(precision="mixed_bfloat16"))
+    assert again["precision"] == "mixed_bfloat16"
+    assert keras.mixed_precision.dtype_policy().name == "mixed_bfloat16"
+    assert {k: v for k, v in again.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
+
+
+def test_unknown_precision_is_a_user_error():
+    with pytest.raises(UserError, match="train.precision: unknown precision 'float64'"):
+        device.apply_precision("float64")
+
+
+@pytest.mark.usefixtures("float32_after")
+@pytest.mark.parametrize("precision, compute_dtype", [
+    ("float32", "float32"), ("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16")])
+def test_precision_builds_and_trains_with_float32_heads(tmp_path, precision, compute_dtype):
+    cfg = tiny(tmp_path, train={"precision": precision, "batch_size": 16, "learning_rate": 0.01})
+    keras.backend.clear_session()
+    assert device.apply_precision(precision) == precision
+    model = build_model(cfg, 8)
+
+    trunk = [layer for layer in model.layers if layer.name.startswith("trunk_")]
+    assert {layer.compute_dtype for layer in trunk} == {compute_dtype}
+    assert {w.dtype for w in model.weights} == {"float32"}  # variables stay float32
+    assert all(model.get_layer(head.name).compute_dtype == "float32" for head in cfg.heads)
+    assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer) == (precision == "mixed_float16")
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((32, 16, 8), dtype=np.float32)
+    y = {name: rng.standard_normal((32, *shape), dtype=np.float32) for name, shape in output_shapes(model).items()}
+    before = [w.copy() for w in model.get_weights()]
+    history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    predictions = model.predict(x[:4], verbose=0)
+
+    assert np.isfinite(history.history["loss"][0])
+    assert all(p.dtype == np.float32 for p in predictions.values())
+    assert any(not np.array_equal(b, a) for b, a in zip(before, model.get_weights()))
+
+
+@pytest.mark.parametrize("cpu_max, v1_quota, expected", [
+    ("200000 100000\n", None, 2.0),
+    ("max 100000\n", None, None),
+    (None, ("150000", "100000"), 1.5),
+    (None, ("-1", "100000"), None),
+    (None, None, None),
+])
+def test_cgroup_cpu_quota(tmp_path, cpu_max, v1_quota, expected):
+    if cpu_max is not None:
+        (tmp_path / "cpu.max").write_text(cpu_max)
+    if v1_quota is not None:
+        (tmp_path / "cpu").mkdir()
+        (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(v1_quota[0])
+        (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(v1_quota[1])
+    assert device._cgroup_cpu_quota(tmp_path) == expected
+
+
+# ----------------------------------------------------------------------------- cuDNN eligibility
+def test_default_recurrent_layers_are_eligible(tmp_path):
+    report = device.cudnn_report(tiny(tmp_path))
+    assert [(r.index, r.kind) for r in report] == [(0, "bilstm"), (2, "lstm"), (4, "lstm")]  # layernorm skipped
+    assert all(r.eligible and r.blockers == [] for r in report)
+
+
+@pytest.mark.parametrize("setting, value, blocker", [
+    ("activation", "relu", "activation=relu (needs tanh)"),
+    ("recurrent_activation", "hard_sigmoid", "recurrent_activation=hard_sigmoid (needs sigmoid)"),
+    ("recurrent_dropout", 0.2, "recurrent_dropout=0.2 (needs 0)"),
+    ("unroll", True, "unroll=True (needs False)"),
+    ("use_bias", False, "use_bias=False (needs True)"),
+])
+@pytest.mark.parametrize("kind", ["lstm", "gru", "bilstm", "bigru"])
+def test_each_blocking_setting_is_named(tmp_path, kind, setting, value, blocker):
+    layers = [{"kind": kind, "units": 4, "return_sequences": True, "dropout": 0.3, setting: value},
+              {"kind": "lstm", "units": 4}]
+    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}))
+    assert report[0] == device.LayerEligibility(0, kind, False, [blocker])
+    assert report[1].eligible  # input dropout alone does not block the fused kernel
+
+
+@pytest.mark.parametrize("setting, value", [
+    (None, None), ("activation", "relu"), ("recurrent_activation", "hard_sigmoid"), ("recurrent_dropout", 0.2),
+    ("unroll", True), ("use_bias", False)])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_report_agrees_with_keras_own_rule(tmp_path, kind, setting, value):
+    """Keras's own test for the fused path (minus its "is a GPU visible" part), on the layer it builds."""
+    from keras.src.backend.tensorflow.rnn import _do_gru_arguments_support_cudnn, _do_lstm_arguments_support_cudnn
+
+    spec = {"kind": kind, "units": 4, **({setting: value} if setting else {})}
+    cfg = tiny(tmp_path, model={"layers": [spec]}, window={"lookback": 8, "horizon": 1})
+    layer = build_model(cfg, 8).get_layer(f"trunk_0_{kind}")
+    cell = layer.cell
+    args = dict(activation=cell.activation, recurrent_activation=cell.recurrent_activation, unroll=layer.unroll,
+                use_bias=cell.use_bias)
+    keras_rule = (_do_lstm_arguments_support_cudnn(**args) if kind == "lstm"
+                  else _do_gru_arguments_support_cudnn(**args, reset_after=cell.reset_after))
+    [report] = device.cudnn_report(cfg)
+    assert report.eligible == (keras_rule and not cell.recurrent_dropout)
+
+
+def test_all_blockers_of_a_layer_are_listed(tmp_path):
+    layers = [{"kind": "lstm", "units": 4, "recurrent_dropout": 0.1, "unroll": True}]
+    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}))
+    assert report[0].blockers == ["recurrent_dropout=0.1 (needs 0)", "unroll=True (needs False)"]
+
+
+# ----------------------------------------------------------------------------- doctor
+@pytest.mark.usefixtures("float32_after")
+def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal width
+    result = CliRunner().invoke(main, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "no GPU visible" in result.output
+    assert "make install TF_EXTRA=gpu" in result.output
+    assert "n/a (CPU)" in result.output
+    assert "verdict: no problems found" in result.output
+
+
+@pytest.mark.usefixtures("float32_after")
+def test_doctor_json_times_the_cpu_step():
+    result = CliRunner().invoke(main, ["doctor", "--json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["versions"]["tensorflow"] and report["versions"]["cuda_build"] is False
+    assert report["precision_auto"] == "float32"
+    [cpu_step] = report["train_steps"]
+    assert cpu_step["device"] == "CPU:0" and cpu_step["loss_finite"]
+    assert cpu_step["step_ms"] > 0 and cpu_step["fused_kernel"] is None
+    assert [f["severity"] for f in report["findings"]] == ["notice"]
+
+
+H100 = {"index": 0, "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30, "memory_used_bytes": 0,
+        "driver": "550.54"}
+
+
+@pytest.mark.usefixtures("float32_after")
+@pytest.mark.parametrize("driver, message, fix", [
+    ({"found": True, "gpus": [H100], "error": None}, "this TensorFlow is the CPU-only build", "TF_EXTRA=gpu"),
+    ({"found": True, "gpus": [], "error": "Failed to initialize NVML: Driver/library version mismatch"},
+     "the NVIDIA driver does not answer: Failed to initialize NVML", "reboot"),
+])
+def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatch, driver, message, fix):
+    monkeypatch.setattr(device, "nvidia_driver", lambda: driver)
+    result = CliRunner().invoke(main, ["doctor", "--json"])
+    assert result.exit_code == 1
+    [finding] = json.loads(result.output)["findings"]
+    assert finding["severity"] == "problem" and message in finding["message"]
+    assert fix in finding["fix"]

@@ -1,0 +1,161 @@
+"""Indicators against independent textbook computations on the real candles in ../shared, warm-up,
+configured parameters, and collinearity detection."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from numpy.lib.stride_tricks import sliding_window_view
+from ta.volatility import AverageTrueRange
+
+from tests.conftest import SHARED_OHLCV
+from trainer.config import INDICATORS, OHLCV, FeaturesConfig
+from trainer.data import read_candles_file
+from trainer.errors import JobError
+from trainer.features import collinear_columns, compute_features
+
+SERIES = ["BTCUSDT_1h", "DOGEUSDT_15m"]
+V8_STABLE = FeaturesConfig(indicators=[{"name": name} for name in INDICATORS])  # every indicator, defaults
+
+
+@pytest.fixture(scope="module", params=SERIES)
+def candles(request) -> pd.DataFrame:
+    symbol, timeframe = request.param.split("_")
+    return read_candles_file(SHARED_OHLCV / f"{request.param}.csv.gz", timeframe)
+
+
+# ----------------------------------------------------------------------------- references (loops are fine here)
+def wilder(values: np.ndarray, window: int, start: int) -> np.ndarray:
+    """Wilder's smoothing seeded with the mean of values[start - window + 1 .. start]."""
+    out = np.full(len(values), np.nan)
+    out[start] = values[start - window + 1:start + 1].mean()
+    for t in range(start + 1, len(values)):
+        out[t] = (out[t - 1] * (window - 1) + values[t]) / window
+    return out
+
+
+def reference_rsi(close: np.ndarray, window: int) -> np.ndarray:
+    change = np.concatenate([[np.nan], np.diff(close)])
+    gain, loss = wilder(np.clip(change, 0, None), window, window), wilder(np.clip(-change, 0, None), window, window)
+    return 100 - 100 / (1 + gain / loss)
+
+
+def ema(values: np.ndarray, span: int) -> np.ndarray:
+    """EMA with alpha 2 / (span + 1), started at the first defined value."""
+    alpha, out = 2 / (span + 1), np.full(len(values), np.nan)
+    first = int(np.argmax(~np.isnan(values)))
+    out[first] = values[first]
+    for t in range(first + 1, len(values)):
+        out[t] = alpha * values[t] + (1 - alpha) * out[t - 1]
+    return out
+
+
+def rolling(values: np.ndarray, window: int, statistic) -> np.ndarray:
+    out = np.full(len(values), np.nan)
+    out[window - 1:] = statistic(sliding_window_view(values, window), axis=1)
+    return out
+
+
+def true_range(candles: pd.DataFrame) -> np.ndarray:
+    high, low, close = (candles[c].to_numpy() for c in ("high", "low", "close"))
+    previous = np.concatenate([[np.nan], close[:-1]])
+    ranges = np.stack([high - low, np.abs(high - previous), np.abs(low - previous)])
+    ranges[1:, 0] = 0.0  # the first bar has no previous close: its true range is high - low
+    return ranges.max(axis=0)
+
+
+def references(candles: pd.DataFrame) -> dict[str, np.ndarray]:
+    close, volume = candles["close"].to_numpy(), candles["volume"].to_numpy()
+    mean, std = rolling(close, 20, np.mean), rolling(close, 20, np.std)  # np.std: population, ddof 0
+    upper, lower = mean + 2 * std, mean - 2 * std
+    macd = ema(close, 12) - ema(close, 26)
+    macd[:25] = np.nan  # defined once the slow EMA has seen 26 closes
+    shifted = np.concatenate([np.full(12, np.nan), close[:-12]])
+    return {
+        "rsi": reference_rsi(close, 14),
+        "macd": macd,
+        "signal": ema(macd, 9),
+        "bb_upper": upper,
+        "bb_lower": lower,
+        "bb_width_pct": (upper - lower) / mean,
+        "bb_position": np.clip((close - lower) / (upper - lower), 0, 1),
+        "volatility": std / mean,
+        "atr": wilder(true_range(candles), 14, 13),
+        "roc": (close - shifted) / shifted * 100,
+        "volume_norm": volume / rolling(volume, 20, np.mean),
+    }
+
+
+# ----------------------------------------------------------------------------- tests
+def test_every_indicator_matches_an_independent_computation(candles):
+    features = compute_features(candles, V8_STABLE)
+    expected = pd.DataFrame(references(candles), index=candles.index).loc[features.index]
+    # RSI: ta seeds its smoothing at the first bar, the textbook after `window` bars; the difference
+    # decays as (13/14)^n and is below 1e-8 after 300 bars.
+    burn_in = features.index[300:]
+    for name in INDICATORS:
+        rows = burn_in if name == "rsi" else features.index
+        np.testing.assert_allclose(features.loc[rows, name], expected.loc[rows, name], rtol=1e-9, atol=1e-8,
+                                   err_msg=name)
+
+
+def test_vectorized_atr_equals_ta_average_true_range(candles):
+    features = compute_features(candles, FeaturesConfig(indicators=[{"name": "atr", "window": 10}]))
+    ta_atr = AverageTrueRange(candles["high"], candles["low"], candles["close"], window=10).average_true_range()
+    np.testing.assert_allclose(features["atr"], ta_atr.loc[features.index], rtol=1e-12)
+    assert features.index[0] == candles.index[9]  # ta's zeros before its first value are warm-up
+
+
+def test_warm_up_rows_are_dropped_and_nothing_else(candles):
+    features = compute_features(candles, V8_STABLE)
+    assert list(features.columns) == [*OHLCV, *INDICATORS]  # no duplicated or missing column
+    # The longest warm-up: signal needs 26 closes for the slow EMA, then 9 MACD values.
+    assert features.index[0] == candles.index[26 + 9 - 2]
+    assert features.index.equals(candles.index[33:])
+    assert np.isfinite(features.to_numpy()).all()
+    pd.testing.assert_frame_equal(features[list(OHLCV)], candles.iloc[33:])
+    assert features.attrs == candles.attrs
+
+
+def test_parameters_come_from_the_config(candles):
+    spec = FeaturesConfig(indicators=[{"name": "rsi", "window": 7}, {"name": "roc", "window": 3},
+                                      {"name": "bb_upper", "window": 10, "std": 3.0}])
+    features = compute_features(candles, spec)
+    close = candles["close"].to_numpy()
+    expected_upper = rolling(close, 10, np.mean) + 3 * rolling(close, 10, np.std)
+    expected_roc = np.concatenate([np.full(3, np.nan), (close[3:] - close[:-3]) / close[:-3] * 100])
+    expected = pd.DataFrame({"rsi": reference_rsi(close, 7), "roc": expected_roc, "bb_upper": expected_upper},
+                            index=candles.index).loc[features.index]
+    assert features.index[0] == candles.index[9]
+    np.testing.assert_allclose(features["roc"], expected["roc"], rtol=1e-9)
+    np.testing.assert_allclose(features["bb_upper"], expected["bb_upper"], rtol=1e-9)
+    np.testing.assert_allclose(features["rsi"].iloc[300:], expected["rsi"].iloc[300:], atol=1e-8)
+
+
+def test_flat_windows_have_defined_position_and_volume_ratio():
+    index = pd.date_range("2024-01-01", periods=80, freq="1h", tz="UTC", name="timestamp")
+    close = np.r_[np.linspace(100, 120, 40), np.full(40, 120.0)]  # 40 flat bars: the bands collapse
+    volume = np.r_[np.linspace(5, 9, 40), np.zeros(40)]  # and no trading at all
+    candles = pd.DataFrame({"open": close, "high": close, "low": close, "close": close, "volume": volume},
+                           index=index)
+    features = compute_features(candles, FeaturesConfig(indicators=[
+        {"name": "bb_position"}, {"name": "volume_norm"}, {"name": "volatility"}]))
+    flat = features.index >= index[60]
+    assert (features.loc[flat, "bb_position"] == 0.5).all()
+    assert (features.loc[flat, "volume_norm"] == 1.0).all()
+    assert (features.loc[flat, "volatility"] == 0.0).all()
+    assert features["bb_position"].between(0, 1).all()
+
+
+def test_too_few_candles_for_the_warm_up_is_a_job_error(candles):
+    with pytest.raises(JobError, match="30 candles are too few for the indicators to warm up"):
+        compute_features(candles.iloc[:30], V8_STABLE)
+
+
+def test_collinear_columns_finds_volatility_and_bb_width_only(candles):
+    features = compute_features(candles, V8_STABLE)
+    pairs = collinear_columns(features, list(features.columns))
+    assert [(a, b) for a, b, _ in pairs] == [("bb_width_pct", "volatility")]
+    assert pairs[0][2] == pytest.approx(1.0, abs=1e-9)
+    # Price levels (open vs close, bb_upper vs close) share a trend but are not collinear.
+    assert collinear_columns(features, ["open", "close", "bb_upper", "bb_lower"]) == []

@@ -1,0 +1,131 @@
+"""The on-disk feature cache: hits, never stale (candles, parameters, code and library versions are
+in the key), atomic writes, and damaged entries detected, reported and recomputed."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import SHARED_OHLCV
+from trainer import features as features_module
+from trainer.config import FeaturesConfig
+from trainer.data import read_candles_file, store
+from trainer.features import compute_features, load_features
+
+SPEC = FeaturesConfig(indicators=[{"name": "rsi", "window": 14}, {"name": "bb_upper", "window": 20, "std": 2.0},
+                                  {"name": "atr", "window": 14}, {"name": "volume_norm", "window": 20}])
+
+
+@pytest.fixture(scope="module")
+def candles() -> pd.DataFrame:
+    return read_candles_file(SHARED_OHLCV / "ETHUSDT_1h.csv.gz", "1h").iloc[-800:]
+
+
+def entries(cache: Path) -> list[Path]:
+    return sorted((cache / "features").iterdir())
+
+
+def test_second_load_is_a_hit_with_identical_features(tmp_path, candles):
+    first, hit = load_features(candles, SPEC, tmp_path)
+    assert not hit and len(entries(tmp_path)) == 1
+    second, hit = load_features(candles, SPEC, tmp_path)
+    assert hit
+    pd.testing.assert_frame_equal(second, first, check_exact=True)
+    pd.testing.assert_frame_equal(second, compute_features(candles, SPEC))
+    assert second.attrs == candles.attrs
+    assert [p.name for p in (tmp_path / "features").iterdir() if p.suffix == ".tmp"] == []  # no temp files left
+
+
+def test_a_hit_gives_bit_identical_results_downstream(tmp_path, candles):
+    """Same bits and same memory layout: numpy's sums depend on the layout, and a run that hits the
+    cache must train exactly like the run that filled it."""
+    computed, _ = load_features(candles, SPEC, tmp_path)
+    cached, hit = load_features(candles, SPEC, tmp_path)
+    assert hit
+    for statistic in (np.mean, np.std, np.min):
+        assert np.array_equal(statistic(cached.to_numpy(), axis=0), statistic(computed.to_numpy(), axis=0))
+    columns = ["close", "rsi", "atr"]
+    assert np.array_equal(cached[columns].to_numpy().std(axis=0), computed[columns].to_numpy().std(axis=0))
+
+
+def test_editing_one_candle_never_serves_a_stale_entry(tmp_path, candles):
+    load_features(candles, SPEC, tmp_path)
+    for column in ("close", "volume", "high"):
+        edited = candles.copy()
+        edited.iloc[500, edited.columns.get_loc(column)] *= 1.0000001
+        features, hit = load_features(edited, SPEC, tmp_path)
+        assert not hit, column
+        pd.testing.assert_frame_equal(features, compute_features(edited, SPEC))
+    moved = candles.set_axis(candles.index + pd.Timedelta("1h"))  # same values, other times
+    assert not load_features(moved, SPEC, tmp_path)[1]
+
+
+def test_changing_one_indicator_parameter_never_serves_a_stale_entry(tmp_path, candles):
+    load_features(candles, SPEC, tmp_path)
+    for change in ({"window": 15}, {"std": 2.5}):
+        indicators = [i.model_dump() for i in SPEC.indicators]
+        indicators[1].update(change)  # bb_upper
+        changed = FeaturesConfig(indicators=indicators)
+        features, hit = load_features(candles, changed, tmp_path)
+        assert not hit, change
+        pd.testing.assert_frame_equal(features, compute_features(candles, changed))
+    reordered = FeaturesConfig(indicators=SPEC.indicators[::-1])
+    features, hit = load_features(candles, reordered, tmp_path)
+    assert not hit and list(features.columns)[5:] == [i.name for i in reordered.indicators]
+
+
+def test_other_feature_code_or_library_versions_miss(tmp_path, candles, monkeypatch):
+    load_features(candles, SPEC, tmp_path)
+    monkeypatch.setattr(features_module, "FEATURE_VERSION", "another version of features.py or of ta")
+    assert not load_features(candles, SPEC, tmp_path)[1]
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "empty", "garbage"])
+def test_a_damaged_entry_is_reported_and_recomputed(tmp_path, candles, caplog, damage):
+    expected, _ = load_features(candles, SPEC, tmp_path)
+    [entry] = entries(tmp_path)
+    data = bytearray(entry.read_bytes())
+    if damage == "truncate":
+        data = data[: len(data) * 2 // 3]
+    elif damage == "flip":
+        data[-1000] ^= 0x10  # one bit of one value
+    elif damage == "empty":
+        data = bytearray()
+    else:
+        data = bytearray(b"not an entry at all" * 10)
+    entry.write_bytes(bytes(data))
+
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        features, hit = load_features(candles, SPEC, tmp_path)
+    assert not hit
+    assert f"cache entry {entry} is damaged" in caplog.text and "recomputing" in caplog.text
+    pd.testing.assert_frame_equal(features, expected)
+    assert load_features(candles, SPEC, tmp_path)[1]  # the recomputed entry is good again
+
+
+def test_an_entry_whose_arrays_disagree_is_recomputed(tmp_path, candles, caplog):
+    """E.g. one written by an older entry format (rows x columns): a valid checksum, wrong shapes."""
+    expected, _ = load_features(candles, SPEC, tmp_path)
+    [entry] = entries(tmp_path)
+    columns, index, values = (np.array(expected.columns, dtype=str), expected.index.asi8,
+                              np.ascontiguousarray(expected.to_numpy()))
+    with open(entry, "wb") as out:
+        for array in (np.array(store._checksum(columns, index, values)), columns, index, values):
+            np.save(out, array)
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        features, hit = load_features(candles, SPEC, tmp_path)
+    assert not hit and "do not match their checksum or each other" in caplog.text
+    pd.testing.assert_frame_equal(features, expected)
+
+
+def test_an_interrupted_write_leaves_no_entry(tmp_path, candles, monkeypatch):
+    def crash(file, array, allow_pickle):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        load_features(candles, SPEC, tmp_path)
+    assert entries(tmp_path) == []  # neither a partial entry nor a temp file

@@ -1,0 +1,302 @@
+"""Pushing to and downloading from the Hub: the real huggingface_hub client against tests/hub_server.py.
+
+Job directories are fabricated with trainer.artifacts (the same writer the runner uses), holding small
+files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML, a PNG and an .npz.
+"""
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+import pytest
+import yaml
+from conftest import tiny_config_dict
+from hub_server import serve_hub
+from huggingface_hub import constants
+
+import trainer.hub as hub_module
+from trainer.artifacts import commit, jobs_dir, staging_dir, write_json
+from trainer.config import HubConfig
+from trainer.errors import JobError, UserError
+from trainer.hub import download_job, push_jobs, push_run
+from trainer.ledger import Ledger
+
+TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
+REPO = "tester/cpb-tiny"
+JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
+
+
+@pytest.fixture
+def hub(monkeypatch, tmp_path):
+    """A local Hub, and the client pointed at it with a valid token."""
+    monkeypatch.setattr(hub_module, "BACKOFF_SECONDS", 0.01)
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache") as server:
+        yield server
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    """A run directory with two finished jobs, laid out as the runner writes them."""
+    cfg = tiny_config_dict(tmp_path)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    Ledger(run).add_jobs(JOBS)
+    for i, name in enumerate(JOBS):
+        make_job(run, name, cfg, seed=i)
+    return run
+
+
+def make_job(run, name, cfg, seed):
+    symbol, timeframe = name.split("_")
+    rng = np.random.default_rng(seed)
+    stage = staging_dir(run, name)
+    (stage / "model.keras").write_bytes(b"PK\x03\x04\x00\x00" + rng.bytes(3000))
+    (stage / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" + rng.bytes(2000))
+    np.savez(stage / "predictions.npz", ohlc=rng.normal(size=(20, 3, 4)), bb=rng.normal(size=(20, 3, 2)))
+    (stage / "history.csv").write_text("epoch,loss,val_loss\n1,0.9,1.0\n2,0.5,0.7\n")
+    (stage / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    write_json(stage / "preprocessing.json", {
+        "input_columns": ["open", "high", "low", "close", "rsi"], "lookback": 16, "horizon": 3,
+        "scaler": {"kind": "standard", "columns": ["open"], "offset": [1.0], "scale": [2.0]},
+        "heads": [{"name": "ohlc", "columns": ["open", "high", "low", "close"], "target_shape": [3, 4]}],
+        "symbol": symbol, "timeframe": timeframe})
+    scores = {"mae": 101.5 + seed, "rmse": 150.25, "mape": 0.31, "direction_accuracy": 0.52}
+    write_json(stage / "metrics.json", {
+        "job": name, "symbol": symbol, "timeframe": timeframe, "run": "tiny", "fingerprint": "f" * 64,
+        "data": {"source": f"local:/home/me/private/{name}.csv.gz", "synthetic": False,
+                 "first": "2024-01-01T00:00:00+00:00", "last": "2024-01-26T00:00:00+00:00", "rows": 600, "gaps": 0},
+        "epochs_run": 2, "best_epoch": 2, "best_val_loss": 0.7, "seconds": 3.5, "n_test": 20,
+        "test_range": ["2024-01-22T00:00:00.000000000", "2024-01-26T00:00:00.000000000"],
+        "heads": {"ohlc": {"model": scores, "persistence": {**scores, "mae": 120.0}, "skill": 0.154}}})
+    commit(stage, jobs_dir(run) / name)
+
+
+def local_files(run, name):
+    job_dir = jobs_dir(run) / name
+    return {p.name: p.read_bytes() for p in job_dir.iterdir()}
+
+
+def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, run_dir, capsys):
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+    assert hub.repos[REPO].private
+    assert len(hub.commits(REPO)) == 1
+    remote = hub.files(REPO)
+    for name in JOBS:
+        folder = name.replace("_", "/")
+        for file, content in local_files(run_dir, name).items():
+            assert remote[f"{folder}/{file}"] == content, file
+        assert f"{folder}/README.md" in remote
+        assert hub.repos[REPO].head.files[f"{folder}/model.keras"].lfs  # binary: through LFS, not inline
+    head = hub.repos[REPO].head.oid
+    records = {job.name: job for job in Ledger(run_dir).jobs()}
+    assert {(records[n].pushed_repo, records[n].pushed_commit) for n in JOBS} == {(REPO, head)}
+    assert all(head in line for line in capsys.readouterr().out.splitlines())
+
+    calls_before = dict(hub.calls)
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert len(hub.commits(REPO)) == 1  # nothing changed: no commit, nothing uploaded
+    assert hub.calls["commit"] == calls_before["commit"]
+    assert hub.calls["lfs_upload"] == calls_before["lfs_upload"]
+
+
+def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    files = hub.files(REPO)
+
+    card = files["BTCUSDT/1h/README.md"].decode()
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata["library_name"] == "keras"
+    assert metadata["pipeline_tag"] == "time-series-forecasting"
+    assert {"BTCUSDT", "1h"} <= set(metadata["tags"])
+    assert metadata["cryptotrain"]["data"]["first"] == "2024-01-01T00:00:00+00:00"
+    assert metadata["cryptotrain"]["data"]["last"] == "2024-01-26T00:00:00+00:00"
+    assert "| ohlc | model | 101.5 |" in card and "| ohlc | persistence | 120 |" in card
+    assert "0.154" in card  # skill
+    assert f"--model hf://{REPO}/BTCUSDT/1h" in card
+    assert "max_rows: 600" in card  # the config
+    assert "/home/me/private" not in card and "output_dir" not in card  # nothing about the training machine
+    assert metadata["cryptotrain"]["data"]["source"] == "local:BTCUSDT_1h.csv.gz"
+    assert metadata["cryptotrain"]["test_range"] == ["2024-01-22T00:00:00+00:00", "2024-01-26T00:00:00+00:00"]
+
+    run_card = files["README.md"].decode()
+    assert yaml.safe_load(run_card.split("---\n")[1])["library_name"] == "keras"
+    assert "| BTCUSDT_1h | [BTCUSDT/1h](./BTCUSDT/1h) |" in run_card
+    assert "| ETHUSDT_1h | [ETHUSDT/1h](./ETHUSDT/1h) |" in run_card
+
+
+def test_push_jobs_one_commit_per_call_and_the_run_card_accumulates(hub, run_dir):
+    hub_cfg = HubConfig(repo_id=REPO)
+    first = push_jobs(run_dir, ["BTCUSDT_1h"], hub_cfg)
+    second = push_jobs(run_dir, ["ETHUSDT_1h"], hub_cfg)
+
+    assert len(hub.commits(REPO)) == 2
+    assert first["BTCUSDT_1h"]["commit"] != second["ETHUSDT_1h"]["commit"]
+    assert second["ETHUSDT_1h"]["url"].endswith(f"{REPO}/tree/{second['ETHUSDT_1h']['commit']}/ETHUSDT/1h")
+    run_card = hub.files(REPO)["README.md"].decode()
+    assert "BTCUSDT_1h" in run_card and "ETHUSDT_1h" in run_card
+
+
+def test_repo_per_job_template(hub, run_dir):
+    pushed = push_jobs(run_dir, JOBS, HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
+
+    for name in JOBS:
+        repo = f"tester/cpb-{name.replace('_', '-')}"
+        assert pushed[name]["repo_id"] == repo
+        files = hub.files(repo)
+        assert files["model.keras"] == local_files(run_dir, name)["model.keras"]
+        assert b"library_name: keras" in files["README.md"]  # the job's card is the repo's card
+        assert len(hub.commits(repo)) == 1
+
+
+def test_colliding_paths_are_refused(hub, run_dir):
+    with pytest.raises(UserError, match="would both be written"):
+        push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO, path_template="{timeframe}"))
+
+
+def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, monkeypatch):
+    waits = []
+    monkeypatch.setattr(hub_module.time, "sleep", waits.append)  # the client's own backoff sleeps too
+    hub.fail("create", 429, retry_after="7")
+    hub.fail("paths_info", 503, retry_after=None)
+    hub.fail("preupload", 500)  # retried by the client itself
+    hub.fail("lfs_batch", 429)
+    hub.fail("commit", 500, retry_after=None)
+    hub.drop("commit")  # the commit lands but its answer is lost: the retry must not commit again
+
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+    assert hub.pending_failures() == 0
+    assert len(hub.commits(REPO)) == 1
+    assert 7.0 in waits  # Retry-After honoured
+    assert hub_module.BACKOFF_SECONDS in waits  # no Retry-After: backoff
+    head = hub.repos[REPO].head.oid
+    assert {job.pushed_commit for job in Ledger(run_dir).jobs()} == {head}
+    assert hub.files(REPO)["ETHUSDT/1h/metrics.json"] == local_files(run_dir, "ETHUSDT_1h")["metrics.json"]
+
+
+def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
+    monkeypatch.setattr(hub_module.time, "sleep", lambda seconds: None)
+    hub.fail("commit", 500, times=hub_module.MAX_ATTEMPTS)
+    with pytest.raises(JobError) as err:
+        push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO))
+    assert "\n" not in str(err.value) and REPO in str(err.value) and "500" in str(err.value)
+    assert hub.commits(REPO) == []
+    assert all(job.pushed_commit is None for job in Ledger(run_dir).jobs())
+
+
+def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, capsys):
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    pushed_card = hub.files(REPO)["BTCUSDT/1h/README.md"]
+    hub.edit(REPO, "BTCUSDT/1h/README.md", b"# my own notes\n")
+    capsys.readouterr()
+
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert hub.files(REPO)["BTCUSDT/1h/README.md"] == b"# my own notes\n"
+    assert "BTCUSDT/1h/README.md was edited on the Hub" in capsys.readouterr().err
+    commits = len(hub.commits(REPO))
+
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=True, only=())
+    assert hub.files(REPO)["BTCUSDT/1h/README.md"] == pushed_card
+    assert len(hub.commits(REPO)) == commits + 1
+
+
+def test_a_regenerated_card_replaces_the_one_we_pushed(hub, run_dir):
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # the job was trained again: new metrics
+
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
+    assert hub.files(REPO)["BTCUSDT/1h/model.keras"] == local_files(run_dir, "BTCUSDT_1h")["model.keras"]
+
+
+def test_corrupt_job_is_not_pushed(hub, run_dir):
+    (jobs_dir(run_dir) / "BTCUSDT_1h" / "metrics.json").write_text("{}")
+    with pytest.raises(JobError, match="BTCUSDT_1h.*manifest.json"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert REPO not in hub.repos
+
+
+def test_only_filters_jobs(hub, run_dir):
+    push_run(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=("ETH*",))
+    assert not hub.repos[REPO].private
+    assert not any(path.startswith("BTCUSDT/") for path in hub.files(REPO))
+    assert "ETHUSDT/1h/model.keras" in hub.files(REPO)
+
+
+def test_missing_token_is_a_one_line_user_error(hub, run_dir, monkeypatch, tmp_path):
+    monkeypatch.delenv("HF_TOKEN")
+    monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    with pytest.raises(UserError, match=r"^no Hugging Face token: set HF_TOKEN or run `hf auth login`$"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+
+def test_rejected_token_names_the_repo_not_the_token(hub, run_dir, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenWrongToken0000000000")
+    with pytest.raises(UserError) as err:
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert REPO in str(err.value) and "401" in str(err.value)
+    assert "hf_WrongToken" not in str(err.value)
+
+
+def test_token_never_leaks(hub, run_dir, capsys, caplog):
+    """Into error messages (even when the server echoes it), output, logs, artifacts, ledger or the Hub."""
+    caplog.set_level(logging.DEBUG)
+    hub.fail("commit", 400, body="bad request: {auth}")  # a server that echoes the Authorization header
+    with pytest.raises(JobError) as err:
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert "bad request: Bearer ***" in str(err.value)
+
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    download_job(f"hf://{REPO}/BTCUSDT/1h")
+    out = capsys.readouterr()
+    texts = [str(err.value), out.out, out.err, caplog.text]
+    texts += [p.read_bytes().decode("latin-1") for p in run_dir.rglob("*") if p.is_file()]
+    texts += [content.decode("latin-1") for content in hub.files(REPO).values()]
+    assert not [text for text in texts if TOKEN in text]
+
+
+def test_download_job_round_trip(hub, run_dir):
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+    job_dir = download_job(f"hf://{REPO}/ETHUSDT/1h")
+    local = local_files(run_dir, "ETHUSDT_1h")
+    assert {p.name: p.read_bytes() for p in job_dir.iterdir() if p.name != "README.md"} == local
+    assert json.loads((job_dir / "metrics.json").read_text())["job"] == "ETHUSDT_1h"
+
+
+@pytest.mark.parametrize("uri, message", [
+    ("hf://tester", "expected hf://NS/NAME/SYMBOL/TIMEFRAME"),
+    ("hf://tester/nope/BTCUSDT/1h", "no such repo"),
+    (f"hf://{REPO}/SOLUSDT/1h", "no job there"),
+])
+def test_download_job_bad_references(hub, run_dir, uri, message):
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    with pytest.raises(UserError, match=message):
+        download_job(uri)
+
+
+def test_push_needs_a_repo(hub, run_dir):
+    with pytest.raises(UserError, match="pass --repo-id"):
+        push_run(run_dir, repo_id=None, private=True, overwrite_cards=False, only=())
+    with pytest.raises(UserError, match="--repo-id not-a-repo: expected NS/NAME"):
+        push_run(run_dir, repo_id="not-a-repo", private=True, overwrite_cards=False, only=())
+
+
+def test_offline_mode_downloads_from_the_cache_and_refuses_to_push(hub, run_dir, monkeypatch):
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    online = download_job(f"hf://{REPO}/BTCUSDT/1h")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+
+    assert download_job(f"hf://{REPO}/BTCUSDT/1h") == online
+    with pytest.raises(UserError, match=f"^{REPO}: HF_HUB_OFFLINE is set"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+
+def test_unreachable_hub_is_a_job_error(hub, run_dir, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
+    with pytest.raises(JobError, match=f"^{REPO}: could not push to the Hub: .*"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())

@@ -1,0 +1,152 @@
+"""Models from YAML: the three real families built (not trained) and checked layer by layer against
+parameter counts computed from the layer formulas; heads shaped exactly like the window targets;
+config mistakes as one-line UserErrors."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO, tiny_config_dict
+from trainer.config import LAYER_KINDS, RunConfig, load_config
+from trainer.errors import UserError
+from trainer.models import LAYERS, build_model, count_params, output_shapes
+from trainer.windows import make_windows
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_session():
+    yield
+    keras.backend.clear_session()
+
+
+def lstm(units: int, inputs: int) -> int:
+    """Four gates, each with input and recurrent kernels and a bias."""
+    return 4 * (units * (inputs + units) + units)
+
+
+def dense(inputs: int, units: int) -> int:
+    return inputs * units + units
+
+
+def layernorm(width: int) -> int:
+    return 2 * width
+
+
+def _v7_decoder_and_heads(encoder_width: int) -> int:
+    """RepeatVector(10) -> LSTM 64 -> LayerNorm -> per-step heads ohlc 4, bb 2, volatility 1."""
+    return lstm(64, encoder_width) + layernorm(64) + dense(64, 4) + dense(64, 2) + dense(64, 1)
+
+
+EXPECTED_PARAMS = {
+    # 15 inputs: BiLSTM 256 -> 128 -> 64, LSTM 32, each with LayerNorm; Dense 128, 64, 32; head ohlc 4.
+    "v8_stable": (15, 2 * lstm(256, 15) + layernorm(512) + 2 * lstm(128, 512) + layernorm(256)
+                  + 2 * lstm(64, 256) + layernorm(128) + lstm(32, 128) + layernorm(32)
+                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + dense(32, 4)),  # 1,414,948
+    # 12 inputs: BiLSTM 128 -> BiLSTM 64 -> LSTM 32 encoder, each with LayerNorm.
+    "v7": (12, 2 * lstm(128, 12) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
+           + lstm(32, 128) + layernorm(32) + _v7_decoder_and_heads(32)),
+    # V7 with a bidirectional third encoder layer (so 64 wide into the RepeatVector).
+    "v8_aligned": (12, 2 * lstm(128, 12) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
+                   + 2 * lstm(32, 128) + layernorm(64) + _v7_decoder_and_heads(64)),
+}
+KERAS_CLASS = {"lstm": "LSTM", "bilstm": "Bidirectional", "layernorm": "LayerNormalization",
+               "dropout": "Dropout", "dense": "Dense", "repeat_vector": "RepeatVector"}
+
+
+def random_frame(columns: list[str], rows: int) -> pd.DataFrame:
+    rng = np.random.default_rng(3)
+    index = pd.date_range("2024-01-01", periods=rows, freq="h", tz="UTC", name="timestamp")
+    return pd.DataFrame(100 + rng.normal(size=(rows, len(columns))).cumsum(axis=0), index=index, columns=columns)
+
+
+def test_the_registry_covers_every_config_layer_kind():
+    assert set(LAYERS) == set(LAYER_KINDS)
+
+
+@pytest.mark.parametrize("family", ["v8_stable", "v7", "v8_aligned"])
+def test_family_models_match_their_specification(family):
+    cfg = load_config(REPO / "configs" / f"{family}.yaml")
+    n_features, expected_params = EXPECTED_PARAMS[family]
+    assert len(cfg.features.columns) == n_features
+    model = build_model(cfg, n_features)
+
+    assert model.count_params() == expected_params == count_params(cfg, n_features)
+    trunk = model.layers[1:1 + len(cfg.model.layers)]
+    assert [type(layer).__name__ for layer in trunk] == [KERAS_CLASS[s.kind] for s in cfg.model.layers]
+    for layer, spec in zip(trunk, cfg.model.layers):
+        if spec.kind in ("lstm", "bilstm"):
+            rnn = layer.forward_layer if spec.kind == "bilstm" else layer
+            assert (rnn.units, rnn.return_sequences, rnn.dropout) == (spec.units, spec.return_sequences,
+                                                                      spec.dropout)
+    horizon = cfg.window.horizon
+    per_step = horizon > 1
+    assert output_shapes(model) == {h.name: (horizon, len(h.columns)) if per_step else (len(h.columns),)
+                                    for h in cfg.heads}
+    for head in cfg.heads:
+        layer = model.get_layer(head.name)
+        assert type(layer).__name__ == ("TimeDistributed" if per_step else "Dense")
+        assert layer.dtype_policy.compute_dtype == "float32"
+    compiled = model.get_compile_config()
+    assert compiled["loss"] == {h.name: h.loss for h in cfg.heads}
+    assert compiled["loss_weights"] == {h.name: h.weight for h in cfg.heads}
+    assert isinstance(model.optimizer, keras.optimizers.Adam)
+    assert model.optimizer.clipvalue == cfg.train.clipvalue
+    assert float(model.optimizer.learning_rate) == pytest.approx(cfg.train.learning_rate)
+
+    # Targets come out with exactly the output shapes: (N, 4) for V8-stable, (N, 10, 4) seq2seq.
+    windows = make_windows(random_frame(cfg.features.columns, 300), cfg, output_shapes(model))
+    outputs = model(np.asarray(windows.test.x[:2]), training=False)
+    for head in cfg.heads:
+        assert tuple(outputs[head.name].shape) == windows.test.y[head.name][:2].shape
+    assert windows.test.y["ohlc"].shape[1:] == ((horizon, 4) if per_step else (4,))
+
+
+@pytest.mark.parametrize("family", ["v8_stable", "v8_aligned"])
+def test_lstms_stay_cudnn_eligible(family):
+    """cuDNN runs an LSTM only with tanh / sigmoid, a bias, no recurrent dropout and no unroll."""
+    model = build_model(load_config(REPO / "configs" / f"{family}.yaml"), EXPECTED_PARAMS[family][0])
+    lstms = [rnn for layer in model.layers
+             for rnn in ([layer.forward_layer, layer.backward_layer] if hasattr(layer, "forward_layer") else [layer])
+             if isinstance(rnn, keras.layers.LSTM)]
+    assert len(lstms) >= 5
+    for rnn in lstms:
+        assert (rnn.activation.__name__, rnn.recurrent_activation.__name__) == ("tanh", "sigmoid")
+        assert (rnn.recurrent_dropout, rnn.unroll, rnn.use_bias, rnn.use_cudnn) == (0, False, True, "auto")
+
+
+def tiny(tmp_path, layers: list[dict] | None = None, **train) -> RunConfig:
+    raw = tiny_config_dict(tmp_path)
+    if layers is not None:
+        raw["model"]["layers"] = layers
+    raw["train"].update(train)
+    return RunConfig.model_validate(raw)
+
+
+def test_config_choices_reach_the_keras_layers_and_optimizer(tmp_path):
+    cfg = tiny(tmp_path, [
+        {"kind": "bigru", "units": 4, "return_sequences": True, "merge_mode": "sum", "recurrent_dropout": 0.1},
+        {"kind": "time_dense", "units": 5, "activation": "relu"},
+        {"kind": "gru", "units": 6},
+        {"kind": "repeat_vector", "n": 3},
+        {"kind": "lstm", "units": 7, "return_sequences": True},
+    ], optimizer="adamw", clipnorm=0.5, learning_rate=0.01)
+    model = build_model(cfg, 8)
+    bigru = model.get_layer("trunk_0_bigru")
+    assert (bigru.merge_mode, bigru.forward_layer.recurrent_dropout) == ("sum", 0.1)
+    assert model.get_layer("trunk_1_time_dense").output.shape == (None, 16, 5)
+    assert model.get_layer("trunk_3_repeat_vector").output.shape == (None, 3, 6)
+    assert output_shapes(model) == {"ohlc": (3, 4), "bb": (3, 2)}
+    assert isinstance(model.optimizer, keras.optimizers.AdamW) and model.optimizer.clipnorm == 0.5
+
+
+@pytest.mark.parametrize("layers, message", [
+    ([{"kind": "lstm", "units": 4}], r"^model\.layers: the last layer outputs one vector, but window\.horizon is 3"),
+    ([{"kind": "lstm", "units": 4, "return_sequences": True}],
+     r"^model\.layers: the last layer outputs a sequence of 16 steps, but window\.horizon is 3"),
+    ([{"kind": "lstm", "units": 4}, {"kind": "lstm", "units": 4}], r"^model\.layers\[1\] \(lstm\): "),
+])
+def test_a_trunk_that_does_not_fit_the_horizon_is_a_user_error(tmp_path, layers, message):
+    with pytest.raises(UserError, match=message):
+        build_model(tiny(tmp_path, layers), 8)

@@ -1,0 +1,121 @@
+"""Forecasting from a trained job: a real tiny run (the runner, real Keras, real candles), then
+predictions from its directory, from a run directory, and from the Hub after a push."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+from conftest import SHARED_OHLCV, tiny_config_dict
+from hub_server import serve_hub
+
+from trainer.config import RunConfig
+from trainer.data import load_candles
+from trainer.errors import UserError
+from trainer.hub import push_run
+from trainer.jobs import make_jobs
+from trainer.predict import predict_command, predict_next
+from trainer.runner import run_config
+
+TOKEN = "hf_PredictTestToken0123456789abcdef"
+DATA_FILE = SHARED_OHLCV / "BTCUSDT_1h.csv.gz"
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One finished job, BTCUSDT 1h, trained for one epoch by the runner."""
+    tmp = tmp_path_factory.mktemp("predict")
+    raw = tiny_config_dict(tmp, cache_dir=str(tmp / "cache"))
+    raw["data"]["symbols"] = ["BTCUSDT"]
+    raw["train"]["epochs"] = 1
+    cfg = RunConfig.model_validate(raw)
+    assert run_config(cfg, make_jobs(cfg)).exit_code == 0
+    return cfg
+
+
+@pytest.fixture
+def job_dir(run):
+    return run.run_dir / "jobs" / "BTCUSDT_1h"
+
+
+def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
+    candles = load_candles(run, "BTCUSDT", "1h")
+    forecast = predict_next(job_dir, candles)
+
+    last = candles.index[-1]
+    assert list(forecast.index) == [last + pd.Timedelta(hours=k) for k in (1, 2, 3)]
+    assert list(forecast.columns) == ["open", "high", "low", "close", "bb_upper", "bb_lower"]
+    assert np.isfinite(forecast.to_numpy()).all()
+    ratio = forecast["close"] / candles["close"].iloc[-1]
+    assert ratio.between(0.5, 2.0).all()  # prices, not scaled values
+
+
+def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
+    """Forecasting from the candles before the last test sample's targets gives that sample's prediction."""
+    saved = np.load(job_dir / "predictions.npz")
+    first_target = saved["target_times"][-1]
+    candles = load_candles(run, "BTCUSDT", "1h")
+    forecast = predict_next(job_dir, candles[candles.index.values < first_target])
+
+    assert forecast.index[0].to_datetime64() == first_target
+    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
+    np.testing.assert_allclose(forecast[["bb_upper", "bb_lower"]], saved["bb"][-1], rtol=1e-5)
+
+
+def test_predict_command_from_a_run_directory_and_a_data_file(run, capsys):
+    predict_command(str(run.run_dir), symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE, config_path=None,
+                    as_json=True)
+    out = json.loads(capsys.readouterr().out)
+
+    last = pd.read_csv(DATA_FILE)["timestamp"].iloc[-1]
+    assert pd.Timestamp(out["last_candle"]) == pd.Timestamp(last)
+    assert [pd.Timestamp(row["timestamp"]) for row in out["forecast"]] == [
+        pd.Timestamp(last) + pd.Timedelta(hours=k) for k in (1, 2, 3)]
+    assert all(row["close"] > 0 for row in out["forecast"])
+
+
+def test_predict_command_table_from_the_jobs_own_data(run, job_dir, capsys):
+    predict_command(str(job_dir), symbol=None, timeframe=None, data_path=None, config_path=None, as_json=False)
+    out = capsys.readouterr().out
+
+    next_open = load_candles(run, "BTCUSDT", "1h").index[-1] + pd.Timedelta(hours=1)
+    assert f"{next_open:%Y-%m-%d %H:%M}" in out
+    assert "bb_upper" in out
+
+
+def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, capsys, monkeypatch, tmp_path):
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
+        push_run(run.run_dir, repo_id="tester/cpb", private=True, overwrite_cards=False, only=())
+        capsys.readouterr()
+        predict_command("hf://tester/cpb", symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE,
+                        config_path=None, as_json=True)
+        remote = json.loads(capsys.readouterr().out)
+    predict_command(str(job_dir), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None,
+                    as_json=True)
+    local = json.loads(capsys.readouterr().out)
+
+    assert remote["model"] == "hf://tester/cpb/BTCUSDT/1h"
+    assert remote["forecast"] == local["forecast"]
+
+
+def test_a_changed_job_directory_is_refused(job_dir, tmp_path):
+    changed = tmp_path / "job"
+    shutil.copytree(job_dir, changed)
+    (changed / "preprocessing.json").write_text((job_dir / "preprocessing.json").read_text().replace("16", "17"))
+    with pytest.raises(UserError, match="do not match manifest.json"):
+        predict_command(str(changed), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None,
+                        as_json=True)
+
+
+@pytest.mark.parametrize("model_ref, symbol, message", [
+    (".", None, "not a job directory"),
+    ("RUN", None, r"pass --symbol and --timeframe \(finished jobs: BTCUSDT_1h\)"),
+    ("RUN", "ETHUSDT", "no finished job ETHUSDT_1h"),
+    ("JOB", "ETHUSDT", "--symbol ETHUSDT: the model .* is for BTCUSDT 1h"),
+])
+def test_bad_model_references(run, job_dir, model_ref, symbol, message):
+    ref = {"RUN": str(run.run_dir), "JOB": str(job_dir)}.get(model_ref, model_ref)
+    with pytest.raises(UserError, match=message):
+        predict_command(ref, symbol=symbol, timeframe="1h", data_path=DATA_FILE, config_path=None, as_json=True)

@@ -1,0 +1,75 @@
+"""kill -9 at several points of a real run, then the same command again: every job ends done exactly
+once, every manifest verifies, and nothing partial is left behind."""
+from __future__ import annotations
+
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from tests.conftest import REPO
+from trainer import artifacts
+
+JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "trainer", *args]
+
+
+def _start_paused(point: str, marker: Path, config: Path) -> subprocess.Popen:
+    command = [sys.executable, str(REPO / "tests" / "kill_points.py"), point, str(marker), "run", "--config",
+               str(config)]
+    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+    deadline = time.monotonic() + timeout
+    while not marker.exists():
+        if process.poll() is not None:
+            raise AssertionError(f"run ended before the kill point: {process.stderr.read().decode()[-2000:]}")
+        if time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError("kill point not reached in time")
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("point", ["features", "mid-epoch", "artifacts"])
+def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point):
+    config = tiny_config(data={
+        "source": "local", "local": {"path": str(REPO.parent / "shared" / "data" / "ohlcv")},
+        "symbols": ["BTCUSDT", "ETHUSDT"], "timeframes": ["15m", "1h"], "max_rows": 500,
+    }, train={"batch_size": 32, "epochs": 3, "learning_rate": 0.003, "seed": 1,
+              "early_stopping": {"patience": 5}, "reduce_lr": {"patience": 2}})
+    run_dir = tmp_path / "run"
+    marker = tmp_path / "paused"
+
+    victim = _start_paused(point, marker, config)
+    _wait_for(marker, victim)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+    rerun = subprocess.run(_cli("run", "--config", str(config)), cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+
+    with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+        statuses = dict(db.execute("SELECT name, status FROM jobs"))
+        done_attempts = db.execute("SELECT job, COUNT(*) FROM attempts WHERE outcome = 'done' GROUP BY job")
+        done_attempts = dict(done_attempts.fetchall())
+        manifests = dict(db.execute("SELECT name, manifest_sha256 FROM jobs"))
+    assert statuses == {job: "done" for job in JOBS}
+    assert done_attempts == {job: 1 for job in JOBS}
+    for job in JOBS:
+        assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]
+        history = pd.read_csv(run_dir / "jobs" / job / "history.csv")
+        assert history["epoch"].tolist() == list(range(1, len(history) + 1))  # no epoch lost or repeated
+    leftovers = [p for p in run_dir.rglob("*")
+                 if p.is_file() and (p.name.startswith("tmp") or ".backup" in p.parts or ".staging-" in str(p))]
+    assert leftovers == []
+    assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == JOBS

@@ -1,0 +1,133 @@
+"""`cryptotrain run` end to end on real candles: artifacts, reproducible predictions from the saved
+preprocessing alone, determinism, failure isolation, and run-directory protection."""
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+
+import keras
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.conftest import SHARED_OHLCV, tiny_config_dict
+from trainer import artifacts
+from trainer.cli import main
+from trainer.config import FeaturesConfig
+from trainer.data import read_candles_file
+from trainer.features import compute_features
+from trainer.windows import Scaler, make_inputs
+
+JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
+             "predictions.npz", "manifest.json"}
+
+
+def _run(*args: str):
+    return CliRunner().invoke(main, ["run", *args], catch_exceptions=False)
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """Two real-data jobs (BTC and ETH 1h), tiny layers, 2 epochs."""
+    tmp = tmp_path_factory.mktemp("run")
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
+    result = _run("--config", str(path))
+    assert result.exit_code == 0, result.output
+    return tmp / "run", path, result.output
+
+
+def test_every_job_writes_complete_verified_artifacts(finished_run):
+    run_dir, _, output = finished_run
+    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+        job_dir = run_dir / "jobs" / job
+        assert {p.name for p in job_dir.iterdir()} == JOB_FILES
+        assert artifacts.verify(job_dir) is not None
+        metrics = json.loads((job_dir / "metrics.json").read_text())
+        assert metrics["data"]["synthetic"] is False and metrics["data"]["source"].endswith(f"{job}.csv.gz")
+        for head in ("ohlc", "bb"):
+            scores = metrics["heads"][head]
+            assert scores["skill"] == pytest.approx(1 - scores["model"]["mae"] / scores["persistence"]["mae"])
+            assert scores["model"]["mae"] > 0 and scores["persistence"]["mae"] > 0
+        assert 0 <= metrics["heads"]["ohlc"]["model"]["direction_accuracy"] <= 1
+        history = pd.read_csv(job_dir / "history.csv")
+        assert history["epoch"].tolist() == [1, 2] and {"loss", "val_loss"} <= set(history.columns)
+        assert metrics["best_val_loss"] == pytest.approx(history["val_loss"].min())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [row["job"] for row in summary] == ["BTCUSDT_1h", "ETHUSDT_1h"]
+    assert (run_dir / "summary.csv").read_text().startswith("job,epochs,")
+    assert "persistence" in output and "BTCUSDT_1h" in output
+
+
+def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(finished_run):
+    run_dir, _, _ = finished_run
+    job_dir = run_dir / "jobs" / "BTCUSDT_1h"
+    preprocessing = json.loads((job_dir / "preprocessing.json").read_text())
+    model = keras.models.load_model(job_dir / "model.keras")
+    recorded = np.load(job_dir / "predictions.npz")
+    candles = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h").iloc[-600:]
+    features = FeaturesConfig(base=["open", "high", "low", "close"], indicators=preprocessing["indicators"])
+    frame = compute_features(candles, features)
+    times = recorded["target_times"]
+    for i in (0, len(times) // 2, len(times) - 1):
+        history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
+        outputs = model.predict(make_inputs(history, preprocessing), verbose=0)
+        for head in preprocessing["heads"]:
+            prices = Scaler.from_dict(preprocessing["scaler"]).inverse(outputs[head["name"]][0], head["columns"])
+            np.testing.assert_allclose(prices, recorded[head["name"]][i], rtol=1e-4)
+
+
+def test_same_config_and_data_give_the_same_metrics(finished_run, tmp_path):
+    run_dir, config_path, _ = finished_run
+    result = _run("--config", str(config_path), "--set", f"output_dir={tmp_path / 'again'}")
+    assert result.exit_code == 0, result.output
+    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+        first = json.loads((run_dir / "jobs" / job / "metrics.json").read_text())
+        second = json.loads((tmp_path / "again" / "jobs" / job / "metrics.json").read_text())
+        assert first["heads"] == second["heads"] and first["best_val_loss"] == second["best_val_loss"]
+
+
+def test_rerun_of_a_finished_run_skips_every_job(finished_run):
+    run_dir, config_path, _ = finished_run
+    before = {p: p.stat().st_mtime_ns for p in (run_dir / "jobs").rglob("*")}
+    result = _run("--config", str(config_path))
+    assert result.exit_code == 0, result.output
+    assert {p: p.stat().st_mtime_ns for p in (run_dir / "jobs").rglob("*")} == before
+
+
+def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(finished_run):
+    run_dir, config_path, _ = finished_run
+    result = CliRunner().invoke(main, ["run", "--config", str(config_path), "--set", "train.epochs=1",
+                                       "--only", "BTC*"])
+    assert result.exit_code == 2
+    assert "train.epochs" in result.output and "--new-run" in result.output
+    result = _run("--config", str(config_path), "--set", "train.epochs=1", "--only", "BTC*", "--new-run")
+    assert result.exit_code == 0, result.output
+    moved = [p for p in run_dir.parent.iterdir() if p.name.startswith("run-")]
+    assert len(moved) == 1 and (moved[0] / "jobs" / "ETHUSDT_1h" / "manifest.json").exists()  # kept, not lost
+    assert json.loads((run_dir / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())["epochs_run"] == 1
+
+
+def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
+    config = tiny_config()
+    result = _run("--config", str(config), "--set", "data.symbols=[BTCUSDT, NOSUCHUSDT]", "--retries", "0")
+    assert result.exit_code == 1
+    with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+        rows = dict(db.execute("SELECT name, status FROM jobs"))
+        error = db.execute("SELECT error FROM jobs WHERE name = 'NOSUCHUSDT_1h'").fetchone()[0]
+    assert rows == {"BTCUSDT_1h": "done", "NOSUCHUSDT_1h": "failed"}
+    assert "NOSUCHUSDT_1h.csv.gz" in error
+    status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
+    assert status.exit_code == 0 and "failed" in status.output and "NOSUCHUSDT_1h" in status.output
+
+
+def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):
+    config = tiny_config()
+    result = _run("--config", str(config), "--only", "BTC*", "--retries", "0", "--set", "train.learning_rate=1e30")
+    assert result.exit_code == 1
+    with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+        status, error = db.execute("SELECT status, error FROM jobs WHERE name = 'BTCUSDT_1h'").fetchone()
+    assert status == "failed" and re.match(r"loss became (nan|inf|-inf) at epoch 1", error), error

@@ -1,0 +1,62 @@
+"""Compiled-model reuse across jobs: no new trace, and exactly the result of a fresh model."""
+from __future__ import annotations
+
+import keras
+import pandas as pd
+import pytest
+
+from tests.conftest import tiny_config_dict
+from trainer.config import RunConfig
+from trainer.data import load_candles
+from trainer.features import load_features
+from trainer.models import output_shapes
+from trainer.training import ModelCache, fit
+from trainer.windows import make_windows
+
+
+@pytest.fixture
+def cfg(tmp_path):
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=2)
+    return RunConfig.model_validate(data)
+
+
+def _windows(cfg, symbol, model):
+    candles = load_candles(cfg, symbol, "1h")
+    frame, _ = load_features(candles, cfg.features, cfg.cache_path)
+    return make_windows(frame, cfg, output_shapes(model))
+
+
+def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model(cfg, tmp_path):
+    cache = ModelCache()
+    model = cache.model_for(cfg, len(cfg.features.columns))
+    traces = []  # in graph mode train_step's Python body runs only while TensorFlow traces it
+    original_train_step = model.train_step
+    model.train_step = lambda data: (traces.append(1), original_train_step(data))[1]
+    fit(model, _windows(cfg, "BTCUSDT", model), cfg, tmp_path / "btc")
+    model.optimizer.learning_rate = 1e-6  # as ReduceLROnPlateau leaves it: the reuse must reset it
+    train_function = model.train_function
+    traces_after_first_job = len(traces)
+    assert traces_after_first_job >= 1
+
+    reused = cache.model_for(cfg, len(cfg.features.columns))
+    eth = _windows(cfg, "ETHUSDT", reused)
+    reused_result = fit(reused, eth, cfg, tmp_path / "eth-reused")
+    assert reused is model and cache.builds == 1
+    assert reused.train_function is train_function
+    assert len(traces) == traces_after_first_job  # nothing traced again
+
+    fresh = ModelCache().model_for(cfg, len(cfg.features.columns))
+    fresh_result = fit(fresh, eth, cfg, tmp_path / "eth-fresh")
+    assert fresh is not model
+    pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
+
+
+def test_a_new_shape_builds_a_new_model(cfg):
+    cache = ModelCache()
+    first = cache.model_for(cfg, len(cfg.features.columns))
+    wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
+    second = cache.model_for(wider, len(cfg.features.columns))
+    assert second is not first and cache.builds == 2
+    assert second.input_shape == (None, 24, len(cfg.features.columns))
+    assert keras.mixed_precision.dtype_policy().name == "float32"  # policy re-applied after clear_session

@@ -1,0 +1,105 @@
+"""One self-describing directory per finished job, written atomically with a sha256 manifest.
+
+Files are written into a staging directory beside the final one, the manifest last, then the staging
+directory is renamed into place: a reader sees a complete job directory or none at all.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
+
+from .files import fsync, pid_alive, sha256_file
+
+MANIFEST = "manifest.json"
+STAGING_PREFIX = ".staging-"
+
+
+def jobs_dir(run_dir: Path) -> Path:
+    return run_dir / "jobs"
+
+
+def staging_dir(run_dir: Path, job_name: str) -> Path:
+    """A fresh, empty directory owned by this process for writing one job's files."""
+    stage = jobs_dir(run_dir) / f"{STAGING_PREFIX}{job_name}-{os.getpid()}"
+    shutil.rmtree(stage, ignore_errors=True)
+    stage.mkdir(parents=True)
+    return stage
+
+
+def commit(stage: Path, final: Path) -> str:
+    """Write the manifest, make everything durable, rename into place; returns the manifest's sha256."""
+    files = {p.name: sha256_file(p) for p in sorted(stage.iterdir()) if p.name != MANIFEST}
+    (stage / MANIFEST).write_text(json.dumps({"files": files}, indent=1))
+    for path in stage.iterdir():
+        fsync(path)
+    if final.exists():  # a stale directory whose manifest no longer verified: replaced, not merged
+        shutil.rmtree(final)
+    os.replace(stage, final)
+    fsync(final.parent)
+    return sha256_file(final / MANIFEST)
+
+
+def verify(job_dir: Path) -> str | None:
+    """The manifest's sha256 if every listed file is present and intact, else None."""
+    manifest = job_dir / MANIFEST
+    if not manifest.is_file():
+        return None
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError):
+        return None
+    for name, digest in files.items():
+        path = job_dir / name
+        if not path.is_file() or sha256_file(path) != digest:
+            return None
+    return sha256_file(manifest)
+
+
+def remove_abandoned_staging(run_dir: Path) -> list[Path]:
+    """Staging directories of processes that died mid-write (their pid is gone)."""
+    removed = []
+    for stage in jobs_dir(run_dir).glob(f"{STAGING_PREFIX}*"):
+        pid = stage.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            shutil.rmtree(stage, ignore_errors=True)
+            removed.append(stage)
+    return removed
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=1, default=_json_default))
+
+
+def write_config(path: Path, config_data: dict) -> None:
+    path.write_text(yaml.safe_dump(config_data, sort_keys=False))
+
+
+def _json_default(value):
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, (pd.Timestamp, np.datetime64)):
+        return pd.Timestamp(value).isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_close: np.ndarray,
+         actual_close: np.ndarray, title: str) -> None:
+    """Loss curves, and the predicted vs actual close of the first forecast step on the test split."""
+    fig = Figure(figsize=(9, 6))
+    fig.suptitle(f"{title}: training loss, and the test split in price units")
+    losses, prices = fig.subplots(2, 1)
+    losses.plot(history["epoch"], history["loss"], label="train loss")
+    losses.plot(history["epoch"], history["val_loss"], label="validation loss")
+    losses.set(xlabel="epoch", yscale="log")
+    losses.legend(loc="upper right")  # loc="best" searches every data point: slow
+    prices.plot(target_times, actual_close, label="actual close", linewidth=1)
+    prices.plot(target_times, predicted_close, label="predicted close (next bar)", linewidth=1)
+    prices.legend(loc="upper left")
+    fig.savefig(path, dpi=72)

@@ -1,0 +1,165 @@
+"""Model cards for the Hub: one README.md per job, and one per run with the summary table.
+
+Cards are built only from a job's own files (metrics.json, preprocessing.json, config.yaml), with no
+timestamps, so the same job always yields the same bytes and an unchanged card is never re-committed.
+The YAML metadata is rendered by huggingface_hub's ModelCardData.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import yaml
+from huggingface_hub import ModelCardData
+
+PIPELINE_TAG = "time-series-forecasting"
+BASE_TAGS = ["keras", "lstm", "time-series-forecasting", "cryptocurrency", "cryptotrain"]
+
+
+def hf_uri(repo_id: str, path_in_repo: str) -> str:
+    """What `cryptotrain predict --model` takes for a job published at `path_in_repo`."""
+    return f"hf://{repo_id}/{path_in_repo}" if path_in_repo else f"hf://{repo_id}"
+
+
+def job_card(job_dir: Path, repo_id: str, path_in_repo: str) -> str:
+    metrics = _read_json(job_dir / "metrics.json")
+    prep = _read_json(job_dir / "preprocessing.json")
+    symbol, timeframe, data = metrics["symbol"], metrics["timeframe"], _public_data(metrics["data"])
+    test_range = [_iso(t) for t in metrics["test_range"]]
+    metadata = ModelCardData(
+        library_name="keras",
+        pipeline_tag=PIPELINE_TAG,
+        tags=[*BASE_TAGS, symbol, timeframe] + (["synthetic-data"] if data["synthetic"] else []),
+        cryptotrain={
+            "run": metrics["run"], "job": metrics["job"], "symbol": symbol, "timeframe": timeframe,
+            "fingerprint": metrics["fingerprint"],
+            "data": data,
+            "test_range": test_range,
+        },
+    )
+    horizon, lookback = prep["horizon"], prep["lookback"]
+    heads = ", ".join(f"`{h['name']}` ({', '.join(h['columns'])})" for h in prep["heads"])
+    folder = f"{path_in_repo}/" if path_in_repo else ""
+    sections = [
+        f"# {symbol} {timeframe} forecaster (run `{metrics['run']}`)",
+        f"A Keras LSTM that forecasts the next {horizon} {timeframe} candle(s) of {symbol} from the last "
+        f"{lookback} candles of {', '.join(prep['input_columns'])}. Heads: {heads}. Trained with "
+        "[cryptotrain](https://pypi.org/project/cryptotrain/).",
+        "## Data\n\n" + _data_text(data, metrics["n_test"], test_range),
+        "## Metrics\n\n" + _metrics_table(metrics),
+        "## Training\n\n" + _training_text(metrics),
+        "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo)),
+        "## Config\n\n```yaml\n" + _public_config(job_dir / "config.yaml") + "```",
+    ]
+    return _card(metadata, sections)
+
+
+def job_row(job_dir: Path, path_in_repo: str) -> dict:
+    """One line of the run card's table: the job's first head, which the config lists as its main one."""
+    metrics = _read_json(job_dir / "metrics.json")
+    head, scores = next(iter(metrics["heads"].items()))
+    return {"job": metrics["job"], "path": path_in_repo, "head": head, "epochs": metrics["epochs_run"],
+            "mae": scores["model"]["mae"], "persistence_mae": scores["persistence"]["mae"],
+            "skill": scores["skill"], "synthetic": metrics["data"]["synthetic"]}
+
+
+def run_card(run_name: str, repo_id: str, rows: list[dict]) -> str:
+    """The repo's README.md when jobs live in sub-folders: what is here and how well each job does."""
+    metadata = ModelCardData(library_name="keras", pipeline_tag=PIPELINE_TAG, tags=BASE_TAGS,
+                             cryptotrain={"run": run_name, "jobs": [row["job"] for row in rows]})
+    lines = ["| job | files | epochs | head | test MAE | persistence MAE | skill |",
+             "|---|---|---|---|---|---|---|"]
+    for row in sorted(rows, key=lambda r: r["job"]):
+        lines.append(f"| {row['job']} | [{row['path']}](./{row['path']}) | {row['epochs']} | {row['head']} | "
+                     f"{_num(row['mae'])} | {_num(row['persistence_mae'])} | {_num(row['skill'])} |")
+    synthetic = [row["job"] for row in rows if row["synthetic"]]
+    warning = [f"**Trained on synthetic candles: {', '.join(synthetic)}.** Their metrics show the pipeline "
+               "works, not how a market behaves."] if synthetic else []
+    sections = [
+        f"# cryptotrain run `{run_name}`: {len(rows)} crypto price forecaster(s)",
+        "One Keras LSTM per symbol and timeframe, each in its own folder with its model card, weights, "
+        "preprocessing, metrics and plots. Metrics are on a held-out chronological test split, in price "
+        "units, next to the persistence baseline (repeat the last candle); skill > 0 beats it.",
+        *warning,
+        "\n".join(lines),
+        "## How to use\n\n```bash\ncryptotrain predict --model "
+        f"{hf_uri(repo_id, rows[0]['path'] if rows else 'SYMBOL/TIMEFRAME')} --json\n```",
+    ]
+    return _card(metadata, sections)
+
+
+def _card(metadata: ModelCardData, sections: list[str]) -> str:
+    return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
+
+
+def _public_data(data: dict) -> dict:
+    """The data description without the directories of the machine that trained the model."""
+    kind, _, where = data["source"].partition(":")
+    source = f"{kind}:{Path(where).name}" if kind == "local" else data["source"]
+    return {"source": source, **{key: data[key] for key in ("synthetic", "first", "last", "rows")}}
+
+
+def _public_config(path: Path) -> str:
+    """The run config, less where that machine kept its outputs and caches."""
+    config = yaml.safe_load(path.read_text())
+    for key in ("output_dir", "cache_dir"):
+        config.pop(key, None)
+    return yaml.safe_dump(config, sort_keys=False)
+
+
+def _iso(timestamp: str) -> str:
+    """ISO 8601 in UTC, whichever way the timestamp was written."""
+    when = pd.Timestamp(timestamp)
+    return (when.tz_localize("UTC") if when.tzinfo is None else when.tz_convert("UTC")).isoformat()
+
+
+def _data_text(data: dict, n_test: int, test_range: list[str]) -> str:
+    text = (f"Source: `{data['source']}`, {data['rows']} candles from {data['first']} to {data['last']}. "
+            f"Test split: {n_test} forecasts from {test_range[0]} to {test_range[1]}.")
+    if data["synthetic"]:
+        text += ("\n\n**These candles are synthetic** (generated by cryptotrain): the metrics show the "
+                 "pipeline works, not how a market behaves.")
+    return text
+
+
+def _metrics_table(metrics: dict) -> str:
+    lines = ["On the held-out test split, in price units. Persistence repeats the last known candle; "
+             "skill compares the model's error with persistence's (> 0: the model is better).", "",
+             "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill |",
+             "|---|---|---|---|---|---|---|"]
+    for head, scores in metrics["heads"].items():
+        for who in ("model", "persistence"):
+            m = scores[who]
+            skill = _num(scores["skill"]) if who == "model" else ""
+            lines.append(f"| {head} | {who} | {_num(m['mae'])} | {_num(m['rmse'])} | {_num(m['mape'])} | "
+                         f"{_num(m['direction_accuracy'])} | {skill} |")
+    return "\n".join(lines)
+
+
+def _training_text(metrics: dict) -> str:
+    return (f"{metrics['epochs_run']} epoch(s) (best: epoch {metrics['best_epoch']}, validation loss "
+            f"{_num(metrics['best_val_loss'])}), {metrics['seconds']:.0f} s. Loss curves and the test-split "
+            "forecast are in `plot.png`, per-epoch losses in `history.csv`.")
+
+
+def _usage_text(repo_id: str, folder: str, uri: str) -> str:
+    return (
+        "Forecast the next candles from the latest ones (a CSV/Parquet file of "
+        "`timestamp,open,high,low,close,volume`):\n\n"
+        f"```bash\npip install cryptotrain\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
+        "Or load the model yourself: inputs are the last `lookback` rows of `input_columns`, scaled as "
+        "`(x - offset) / scale` with `preprocessing.json`'s scaler; outputs are a dict of heads, in scaled "
+        "units (invert with the same scaler).\n\n"
+        "```python\nimport keras\nfrom huggingface_hub import snapshot_download\n\n"
+        f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}*"])\n'
+        f'model = keras.saving.load_model(f"{{local}}/{folder}model.keras")\n```'
+    )
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text())

@@ -1,0 +1,155 @@
+"""Binance public spot klines (no API key), downloaded once and stored as CSV.gz in the cache.
+
+The range runs from data.binance.start (included) to data.binance.end (excluded), UTC dates. A range
+with an end is fetched once: the stored file is complete (written atomically after the last page)
+and later runs read it without network. A range open to "now" (no end) is fetched once too, with
+the candles closed by then; `cryptotrain data download` appends those closed since.
+
+Paging follows the API: up to 1000 klines per request from startTime on. Rate limits: above 80 %
+of the per-minute request weight (X-MBX-USED-WEIGHT-1M) the client waits for the next minute; a
+429 or 418 answer is retried after its Retry-After; 5xx and network errors a few times with backoff.
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..config import OHLCV, BinanceSource
+from ..errors import JobError, UserError
+from .files import candles_from_bytes, read_bytes
+
+PAGE_LIMIT = 1000
+WEIGHT_LIMIT_1M = 6000  # Binance spot request weight per minute and IP
+WEIGHT_PAUSE_AT = 0.8 * WEIGHT_LIMIT_1M
+MAX_ATTEMPTS = 5  # per page, for rate limits, 5xx and network errors together
+MAX_RETRY_AFTER_S = 300  # a longer ban is reported rather than waited out
+TIMEOUT_S = 30
+
+Sleep = Callable[[float], None]
+
+
+def stored_path(source: BinanceSource, cache: Path, symbol: str, timeframe: str) -> Path:
+    host = urllib.parse.urlsplit(source.base_url).netloc.replace(":", "_")
+    name = f"{symbol}_{timeframe}_{source.start}_{source.end or 'now'}.csv.gz"
+    return cache / "candles" / "binance" / host / name
+
+
+def update(source: BinanceSource, cache: Path, symbol: str, timeframe: str, *, sleep: Sleep = time.sleep) -> int:
+    """Download the candles the stored file lacks; returns how many were added (0: up to date)."""
+    path = stored_path(source, cache, symbol, timeframe)
+    where = f"binance:{path}"
+    if path.exists() and source.end is not None:
+        return 0
+    stored = candles_from_bytes(read_bytes(path, where), path, timeframe, where) if path.exists() else None
+    now_ms = int(time.time() * 1000)
+    start_ms = _ms(stored.index[-1]) + 1 if stored is not None else _date_ms(source.start, "start")
+    end_ms = _date_ms(source.end, "end") - 1 if source.end else now_ms
+    if start_ms > end_ms and stored is None:
+        raise UserError(f"data.binance: start {source.start} is not before end {source.end}")
+    rows = fetch_klines(source.base_url, symbol, timeframe, start_ms, end_ms, sleep=sleep)
+    fresh = _closed_candles(rows, now_ms)
+    if stored is None and fresh.empty:
+        raise JobError(f"{where}: Binance has no {symbol} {timeframe} candles from {source.start} to "
+                       f"{source.end or 'now'}")
+    if len(fresh):
+        _write_atomic(fresh if stored is None else pd.concat([stored, fresh]), path)
+    return len(fresh)
+
+
+def fetch_klines(base_url: str, symbol: str, interval: str, start_ms: int, end_ms: int, *,
+                 sleep: Sleep = time.sleep) -> list[list]:
+    """Every kline opening in [start_ms, end_ms], page by page, as the API's arrays."""
+    rows: list[list] = []
+    cursor = start_ms
+    while cursor <= end_ms:
+        query = urllib.parse.urlencode({"symbol": symbol, "interval": interval, "startTime": cursor,
+                                        "endTime": end_ms, "limit": PAGE_LIMIT})
+        page = _get_json(f"{base_url.rstrip('/')}/api/v3/klines?{query}", f"binance {symbol} {interval}", sleep)
+        rows += page
+        if len(page) < PAGE_LIMIT:
+            break
+        cursor = int(page[-1][0]) + 1
+    return rows
+
+
+def _get_json(url: str, where: str, sleep: Sleep) -> list:
+    """One API call; rate limits, 5xx answers and network errors are retried (MAX_ATTEMPTS calls in all)."""
+    for attempt in range(1, MAX_ATTEMPTS + 1):
+        try:
+            with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
+                payload = json.load(response)
+                _pause_near_weight_limit(response.headers, sleep)
+                return payload
+        except urllib.error.HTTPError as exc:
+            problem = f"HTTP {exc.code} {_exchange_message(exc)}"
+            if exc.code in (418, 429):  # rate limited (418: banned for a while); Retry-After says how long
+                wait = float(exc.headers.get("Retry-After") or 60)
+                if wait > MAX_RETRY_AFTER_S:
+                    raise JobError(f"{where}: rate limited ({problem}) for {wait:.0f} s; try again later") from None
+            elif exc.code >= 500:
+                wait = 2.0 ** (attempt - 1)
+            else:
+                raise JobError(f"{where}: {url} answered {problem}") from None
+        except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:  # URLError is an OSError
+            problem, wait = str(getattr(exc, "reason", exc)), 2.0 ** (attempt - 1)
+        if attempt < MAX_ATTEMPTS:
+            sleep(wait)
+    raise JobError(f"{where}: download failed after {MAX_ATTEMPTS} attempts: {problem}")
+
+
+def _pause_near_weight_limit(headers, sleep: Sleep) -> None:
+    used = int(headers.get("X-MBX-USED-WEIGHT-1M") or 0)
+    if used >= WEIGHT_PAUSE_AT:
+        sleep(60.0 - time.time() % 60.0 + 1.0)  # the weight counter resets each clock minute
+
+
+def _exchange_message(exc: urllib.error.HTTPError) -> str:
+    """Binance's error body is {"code": -1121, "msg": "Invalid symbol."}."""
+    try:
+        return json.loads(exc.read()).get("msg", "")
+    except (ValueError, AttributeError, OSError):
+        return exc.reason or ""
+
+
+def _closed_candles(rows: list[list], now_ms: int) -> pd.DataFrame:
+    """API arrays -> OHLCV frame, without the candle still open (its close time is in the future)."""
+    table = pd.DataFrame([row[:7] for row in rows], columns=["open_time", *OHLCV, "close_time"])
+    table = table[table["close_time"].astype(np.int64) < now_ms]
+    index = pd.to_datetime(table["open_time"].astype(np.int64), unit="ms", utc=True).rename("timestamp")
+    return table[list(OHLCV)].astype(np.float64).set_axis(pd.DatetimeIndex(index).as_unit("ns"))
+
+
+def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
+    """CSV.gz in ../shared's layout; gzip mtime 0 so equal candles give equal bytes (and cache keys)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        frame.to_csv(tmp, date_format="%Y-%m-%dT%H:%M:%SZ", compression={"method": "gzip", "mtime": 0})
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _date_ms(date: str, key: str) -> int:
+    try:
+        stamp = pd.Timestamp(date)
+    except ValueError:
+        raise UserError(f"data.binance.{key}: {date!r} is not a date (YYYY-MM-DD)") from None
+    return _ms(stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp)
+
+
+def _ms(stamp: pd.Timestamp) -> int:
+    return stamp.value // 1_000_000

@@ -1,0 +1,65 @@
+"""Candle files from a Hugging Face dataset repo, fetched into huggingface_hub's own cache.
+
+The client takes HF_TOKEN and HF_HOME / HF_HUB_CACHE from the environment. HF_ENDPOINT and
+HF_HUB_OFFLINE are read here at each call, because huggingface_hub reads them only once, when first
+imported. Offline, or when the Hub cannot be reached, a file already in the cache is used; one that
+is not is an error.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import (
+    EntryNotFoundError,
+    GatedRepoError,
+    HfHubHTTPError,
+    HFValidationError,
+    LocalEntryNotFoundError,
+    RepositoryNotFoundError,
+    RevisionNotFoundError,
+)
+
+from ..config import HfSource
+from ..errors import JobError, UserError
+from .files import job_filename
+
+
+def hf_label(source: HfSource, symbol: str, timeframe: str) -> str:
+    return f"hf:{source.repo_id}@{source.revision}/{_filename(source, symbol, timeframe)}"
+
+
+def hf_file(source: HfSource, symbol: str, timeframe: str) -> Path:
+    """Local path of the job's file, downloading it unless the cache already holds that revision."""
+    where = hf_label(source, symbol, timeframe)
+    try:
+        return Path(hf_hub_download(
+            source.repo_id, _filename(source, symbol, timeframe),
+            repo_type=source.repo_type, revision=source.revision,
+            endpoint=os.environ.get("HF_ENDPOINT"), local_files_only=_offline(),
+        ))
+    except HFValidationError as exc:
+        raise UserError(f"data.hf: {str(exc).splitlines()[0]}") from None
+    except GatedRepoError:
+        raise JobError(f"{where}: gated repository: accept its terms on the Hub and set HF_TOKEN") from None
+    except RepositoryNotFoundError:
+        raise JobError(f"{where}: repository not found (a private one needs HF_TOKEN)") from None
+    except RevisionNotFoundError:
+        raise JobError(f"{where}: revision not found (data.hf.revision)") from None
+    except LocalEntryNotFoundError:
+        raise JobError(f"{where}: not in the local Hugging Face cache and the Hub cannot be reached "
+                       "(offline: HF_HUB_OFFLINE=1, or no network); run `cryptotrain data download` "
+                       "with network access") from None
+    except EntryNotFoundError:
+        raise JobError(f"{where}: no such file in the repository (data.hf.pattern)") from None
+    except HfHubHTTPError as exc:
+        raise JobError(f"{where}: download failed: {str(exc).splitlines()[0]}") from None
+
+
+def _offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"}  # as huggingface_hub
+
+
+def _filename(source: HfSource, symbol: str, timeframe: str) -> str:
+    return job_filename(source.pattern, "data.hf.pattern", symbol, timeframe)

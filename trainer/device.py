@@ -1,0 +1,359 @@
+"""TensorFlow set-up, in one place and before anything else touches TensorFlow, and the `doctor` checks.
+
+Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throughput.py): XLA
+(jit_compile=True) trains the LSTM families slower, so it stays off; on a GPU Keras cannot use XLA with the
+fused cuDNN LSTM kernel anyway.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+import tensorflow as tf
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .config import RECURRENT_KINDS, RunConfig, TrainConfig
+from .errors import UserError
+
+PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
+MIXED_FLOAT16_MIN_CAPABILITY = (7, 0)  # tensor cores: float16 is faster from Volta on
+GPU_INSTALL = 'make install TF_EXTRA=gpu  (or: pip install "cryptotrain[gpu]")'
+FUSED_KERNEL_OP = "CudnnRNNV3"  # what Keras's fused LSTM/GRU path puts in the graph
+
+log = logging.getLogger(__name__)
+_configured: dict | None = None  # what setup() did; TensorFlow's process-wide settings can be made only once
+
+
+# ----------------------------------------------------------------------------- set-up
+def setup(train: TrainConfig) -> dict:
+    """Configure TensorFlow for this process; call before any model is built. Idempotent: the device
+    settings are made once, the precision policy is (re)applied on every call.
+
+    Returns {"precision", "devices", "gpus", "memory_growth", "threads", "jit_compile"}."""
+    global _configured
+    if _configured is None:
+        gpus = tf.config.list_physical_devices("GPU")
+        for gpu in gpus:
+            _enable_memory_growth(gpu)
+        _configured = {
+            "devices": [d.name for d in tf.config.list_physical_devices()],
+            "gpus": [_gpu_name(gpu) for gpu in gpus],
+            "memory_growth": all(tf.config.experimental.get_memory_growth(gpu) for gpu in gpus),
+            "threads": _set_threads(),
+            "jit_compile": False,
+        }
+    return {"precision": apply_precision(train.precision), **_configured}
+
+
+def _enable_memory_growth(gpu) -> None:
+    """Allocate GPU memory as needed instead of reserving the whole card at start."""
+    try:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    except RuntimeError:  # the GPU is initialised already: setup() came too late; doctor flags it too
+        log.warning("%s: GPU memory growth could not be enabled: TensorFlow used the GPU before "
+                    "trainer.device.setup() ran, so it reserves the whole card", gpu.name)
+
+
+def apply_precision(precision: str) -> str:
+    """Set Keras's global dtype policy; again after keras.backend.clear_session(). Returns the resolved
+    policy. Under mixed precision the model's heads stay float32 (trainer.models) and Keras's compile()
+    wraps the optimizer in a LossScaleOptimizer for mixed_float16."""
+    if precision not in PRECISIONS:
+        raise UserError(f"train.precision: unknown precision '{precision}' (one of {', '.join(PRECISIONS)})")
+    resolved = resolve_precision(precision)
+    keras.mixed_precision.set_dtype_policy(resolved)
+    return resolved
+
+
+def resolve_precision(precision: str) -> str:
+    """'auto': mixed_float16 where every visible GPU has tensor cores (compute capability >= 7.0), else
+    float32 (on CPU float16 is emulated and slower)."""
+    if precision != "auto":
+        return precision
+    capabilities = [_compute_capability(gpu) for gpu in tf.config.list_physical_devices("GPU")]
+    fast_float16 = bool(capabilities) and all(c >= MIXED_FLOAT16_MIN_CAPABILITY for c in capabilities)
+    return "mixed_float16" if fast_float16 else "float32"
+
+
+def usable_cpus() -> int:
+    """CPUs this process may use: its affinity mask, lowered by a cgroup CPU quota (docker --cpus,
+    Kubernetes limits), which TensorFlow does not see."""
+    cpus = len(os.sched_getaffinity(0))
+    quota = _cgroup_cpu_quota()
+    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+
+
+def _set_threads() -> dict:
+    """TensorFlow sizes its thread pools from the affinity mask; only a CPU quota needs them set, since
+    threads beyond the quota are throttled rather than run."""
+    cpus = usable_cpus()
+    if cpus < len(os.sched_getaffinity(0)):
+        tf.config.threading.set_intra_op_parallelism_threads(cpus)
+        tf.config.threading.set_inter_op_parallelism_threads(cpus)
+    return {"usable_cpus": cpus,
+            "intra_op": tf.config.threading.get_intra_op_parallelism_threads() or cpus,
+            "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cpus}
+
+
+def _cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """CPUs' worth of time per period this cgroup may use (cgroup v2, else v1); None when unlimited."""
+    v2 = root / "cpu.max"
+    if v2.is_file():
+        quota, _, period = v2.read_text().strip().partition(" ")
+        return None if quota == "max" else int(quota) / int(period)
+    v1 = root / "cpu" / "cpu.cfs_quota_us"
+    if v1.is_file():
+        quota = int(v1.read_text())
+        return None if quota < 0 else quota / int((v1.parent / "cpu.cfs_period_us").read_text())
+    return None
+
+
+def _compute_capability(gpu) -> tuple[int, int]:
+    return tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
+
+
+def _gpu_name(gpu) -> str:
+    return tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
+
+
+# ----------------------------------------------------------------------------- cuDNN eligibility
+@dataclass(frozen=True)
+class LayerEligibility:
+    index: int  # position in cfg.model.layers
+    kind: str
+    eligible: bool
+    blockers: list[str]  # each setting that keeps it off the fused kernel: "recurrent_dropout=0.2 (needs 0)"
+
+
+# Keras's conditions for the fused cuDNN LSTM/GRU kernel (keras.src.backend.tensorflow.rnn.cudnn_ok,
+# plus no recurrent dropout): setting -> the value it needs.
+_CUDNN_NEEDS = {"activation": "tanh", "recurrent_activation": "sigmoid", "recurrent_dropout": 0,
+                "unroll": False, "use_bias": True}
+
+
+def cudnn_report(cfg: RunConfig) -> list[LayerEligibility]:
+    """For every recurrent layer of the config, whether a GPU can run it on the fused cuDNN kernel."""
+    report = []
+    for index, layer in enumerate(cfg.model.layers):
+        if layer.kind not in RECURRENT_KINDS:
+            continue
+        blockers = [f"{setting}={getattr(layer, setting)} (needs {needed})"
+                    for setting, needed in _CUDNN_NEEDS.items() if getattr(layer, setting) != needed]
+        report.append(LayerEligibility(index, layer.kind, not blockers, blockers))
+    return report
+
+
+# ----------------------------------------------------------------------------- doctor
+# The timed check: one small LSTM model's training step, per device.
+CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8, 64, 10
+
+
+def doctor(as_json: bool) -> int:
+    """`cryptotrain doctor`: print what TensorFlow uses and how well; 0 if no problem was found, else 1.
+    No GPU is a notice, not a problem: the CPU path is still checked."""
+    report = diagnose()
+    if as_json:
+        print(json.dumps(report, indent=2))
+    else:
+        _print_report(report, Console())
+    return 1 if any(f["severity"] == "problem" for f in report["findings"]) else 0
+
+
+def diagnose() -> dict:
+    configured = setup(TrainConfig(precision="auto"))
+    build = tf.sysconfig.get_build_info()
+    driver = nvidia_driver()
+    gpus = tf.config.list_physical_devices("GPU")
+    devices = [{"name": "CPU", "kind": cpu_model(),
+                "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+                "threads": configured["threads"]}]
+    devices += [{"name": f"GPU:{i}", "kind": _gpu_name(gpu),
+                 "compute_capability": ".".join(map(str, _compute_capability(gpu))),
+                 "memory_growth": tf.config.experimental.get_memory_growth(gpu)} for i, gpu in enumerate(gpus)]
+    steps = [time_train_step("CPU:0", "float32")]
+    steps += [time_train_step(f"GPU:{i}", configured["precision"]) for i in range(len(gpus))]
+    findings = _findings(build, gpus, driver, configured, steps)
+    problems = sum(f["severity"] == "problem" for f in findings)
+    return {
+        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
+                     "cuda_build": bool(build.get("is_cuda_build")), "cuda": build.get("cuda_version"),
+                     "cudnn": build.get("cudnn_version")},
+        "devices": devices,
+        "driver": driver,
+        "precision_auto": configured["precision"],
+        "train_steps": steps,
+        "findings": findings,
+        "verdict": f"{problems} problem(s) found" if problems else "no problems found",
+    }
+
+
+def time_train_step(device: str, precision: str) -> dict:
+    """Time Keras's own train step (forward, loss scaling, gradients, Adam) of a small LSTM on one device;
+    on a GPU also its peak memory and whether the graph holds the fused cuDNN kernel."""
+    on_gpu = device.startswith("GPU")
+    apply_precision(precision)
+    with tf.device(device):
+        keras.utils.set_random_seed(0)
+        model = keras.Sequential([
+            keras.Input((CHECK_STEPS, CHECK_FEATURES)),
+            # On the CPU the fused path must be off explicitly, or a GPU would quietly run the "CPU" step.
+            keras.layers.LSTM(CHECK_UNITS, use_cudnn="auto" if on_gpu else False),
+            keras.layers.Dense(1, dtype="float32"),
+        ])
+        model.compile(optimizer="adam", loss="mse")
+        data = (tf.random.normal((CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES)), tf.random.normal((CHECK_BATCH, 1)))
+        step = tf.function(model.train_step)
+        graph = step.get_concrete_function(data).graph
+        step(data)  # warm-up
+        if on_gpu:
+            tf.config.experimental.reset_memory_stats(device)
+        started = time.perf_counter()
+        for _ in range(CHECK_REPEATS):
+            logs = step(data)
+        loss = float(logs["loss"])  # waits for the device to finish
+        seconds = (time.perf_counter() - started) / CHECK_REPEATS
+    keras.backend.clear_session()
+    return {
+        "device": device, "precision": precision,
+        "model": f"LSTM {CHECK_UNITS}, batch {CHECK_BATCH} x {CHECK_STEPS} steps x {CHECK_FEATURES} features",
+        "step_ms": 1e3 * seconds, "samples_per_s": CHECK_BATCH / seconds, "loss_finite": bool(np.isfinite(loss)),
+        "peak_memory_bytes": tf.config.experimental.get_memory_info(device)["peak"] if on_gpu else None,
+        "fused_kernel": FUSED_KERNEL_OP in _op_types(graph) if on_gpu else None,
+    }
+
+
+def _op_types(graph: tf.Graph) -> set[str]:
+    graph_def = graph.as_graph_def()
+    types = {node.op for node in graph_def.node}
+    for function in graph_def.library.function:  # ops inside while loops and other nested functions
+        types.update(node.op for node in function.node_def)
+    return types
+
+
+def nvidia_driver() -> dict:
+    """The driver's view of the GPUs, whatever TensorFlow sees: {"found", "gpus", "error"}."""
+    if shutil.which("nvidia-smi") is None:
+        return {"found": False, "gpus": [], "error": None}
+    query = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used,driver_version",
+             "--format=csv,noheader,nounits"]
+    try:
+        result = subprocess.run(query, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        return {"found": True, "gpus": [], "error": "nvidia-smi did not answer within 30 s"}
+    if result.returncode != 0:
+        return {"found": True, "gpus": [], "error": (result.stderr or result.stdout).strip().splitlines()[0]}
+    gpus = []
+    for line in result.stdout.strip().splitlines():
+        index, name, total, used, version = (field.strip() for field in line.split(","))
+        gpus.append({"index": int(index), "name": name, "memory_total_bytes": int(total) * 2**20,
+                     "memory_used_bytes": int(used) * 2**20, "driver": version})
+    return {"found": True, "gpus": gpus, "error": None}
+
+
+def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: list[dict]) -> list[dict]:
+    """Each problem or notice, with its fix."""
+    findings = []
+
+    def add(severity: str, message: str, fix: str) -> None:
+        findings.append({"severity": severity, "message": message, "fix": fix})
+
+    if driver["error"]:
+        add("problem", f"the NVIDIA driver does not answer: {driver['error']}",
+            "reinstall the NVIDIA driver; after a driver update, reboot (driver/library version mismatch)")
+    elif not gpus and not driver["gpus"]:
+        add("notice", "no GPU visible: training runs on the CPU",
+            f"on a machine with an NVIDIA GPU and driver: {GPU_INSTALL}")
+    elif not gpus and not build.get("is_cuda_build"):
+        add("problem", "nvidia-smi lists a GPU, but this TensorFlow is the CPU-only build", GPU_INSTALL)
+    elif not gpus:
+        add("problem", f"TensorFlow (CUDA {build.get('cuda_version')}, cuDNN {build.get('cudnn_version')}) "
+                       "cannot use the GPU that nvidia-smi lists",
+            f'pip install --force-reinstall "tensorflow[and-cuda]=={tf.__version__}" (the CUDA libraries it was '
+            "built with), check that the driver supports that CUDA version (nvidia-smi), and rerun with "
+            "TF_CPP_MIN_LOG_LEVEL=0 to see TensorFlow's reason")
+    if gpus and not configured["memory_growth"]:
+        add("problem", "GPU memory growth is off: TensorFlow reserves the whole GPU at start",
+            "call trainer.device.setup() before anything else initialises TensorFlow")
+    if gpus and configured["precision"] == "float32":
+        add("notice", "precision auto stays float32: a GPU has no tensor cores (compute capability < 7.0)",
+            "nothing to fix; train.precision: mixed_float16 forces float16 (usually slower on such a GPU)")
+    for step in steps:
+        if not step["loss_finite"]:
+            add("problem", f"the training step on {step['device']} gave a non-finite loss",
+                "reinstall TensorFlow (make install), then run doctor again")
+        if step["fused_kernel"] is False:
+            add("problem", f"the LSTM step on {step['device']} did not use the fused cuDNN kernel",
+                f'reinstall the GPU build so that cuDNN loads: pip install --force-reinstall '
+                f'"tensorflow[and-cuda]=={tf.__version__}"; the layer settings are not the cause here (the check '
+                f"uses Keras's defaults)")
+    return findings
+
+
+def _print_report(report: dict, console: Console) -> None:
+    v = report["versions"]
+    cuda = f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if v["cuda_build"] else "CPU-only build"
+    console.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, TensorFlow {v['tensorflow']} ({cuda}), "
+                  f"Keras {v['keras']}")
+
+    devices = Table(title="devices TensorFlow sees")
+    for column in ("device", "kind", "memory", "compute capability", "memory growth"):
+        devices.add_column(column)
+    for d in report["devices"]:
+        if d["name"] == "CPU":
+            devices.add_row("CPU", d["kind"], f"{_gib(d['memory_bytes'])} RAM", "", "n/a")
+        else:
+            devices.add_row(d["name"], d["kind"], "nvidia-smi below", d["compute_capability"],
+                            "on" if d["memory_growth"] else "[red]off[/]")
+    console.print(devices)
+    threads = report["devices"][0]["threads"]
+    console.print(f"CPU threads: {threads['usable_cpus']} usable CPUs; TensorFlow intra-op {threads['intra_op']}, "
+                  f"inter-op {threads['inter_op']}")
+    driver = report["driver"]
+    if driver["gpus"]:
+        console.print("driver (nvidia-smi): " + "; ".join(
+            escape(f"GPU {g['index']} {g['name']}, {_gib(g['memory_total_bytes'])} "
+                   f"({_gib(g['memory_used_bytes'])} used), driver {g['driver']}") for g in driver["gpus"]))
+    else:
+        console.print("driver (nvidia-smi): " + (escape(driver["error"]) if driver["error"] else
+                                                 "[yellow]no GPU visible[/] (nvidia-smi not found)"))
+
+    steps = Table(title=f"one training step of a small model ({report['train_steps'][0]['model']})")
+    for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):
+        steps.add_column(column)
+    for s in report["train_steps"]:
+        on_gpu = s["device"].startswith("GPU")
+        steps.add_row(s["device"], s["precision"], f"{s['step_ms']:.1f}", f"{s['samples_per_s']:.0f}",
+                      _gib(s["peak_memory_bytes"]) if on_gpu else "n/a (CPU)",
+                      ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
+    console.print(steps)
+    console.print(f"precision 'auto' resolves to: {report['precision_auto']}")
+
+    for f in report["findings"]:
+        style = "red" if f["severity"] == "problem" else "yellow"
+        console.print(f"[{style}]{f['severity']}[/]: {escape(f['message'])}\n  fix: {escape(f['fix'])}")
+    ok = not any(f["severity"] == "problem" for f in report["findings"])
+    console.print(f"verdict: [{'green' if ok else 'red'}]{report['verdict']}[/]")
+
+
+def cpu_model() -> str:
+    """The CPU's marketing name, e.g. 'AMD EPYC 9654'."""
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("model name"):
+            return line.partition(":")[2].strip()
+    return platform.processor() or platform.machine()
+
+
+def _gib(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB"

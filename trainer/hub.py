@@ -1,0 +1,334 @@
+"""Publish finished jobs to the Hugging Face Hub, and fetch a published job back.
+
+Commit budget. The Hub allows about 128 commits per hour per repo, so a push is ONE create_commit per
+target repo holding every file of every job it pushes, plus the cards. `cryptotrain push` of a
+40-job run into one repo is one commit; `run --push` calls push_jobs after each finished job, one
+commit per job (a job trains for minutes, far below the limit). When nothing changed, the client's
+preupload step finds every file already there and no commit is made at all.
+
+Idempotence. Unchanged files are recognised by the Hub's preupload answer (git blob id for small
+files, sha256 for LFS files) and neither uploaded nor committed again. A commit attempt whose answer
+was lost and that is retried therefore becomes a no-op instead of a duplicate commit.
+
+Cards edited on the Hub. hub_state.json beside the run records the git blob id of every card pushed;
+a remote README.md that is neither that nor what we would push now was edited by someone else and is
+kept unless overwrite_cards.
+
+Transient failures (429, 5xx, dropped connections) of the calls the client does not retry itself
+(create_repo, paths-info, the commit) are retried here with backoff, honouring Retry-After. The
+token never appears in anything written or raised: error texts are scrubbed of it.
+"""
+from __future__ import annotations
+
+import email.utils
+import fcntl
+import json
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import click
+import httpx2
+from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, get_token
+from huggingface_hub.errors import (
+    HfHubHTTPError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+)
+from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils.sha import git_hash
+
+from .artifacts import MANIFEST, jobs_dir, verify
+from .cards import job_card, job_row, run_card
+from .config import HubConfig, RunConfig, load_config
+from .errors import JobError, UserError
+from .files import atomic_write
+from .jobs import make_jobs
+from .ledger import Ledger
+
+STATE_FILE = "hub_state.json"
+CARD = "README.md"
+RETRY_STATUSES = (429, 500, 502, 503, 504)
+TRANSIENT_ERRORS = (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError)
+MAX_ATTEMPTS = 5
+BACKOFF_SECONDS = 2.0  # first wait when the server gives no Retry-After; doubles on each attempt
+MAX_WAIT_SECONDS = 120.0
+NO_TOKEN = "no Hugging Face token: set HF_TOKEN or run `hf auth login`"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where one finished job goes on the Hub."""
+    job: str
+    job_dir: Path
+    repo_id: str
+    path: str  # folder inside the repo, "" for the repo root
+
+
+# ----------------------------------------------------------------------------- push
+def push_run(run_dir: Path, repo_id: str | None, private: bool, overwrite_cards: bool,
+             only: tuple[str, ...]) -> None:
+    """`cryptotrain push`: every finished job of the run (matching `only`), one commit per repo."""
+    cfg = _run_config(run_dir)
+    hub = _hub_config(cfg.hub, repo_id, private, run_dir)
+    finished = [job.name for job in make_jobs(cfg, only) if (jobs_dir(run_dir) / job.name).is_dir()]
+    if not finished:
+        raise UserError(f"{run_dir}: no finished job to push{' matching ' + ' '.join(only) if only else ''}")
+    for name, pushed in push_jobs(run_dir, finished, hub, overwrite_cards).items():
+        click.echo(f"{name}: {pushed['url']}")
+
+
+def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_cards: bool = False) -> dict:
+    """Push these finished jobs and their cards: one commit per target repo. Records each job's commit
+    in the ledger; returns {job: {"repo_id", "path", "commit", "url"}}."""
+    if hub.repo_id is None:
+        raise UserError(f"{run_dir}: no Hub repo to push to: set hub.repo_id in the config or pass --repo-id")
+    token = get_token()
+    if not token:
+        raise UserError(NO_TOKEN)
+    run_name = _run_config(run_dir).name
+    targets = [_target(run_dir, name, hub) for name in job_names]
+    _check_distinct(targets)
+    api = _api(token)
+    ledger = Ledger(run_dir)
+    pushed = {}
+    with _state_lock(run_dir):
+        state = _load_state(run_dir)
+        for repo_id in dict.fromkeys(t.repo_id for t in targets):
+            repo_targets = [t for t in targets if t.repo_id == repo_id]
+            with _hub_errors(repo_id, token, "push to"):
+                commit = _push_repo(api, repo_id, repo_targets, run_name, hub.private, overwrite_cards,
+                                    state.setdefault(repo_id, {"jobs": {}, "cards": {}}))
+            _save_state(run_dir, state)
+            for t in repo_targets:
+                url = f"{api.endpoint}/{repo_id}/tree/{commit.oid}/{t.path}".rstrip("/")
+                ledger.record_push(t.job, repo_id, commit.oid, url)
+                pushed[t.job] = {"repo_id": repo_id, "path": t.path, "commit": commit.oid, "url": url}
+    return pushed
+
+
+def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, private: bool,
+               overwrite_cards: bool, repo_state: dict) -> CommitInfo:
+    """One commit with every target's artifacts and cards (unchanged files are skipped by the client)."""
+    _retrying(lambda: api.create_repo(repo_id, private=private, exist_ok=True))
+    files: dict[str, Path | bytes] = {}
+    cards: dict[str, bytes] = {}
+    for t in targets:
+        for name in _artifact_names(t):
+            files[_join(t.path, name)] = t.job_dir / name
+        cards[_join(t.path, CARD)] = job_card(t.job_dir, repo_id, t.path).encode()
+        repo_state["jobs"][t.job] = job_row(t.job_dir, t.path)
+    if all(t.path for t in targets):  # jobs in sub-folders: the repo root gets the run's card
+        cards[CARD] = run_card(run_name, repo_id, list(repo_state["jobs"].values())).encode()
+    if not overwrite_cards:
+        for path in _cards_edited_on_hub(api, repo_id, cards, repo_state["cards"]):
+            click.echo(f"{repo_id}: {path} was edited on the Hub; kept (--overwrite-cards replaces it)", err=True)
+            del cards[path]
+    files.update(cards)
+    jobs = ", ".join(t.job for t in targets[:5]) + (f" and {len(targets) - 5} more" if len(targets) > 5 else "")
+    message = f"cryptotrain run {run_name}: {jobs}"
+    # Fresh operations on every attempt: the client mutates them, and re-checks what is already there.
+    commit = _retrying(lambda: api.create_commit(
+        repo_id, [CommitOperationAdd(path, source) for path, source in files.items()], commit_message=message))
+    repo_state["cards"].update({path: git_hash(content) for path, content in cards.items()})
+    return commit
+
+
+def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes], pushed: dict[str, str]) -> list[str]:
+    """Cards whose remote version is neither the one we last pushed nor the one we would push now."""
+    infos = _retrying(lambda: api.get_paths_info(repo_id, list(cards)))
+    remote = {info.path: info.blob_id for info in infos if isinstance(info, RepoFile)}
+    return [path for path, content in cards.items()
+            if path in remote and remote[path] not in (git_hash(content), pushed.get(path))]
+
+
+def _artifact_names(target: Target) -> list[str]:
+    """The files the job's manifest lists (checked by _target), and the manifest."""
+    files = json.loads((target.job_dir / MANIFEST).read_text())["files"]
+    return [*files, MANIFEST]
+
+
+def _target(run_dir: Path, job_name: str, hub: HubConfig) -> Target:
+    job_dir = jobs_dir(run_dir) / job_name
+    if not job_dir.is_dir():
+        raise UserError(f"{job_name}: not a finished job of {run_dir} (no {job_dir})")
+    if verify(job_dir) is None:
+        raise JobError(f"{job_name}: {job_dir} does not match its {MANIFEST}; run the job again before "
+                       "pushing it")
+    symbol, _, timeframe = job_name.rpartition("_")
+    try:
+        repo_id = hub.repo_id.format(symbol=symbol, timeframe=timeframe)
+        path = hub.path_template.format(symbol=symbol, timeframe=timeframe).strip("/")
+    except (KeyError, IndexError, ValueError) as exc:
+        raise UserError(f"hub.repo_id / hub.path_template: bad placeholder ({exc}); use {{symbol}} and "
+                        "{timeframe}") from None
+    return Target(job_name, job_dir, repo_id, path)
+
+
+def _check_distinct(targets: list[Target]) -> None:
+    seen: dict[tuple[str, str], str] = {}
+    for t in targets:
+        other = seen.setdefault((t.repo_id, t.path), t.job)
+        if other != t.job:
+            raise UserError(f"hub.path_template: jobs {other} and {t.job} would both be written to "
+                            f"{t.repo_id}/{t.path or '(root)'}; include {{symbol}} and {{timeframe}} in "
+                            "hub.path_template or hub.repo_id")
+
+
+def _join(folder: str, name: str) -> str:
+    return f"{folder}/{name}" if folder else name
+
+
+# ----------------------------------------------------------------------------- download
+def download_job(uri: str) -> Path:
+    """"hf://NS/NAME/SYMBOL/TIMEFRAME" (any folder of the repo) -> local directory of the job's files,
+    from the Hugging Face cache when already downloaded."""
+    repo_id, path = _parse_uri(uri)
+    token = get_token()
+    api = _api(token)
+    with _hub_errors(repo_id, token, "download from"):
+        local = _retrying(lambda: api.snapshot_download(repo_id, allow_patterns=[f"{path}/*"] if path else None))
+    job_dir = Path(local) / path
+    if not (job_dir / MANIFEST).is_file():
+        raise UserError(f"{uri}: no job there (no {MANIFEST} in {repo_id}/{path or '(root)'}); expected "
+                        "hf://NS/NAME/SYMBOL/TIMEFRAME")
+    if verify(job_dir) is None:
+        raise JobError(f"{uri}: the downloaded files do not match their {MANIFEST}")
+    return job_dir
+
+
+def _parse_uri(uri: str) -> tuple[str, str]:
+    parts = uri.removeprefix("hf://").strip("/").split("/") if uri.startswith("hf://") else []
+    if len(parts) < 2 or not all(parts):
+        raise UserError(f"{uri}: not a Hub model reference; expected hf://NS/NAME/SYMBOL/TIMEFRAME")
+    return "/".join(parts[:2]), "/".join(parts[2:])
+
+
+# ----------------------------------------------------------------------------- Hub plumbing
+def _api(token: str | None) -> HfApi:
+    # HF_ENDPOINT is read now: huggingface_hub reads it once, when it is first imported.
+    return HfApi(endpoint=os.environ.get("HF_ENDPOINT"), token=token)
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    """`call()`, retried on transient failures with exponential backoff or the server's Retry-After."""
+    for attempt in range(1, MAX_ATTEMPTS):
+        try:
+            return call()
+        except Exception as err:
+            cause = _transient_cause(err)
+            if cause is None:
+                raise
+            wait = min(_retry_after(cause) or BACKOFF_SECONDS * 2 ** (attempt - 1), MAX_WAIT_SECONDS)
+            click.echo(f"Hub: {_failure_name(cause)}; retrying in {wait:.0f} s ({attempt}/{MAX_ATTEMPTS - 1})",
+                       err=True)
+            time.sleep(wait)
+    return call()  # the last attempt: its failure is the caller's
+
+
+def _transient_cause(err: BaseException | None) -> BaseException | None:
+    """The transient failure behind `err` (the client sometimes wraps it), or None."""
+    while err is not None:
+        if isinstance(err, TRANSIENT_ERRORS):
+            return err
+        if isinstance(err, HfHubHTTPError) and err.response is not None:
+            return err if err.response.status_code in RETRY_STATUSES else None
+        err = err.__cause__
+    return None
+
+
+def _failure_name(err: BaseException) -> str:
+    if isinstance(err, HfHubHTTPError):
+        return f"HTTP {err.response.status_code} from {err.response.request.url.path}"
+    return type(err).__name__
+
+
+def _retry_after(err: BaseException) -> float | None:
+    """Seconds from a Retry-After header (a number of seconds or an HTTP date)."""
+    value = err.response.headers.get("Retry-After") if isinstance(err, HfHubHTTPError) else None
+    if value is None:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None  # unreadable: back off as if there were none
+    return max(when.timestamp() - time.time(), 0.0)
+
+
+@contextmanager
+def _hub_errors(repo_id: str, token: str | None, action: str) -> Iterator[None]:
+    """Hub failures as one-line UserError (bad token, no access) or JobError (the Hub failed)."""
+    try:
+        yield
+    except OfflineModeIsEnabled:
+        raise UserError(f"{repo_id}: HF_HUB_OFFLINE is set; unset it to {action} the Hub") from None
+    except RepositoryNotFoundError:
+        raise UserError(f"{repo_id}: no such repo on the Hub, or the token may not access it") from None
+    except HfHubHTTPError as err:
+        status = err.response.status_code if err.response is not None else None
+        if status == 401:
+            raise UserError(f"{repo_id}: the Hub rejected the token (401): set a valid HF_TOKEN or run "
+                            "`hf auth login`") from None
+        if status == 403:
+            raise UserError(f"{repo_id}: the token may not write there (403): use a token with write "
+                            "access") from None
+        raise JobError(f"{repo_id}: could not {action} the Hub: {_one_line(err, token)}") from None
+    except (httpx2.TransportError, LocalEntryNotFoundError) as err:
+        raise JobError(f"{repo_id}: could not {action} the Hub: {_one_line(err, token)}") from None
+
+
+def _one_line(err: BaseException, token: str | None) -> str:
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    text = lines[0] if lines else type(err).__name__
+    server = getattr(err, "server_message", None)
+    if server:
+        text += f" ({' '.join(server.split())})"
+    return text.replace(token, "***") if token else text
+
+
+# ----------------------------------------------------------------------------- run directory
+def _run_config(run_dir: Path) -> RunConfig:
+    path = run_dir / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
+    return load_config(path)
+
+
+def _hub_config(hub: HubConfig, repo_id: str | None, private: bool, run_dir: Path) -> HubConfig:
+    """The run's hub settings with the command line's repo and visibility, validated like the config."""
+    repo_id = repo_id or hub.repo_id
+    if repo_id is None:
+        raise UserError(f"{run_dir}: no Hub repo to push to: pass --repo-id NS/NAME or set hub.repo_id")
+    try:
+        return HubConfig(repo_id=repo_id, private=private, path_template=hub.path_template)
+    except ValueError:
+        raise UserError(f"--repo-id {repo_id}: expected NS/NAME (letters, digits, -, _, .)") from None
+
+
+@contextmanager
+def _state_lock(run_dir: Path) -> Iterator[None]:
+    """Processes sharing a run directory push one at a time: each reads hub_state.json, pushes against
+    it and rewrites it, so two at once would lose each other's card records."""
+    with open(run_dir / f"{STATE_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
+
+
+def _load_state(run_dir: Path) -> dict:
+    path = run_dir / STATE_FILE
+    return json.loads(path.read_text())["repos"] if path.is_file() else {}
+
+
+def _save_state(run_dir: Path, repos: dict) -> None:
+    atomic_write(run_dir / STATE_FILE, lambda tmp: tmp.write_text(json.dumps({"repos": repos}, indent=1)))

@@ -1,0 +1,423 @@
+"""The loop: claim a job -> data -> features -> windows -> train -> evaluate -> artifacts -> ledger.
+
+One process, one TensorFlow context, one compiled model per shape. Every job's outcome is in the
+ledger; running the same command again skips what is done and resumes what was interrupted.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shlex
+import shutil
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import keras
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from . import artifacts
+from .config import RunConfig
+from .data import load_candles
+from .device import cudnn_report, setup
+from .errors import JobError, UserError
+from .evaluate import evaluate, predict_prices
+from .features import collinear_columns, load_features
+from .files import atomic_write
+from .jobs import Job, make_jobs
+from .ledger import Ledger, LostClaim
+from .models import output_shapes
+from .training import FitResult, ModelCache, fit
+from .windows import Windows, make_windows
+
+log = logging.getLogger("cryptotrain")
+console = Console(stderr=True)
+
+
+@dataclass
+class Outcome:
+    done: int
+    failed: int
+    not_done: int
+    push_failures: int
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.failed == self.not_done == self.push_failures == 0 else 1
+
+
+def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: int = 1,
+               push: bool = False) -> Outcome:
+    if push and not cfg.hub.repo_id:
+        raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
+    ledger = _open_run(cfg, new_run)
+    run_dir = ledger.run_dir
+    names = [job.name for job in jobs]
+    by_name = {job.name: job for job in jobs}
+    ledger.add_jobs([job.name for job in make_jobs(cfg)])
+    artifacts.remove_abandoned_staging(run_dir)
+    _recheck_done_jobs(run_dir, ledger, names)
+    device = setup(cfg.train)
+    _warn_cudnn(cfg, device)
+
+    cache = ModelCache()
+    push_failures = 0
+    with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress:
+        while (name := ledger.claim(retries, names)) is not None:
+            job = by_name[name]
+            progress.start_job(job)
+            started = time.perf_counter()
+            try:
+                with Heartbeat(ledger, name):
+                    manifest_sha, summary = train_job(cfg, job, run_dir, cache, progress)
+                ledger.mark_done(name, manifest_sha, summary, time.perf_counter() - started)
+            except KeyboardInterrupt:
+                ledger.release(name)
+                _print_resume_hint(name)
+                raise SystemExit(130) from None
+            except LostClaim:
+                log.warning("%s: another process reclaimed this job; leaving it to that process", name)
+                continue
+            except Exception as exc:
+                error = _describe_failure(exc, run_dir, name)
+                ledger.mark_failed(name, error, time.perf_counter() - started)
+                progress.finish_job(job, f"[red]failed[/]: {error}")
+                if not isinstance(exc, JobError):
+                    cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
+                continue
+            progress.finish_job(job, _summary_line(summary))
+            write_summary(run_dir, ledger)
+            if push:
+                push_failures += _push(run_dir, [name], cfg)
+
+    if push:
+        unpushed = [j.name for j in ledger.jobs() if j.name in names and j.status == "done" and not j.pushed_commit]
+        if unpushed:
+            push_failures += _push(run_dir, unpushed, cfg)
+    write_summary(run_dir, ledger)
+    records = [j for j in ledger.jobs() if j.name in by_name]
+    print_summary_table(records)
+    done = sum(j.status == "done" for j in records)
+    failed = sum(j.status == "failed" for j in records)
+    outcome = Outcome(done=done, failed=failed, not_done=len(records) - done, push_failures=push_failures)
+    console.print(f"{done}/{len(records)} jobs done, {failed} failed; run directory: {run_dir}")
+    return outcome
+
+
+def _open_run(cfg: RunConfig, new_run: bool) -> Ledger:
+    """The run's ledger; a run directory made with another config is refused, or moved aside with
+    --new-run (kept, renamed with a timestamp: nothing already done is lost)."""
+    run_dir = cfg.run_dir
+    ledger = Ledger(run_dir)
+    try:
+        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data())
+    except UserError:
+        if not new_run:
+            ledger.close()
+            raise
+        ledger.close()
+        kept = run_dir.with_name(f"{run_dir.name}-{datetime.now():%Y%m%d-%H%M%S}")
+        run_dir.rename(kept)
+        console.print(f"Config changed: the previous run was moved to {kept}")
+        ledger = Ledger(run_dir)
+        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data())
+    atomic_write(run_dir / "config.yaml", lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
+    return ledger
+
+
+def _recheck_done_jobs(run_dir: Path, ledger: Ledger, names: list[str]) -> None:
+    """A done job whose files no longer match its manifest is trained again, not trusted."""
+    for record in ledger.jobs():
+        if record.name not in names or record.status != "done":
+            continue
+        if artifacts.verify(artifacts.jobs_dir(run_dir) / record.name) != record.manifest_sha256:
+            log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
+            ledger.mark_pending(record.name, "artifacts failed verification")
+
+
+def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
+    blocked = [layer for layer in cudnn_report(cfg) if not layer.eligible]
+    for layer in blocked:
+        log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
+                    layer.index, layer.kind, "; ".join(layer.blockers))
+
+
+# ----------------------------------------------------------------------------- one job
+def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
+              progress: JobProgress) -> tuple[str, dict]:
+    final = artifacts.jobs_dir(run_dir) / job.name
+    backup = run_dir / ".backup" / job.name
+    existing = artifacts.verify(final)
+    if existing:  # finished by a process that died before recording it
+        shutil.rmtree(backup, ignore_errors=True)
+        return existing, _job_summary(json.loads((final / "metrics.json").read_text()))
+
+    started = time.perf_counter()
+    candles = load_candles(cfg, job.symbol, job.timeframe)
+    frame, _ = load_features(candles, cfg.features, cfg.cache_path)
+    _warn_collinear_once(frame, cfg)
+    model = cache.model_for(cfg, len(cfg.features.columns))
+    windows = make_windows(frame, cfg, output_shapes(model))
+    result = fit(model, windows, cfg, backup, callbacks=[progress.callback()])
+    predictions = predict_prices(model, windows.test, windows.scaler, cfg.heads)
+    metrics = {
+        "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
+        "run": cfg.name, "fingerprint": cfg.fingerprint(),
+        "data": {"source": candles.attrs.get("source"), "synthetic": bool(candles.attrs.get("synthetic")),
+                 "first": candles.index[0].isoformat(), "last": candles.index[-1].isoformat(),
+                 "rows": len(candles), "gaps": int(candles.attrs.get("gaps", 0))},
+        "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
+        "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
+        "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
+        **evaluate(predictions, windows, cfg),
+    }
+    metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
+    stage = artifacts.staging_dir(run_dir, job.name)
+    write_job_files(stage, cfg, job, model, windows, result, metrics, predictions)
+    manifest_sha = artifacts.commit(stage, final)
+    shutil.rmtree(backup, ignore_errors=True)
+    return manifest_sha, _job_summary(metrics)
+
+
+def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, windows: Windows,
+                    result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
+    model.save(stage / "model.keras")
+    preprocessing = {**windows.preprocessing(), "symbol": job.symbol, "timeframe": job.timeframe,
+                     "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
+    artifacts.write_json(stage / "preprocessing.json", preprocessing)
+    artifacts.write_json(stage / "metrics.json", metrics)
+    # Published with the model: where this machine keeps its runs and caches is nobody's business.
+    artifacts.write_config(stage / "config.yaml", cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir"}))
+    result.history.to_csv(stage / "history.csv", index=False)
+    np.savez(stage / "predictions.npz", target_times=windows.test.target_times.astype("datetime64[ns]"),
+             **predictions)
+    close_head = next((h for h in cfg.heads if "close" in h.columns), None)
+    if close_head is not None:
+        column = close_head.columns.index("close")
+        actual = windows.test.y_raw[close_head.name]
+        first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
+        artifacts.plot(stage / "plot.png", result.history, windows.test.target_times,
+                       predictions[close_head.name][first_step], actual[first_step], job.name)
+
+
+def _job_summary(metrics: dict) -> dict:
+    """The row of the run's summary table: the first head's test metrics next to persistence."""
+    head_name, head = next(iter(metrics["heads"].items()))
+    return {
+        "job": metrics["job"], "epochs": metrics["epochs_run"], "best_epoch": metrics["best_epoch"],
+        "best_val_loss": metrics["best_val_loss"], "head": head_name,
+        "test_mae": head["model"]["mae"], "persistence_mae": head["persistence"]["mae"],
+        "skill": head["skill"], "direction_accuracy": head["model"]["direction_accuracy"],
+        "seconds": metrics["seconds"], "train_step_seconds": metrics["train_step_seconds"],
+        "rss_mb": metrics["rss_mb"], "synthetic": metrics["data"]["synthetic"],
+    }
+
+
+def current_rss_mb() -> float | None:
+    """Resident memory now (not the peak), to show it stays flat across jobs; None off Linux."""
+    statm = Path("/proc/self/statm")
+    if not statm.exists():
+        return None
+    pages = int(statm.read_text().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+_collinear_warned: set[str] = set()
+
+
+def _warn_collinear_once(frame, cfg: RunConfig) -> None:
+    if cfg.name in _collinear_warned:
+        return
+    _collinear_warned.add(cfg.name)
+    for a, b, corr in collinear_columns(frame, cfg.features.columns):
+        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
+                    a, b, corr)
+
+
+def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
+    """One line for the ledger and the screen; the traceback of an unexpected error goes to a log file."""
+    if isinstance(exc, JobError):
+        return str(exc)
+    log_file = run_dir / "logs" / f"{name}.log"
+    log_file.parent.mkdir(exist_ok=True)
+    log_file.write_text("".join(traceback.format_exception(exc)))
+    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    hint = "; out of memory: lower train.batch_size" if "ResourceExhausted" in type(exc).__name__ else ""
+    return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
+
+
+def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> int:
+    from huggingface_hub.utils import disable_progress_bars
+
+    from .hub import push_jobs
+
+    disable_progress_bars()  # tqdm bars would tear through the rich progress display
+    try:
+        push_jobs(run_dir, names, cfg.hub)
+    except (UserError, JobError) as exc:
+        console.print(f"[red]push failed[/] for {', '.join(names)}: {exc} "
+                      f"(retry with: cryptotrain push {run_dir})")
+        return 1
+    return 0
+
+
+def _print_resume_hint(name: str) -> None:
+    command = shlex.join(["cryptotrain", *sys.argv[1:]])
+    console.print(f"\nInterrupted during {name}; finished epochs are saved. Resume with:\n  {command}")
+
+
+def _count(ledger: Ledger, names: list[str], status: str) -> int:
+    return sum(1 for j in ledger.jobs() if j.name in names and j.status == status)
+
+
+# ----------------------------------------------------------------------------- progress
+class JobProgress:
+    """Rich progress: one bar for the jobs (i/N, ETA), one for the current job's epochs and losses."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=False)
+        self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
+        self.epoch_task = None
+
+    def __enter__(self) -> JobProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def start_job(self, job: Job) -> None:
+        if self.epoch_task is not None:
+            self.progress.remove_task(self.epoch_task)
+        self.epoch_task = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
+
+    def finish_job(self, job: Job, line: str) -> None:
+        self.progress.advance(self.jobs_task)
+        self.progress.console.print(f"{job.name}: {line}")
+
+    def callback(self) -> keras.callbacks.Callback:
+        return _EpochProgress(self)
+
+
+class _EpochProgress(keras.callbacks.Callback):
+    def __init__(self, owner: JobProgress) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def on_train_begin(self, logs=None):
+        self.owner.progress.update(self.owner.epoch_task, total=self.params["epochs"], info="training")
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
+        self.owner.progress.update(self.owner.epoch_task, completed=epoch + 1, info=info)
+
+
+class Heartbeat:
+    """While a job runs, tells the ledger from a background thread that this process is alive, so that
+    no other process reclaims the job however long one stage takes."""
+
+    def __init__(self, ledger: Ledger, name: str, every: float = 15.0) -> None:
+        self.ledger, self.name, self.every = ledger, name, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{name}")
+
+    def __enter__(self) -> Heartbeat:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.ledger.heartbeat(self.name)
+            except LostClaim:
+                return  # the main thread finds out when it records the outcome
+
+
+# ----------------------------------------------------------------------------- summary and status
+SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
+                   "direction_accuracy", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
+
+
+def write_summary(run_dir: Path, ledger: Ledger) -> None:
+    rows = [j.summary for j in ledger.jobs() if j.status == "done" and j.summary]
+    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))
+    lines = [",".join(SUMMARY_COLUMNS)] + [",".join(str(row.get(c, "")) for c in SUMMARY_COLUMNS) for row in rows]
+    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+
+
+def _summary_line(summary: dict) -> str:
+    return (f"done in {summary['epochs']} epochs, test MAE {summary['test_mae']:.4g} vs persistence "
+            f"{summary['persistence_mae']:.4g} (skill {summary['skill']:+.3f})")
+
+
+def print_summary_table(records) -> None:
+    table = Table(title="summary (test split, price units, first head)")
+    for column in ("job", "status", "epochs", "best val loss", "test MAE", "persistence MAE", "skill", "seconds"):
+        table.add_column(column, justify="left" if column in ("job", "status") else "right",
+                         no_wrap=column == "job", overflow="fold")
+    for record in records:
+        s = record.summary or {}
+        status = record.status + (" (synthetic data)" if s.get("synthetic") else "")
+        if record.status == "failed":
+            status = f"failed: {record.error}"
+        table.add_row(record.name, status, _fmt(s.get("epochs")), _fmt(s.get("best_val_loss")),
+                      _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")), _fmt(s.get("skill"), "+.3f"),
+                      _fmt(record.seconds, ".1f"))
+    Console().print(table)
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def print_status(run_dir: Path, as_json: bool = False) -> None:
+    if not (run_dir / "ledger.sqlite").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
+    ledger = Ledger(run_dir)
+    records = ledger.jobs()
+    if as_json:
+        print(json.dumps([vars(r) for r in records], indent=1, default=str))
+        return
+    table = Table(title=f"{run_dir}")
+    for column in ("job", "status", "attempts", "test MAE", "skill", "seconds", "pushed"):
+        table.add_column(column, no_wrap=column in ("job", "status"))
+    table.add_column("error / owner", overflow="fold")
+    for r in records:
+        s = r.summary or {}
+        owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
+        table.add_row(r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
+                      _fmt(r.seconds, ".1f"), f"{r.pushed_repo}@{r.pushed_commit[:8]}" if r.pushed_commit else "",
+                      r.error or owner)
+    Console().print(table)
+    print(", ".join(f"{n} {status}" for status, n in sorted(ledger.counts().items())))
+
+
+def _ago(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "never"
+    return f"{time.time() - timestamp:.0f}s ago at {datetime.fromtimestamp(timestamp, timezone.utc):%H:%M:%S}Z"

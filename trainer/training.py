@@ -1,0 +1,227 @@
+"""Fit one job: tf.data input, callbacks, per-epoch backups that survive kill -9, NaN detection, and
+reuse of one compiled model across jobs of the same shape.
+"""
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import keras
+import numpy as np
+import pandas as pd
+import tensorflow as tf
+
+from .config import RunConfig
+from .device import apply_precision
+from .errors import JobError
+from .files import atomic_write
+from .models import build_model
+from .windows import SplitWindows, Windows
+
+
+# ----------------------------------------------------------------------------- compiled-model reuse
+class ModelCache:
+    """Holds the one compiled model of the current shape.
+
+    A fresh model costs seconds of graph tracing before its first step. For the next job of the same
+    spec and input shape, the same model is reset instead: its weights go back to the initial values
+    drawn from the config's seed (exactly what a fresh build would draw) and the optimizer state to zero,
+    so its traced train step is reused and each job's result does not depend on which job ran before.
+    """
+
+    def __init__(self) -> None:
+        self._key: str | None = None
+        self._model: keras.Model | None = None
+        self._initial_weights: list[np.ndarray] = []
+        self.builds = 0
+
+    def model_for(self, cfg: RunConfig, n_features: int) -> keras.Model:
+        key = model_signature(cfg, n_features)
+        if key != self._key:
+            # A new shape: drop the old graph and state, then restore what clear_session resets.
+            keras.backend.clear_session()
+            apply_precision(cfg.train.precision)
+            keras.utils.set_random_seed(cfg.train.seed)
+            self._model = build_model(cfg, n_features)
+            self._initial_weights = self._model.get_weights()
+            self._key = key
+            self.builds += 1
+        else:
+            self._model.set_weights(self._initial_weights)
+            _reset_optimizer(self._model.optimizer, cfg.train.learning_rate)
+            # BackupAndRestore leaves the epoch it resumed from on the model, and fit() would start the
+            # next job there too; Keras itself never clears it.
+            self._model._initial_epoch = None
+        return self._model
+
+
+def model_signature(cfg: RunConfig, n_features: int) -> str:
+    """What determines the graph and the initial weights: same signature, same compiled model."""
+    train = cfg.train.model_dump(include={"optimizer", "clipvalue", "clipnorm", "precision",
+                                          "steps_per_execution", "seed", "learning_rate"})
+    return json.dumps({
+        "model": cfg.model.model_dump(mode="json"),
+        "heads": [h.model_dump(mode="json") for h in cfg.heads],
+        "window": [cfg.window.lookback, cfg.window.horizon],
+        "train": train,
+        "n_features": n_features,
+    }, sort_keys=True)
+
+
+def _reset_optimizer(optimizer: keras.optimizers.Optimizer, learning_rate: float) -> None:
+    for variable in optimizer.variables:  # iterations, moments; the learning rate is set right after
+        variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
+    optimizer.learning_rate = learning_rate
+
+
+# ----------------------------------------------------------------------------- fitting
+@dataclass
+class FitResult:
+    history: pd.DataFrame  # one row per epoch, including epochs run before a restart
+    best_epoch: int  # 1-based
+    best_val_loss: float
+    step_seconds: float  # time inside train steps in this process (for overhead accounting)
+
+
+def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
+        callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
+    """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
+
+    If `backup_dir` holds the state of an interrupted run of this job, training resumes after its last
+    finished epoch. The backup is left in place: the caller deletes it once the job's artifacts are safe.
+    """
+    state = ResumableState(backup_dir, None, None)
+    finished = backup_dir / "finished.weights.h5"
+    if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
+        model.load_weights(finished)
+        state.on_train_begin()
+        return _result(state, step_seconds=0.0)
+
+    train = cfg.train
+    keras.utils.set_random_seed(train.seed)
+    train_data = _dataset(windows.train, train.batch_size, shuffle_seed=train.seed)
+    val_data = _dataset(windows.val, train.batch_size)
+
+    early_stopping = reduce_lr = None
+    standard: list[keras.callbacks.Callback] = [
+        keras.callbacks.BackupAndRestore(str(backup_dir / "keras"), double_checkpoint=True,
+                                         delete_checkpoint=False),
+        StopOnNaN(),
+    ]
+    if train.early_stopping:
+        early_stopping = keras.callbacks.EarlyStopping(**train.early_stopping.model_dump())
+        standard.append(early_stopping)
+    if train.reduce_lr:
+        reduce_lr = keras.callbacks.ReduceLROnPlateau(**train.reduce_lr.model_dump())
+        standard.append(reduce_lr)
+    state.early_stopping, state.reduce_lr = early_stopping, reduce_lr
+    timer = StepTimer()
+    model.fit(train_data, validation_data=val_data, epochs=train.epochs, verbose=0, shuffle=False,  # shuffled above
+              callbacks=[*standard, state, timer, *callbacks])
+    atomic_write(finished, model.save_weights)
+    return _result(state, step_seconds=timer.seconds)
+
+
+def _result(state: ResumableState, step_seconds: float) -> FitResult:
+    history = state.history_frame()
+    if history.empty:
+        raise JobError("training produced no epoch (no training windows?)")
+    best = history["val_loss"].idxmin()
+    return FitResult(history=history, best_epoch=int(history.loc[best, "epoch"]),
+                     best_val_loss=float(history.loc[best, "val_loss"]), step_seconds=step_seconds)
+
+
+def _dataset(split: SplitWindows, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:
+    """Windows built once per job and fed from memory; batches prefetched while the previous one trains."""
+    data = tf.data.Dataset.from_tensor_slices((np.ascontiguousarray(split.x), split.y))
+    if shuffle_seed is not None:
+        data = data.shuffle(len(split.x), seed=shuffle_seed, reshuffle_each_iteration=True)
+    return data.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+
+
+# ----------------------------------------------------------------------------- callbacks
+class StopOnNaN(keras.callbacks.Callback):
+    """A NaN or infinite loss ends the job with a recorded error (Keras's TerminateOnNaN stops silently)."""
+
+    def on_train_batch_end(self, batch, logs=None):
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            raise JobError(f"loss became {float(loss)} at epoch {self._epoch + 1}, batch {batch + 1}; "
+                           "try a lower train.learning_rate or train.clipvalue")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+
+class StepTimer(keras.callbacks.Callback):
+    """Seconds spent inside train steps, to tell training time from per-job overhead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seconds = 0.0
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seconds += time.perf_counter() - self._start
+
+
+class ResumableState(keras.callbacks.Callback):
+    """Makes EarlyStopping, ReduceLROnPlateau and the epoch history survive a restart.
+
+    BackupAndRestore restores weights, optimizer state and the epoch counter, but not the other
+    callbacks' counters nor the best weights seen so far: without them a resumed job would wait longer
+    to stop and could restore a worse model than an uninterrupted one. Each epoch's row holds those
+    counters; on restart the row of the last backed-up epoch is applied (rows of epochs that will be
+    re-run are dropped). Must come after BackupAndRestore, EarlyStopping and ReduceLROnPlateau.
+    """
+
+    def __init__(self, backup_dir: Path, early_stopping, reduce_lr) -> None:
+        super().__init__()
+        self.path = backup_dir / "state.json"
+        self.best_path = backup_dir / "best_weights.npz"
+        self.early_stopping, self.reduce_lr = early_stopping, reduce_lr
+        self.rows: list[dict] = []
+
+    def on_train_begin(self, logs=None):
+        done_epochs = _backed_up_epochs(self.path.parent / "keras")
+        saved = json.loads(self.path.read_text()) if self.path.exists() and done_epochs else []
+        self.rows = [row for row in saved if row["epoch"] <= done_epochs]
+        if not self.rows:
+            return
+        last = self.rows[-1]
+        if self.early_stopping and last.get("early_stopping"):
+            vars(self.early_stopping).update(last["early_stopping"])
+            if self.best_path.exists():
+                with np.load(self.best_path) as best:
+                    self.early_stopping.best_weights = [best[f"arr_{i}"] for i in range(len(best.files))]
+        if self.reduce_lr and last.get("reduce_lr"):
+            vars(self.reduce_lr).update(last["reduce_lr"])
+
+    def on_epoch_end(self, epoch, logs=None):
+        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        row["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+        es = self.early_stopping
+        if es is not None:
+            row["early_stopping"] = {"wait": es.wait, "best": float(es.best), "best_epoch": es.best_epoch}
+            if es.best_epoch == epoch and es.best_weights is not None:
+                atomic_write(self.best_path, lambda tmp: np.savez(tmp, *es.best_weights))
+        if self.reduce_lr is not None:
+            rl = self.reduce_lr
+            row["reduce_lr"] = {"wait": rl.wait, "best": float(rl.best), "cooldown_counter": rl.cooldown_counter}
+        self.rows.append(row)
+        atomic_write(self.path, lambda tmp: tmp.write_text(json.dumps(self.rows)))
+
+    def history_frame(self) -> pd.DataFrame:
+        flat = [{k: v for k, v in row.items() if not isinstance(v, dict)} for row in self.rows]
+        return pd.DataFrame(flat)
+
+
+def _backed_up_epochs(keras_backup_dir: Path) -> int:
+    metadata = keras_backup_dir / "training_metadata.json"
+    return json.loads(metadata.read_text())["epoch"] if metadata.exists() else 0
+
