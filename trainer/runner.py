@@ -5,6 +5,9 @@ ledger; running the same command again skips what is done and resumes what was i
 """
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import gc
 import json
 import logging
 import os
@@ -176,6 +179,7 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     windows = make_windows(frame, cfg, output_shapes(model))
     result = fit(model, windows, cfg, backup, callbacks=[progress.callback()])
     predictions = predict_prices(model, windows.test, windows.scaler, cfg.heads)
+    release_free_memory()
     metrics = {
         "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
         "run": cfg.name, "fingerprint": cfg.fingerprint(),
@@ -227,6 +231,14 @@ def _job_summary(metrics: dict) -> dict:
         "seconds": metrics["seconds"], "train_step_seconds": metrics["train_step_seconds"],
         "rss_mb": metrics["rss_mb"], "synthetic": metrics["data"]["synthetic"],
     }
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps them after each job's arrays are freed, which over
+    40 jobs reads like a leak of ~25 MB a job; with this the RSS stays flat. A no-op off glibc."""
+    gc.collect()
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 def current_rss_mb() -> float | None:

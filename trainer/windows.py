@@ -29,8 +29,8 @@ class Scaler:
     scale: np.ndarray
 
     @classmethod
-    def fit(cls, kind: str, frame: pd.DataFrame) -> Scaler:
-        values = frame.to_numpy(dtype=np.float64)
+    def fit(cls, kind: str, columns: Sequence[str], values: np.ndarray) -> Scaler:
+        """Fit on `values` (rows x columns), e.g. the train split's rows only."""
         if kind == "standard":
             offset, spread = values.mean(axis=0), values.std(axis=0)
         elif kind == "minmax":
@@ -38,7 +38,7 @@ class Scaler:
         else:
             raise UserError(f"window.scaler: unknown scaler '{kind}' (standard or minmax)")
         # A constant column has no spread; scale 1 keeps it finite instead of dividing by zero.
-        return cls(kind, tuple(frame.columns), offset, np.where(spread == 0, 1.0, spread))
+        return cls(kind, tuple(columns), offset, np.where(spread == 0, 1.0, spread))
 
     def transform(self, frame_or_array: pd.DataFrame | np.ndarray, columns: Sequence[str] | None = None
                   ) -> np.ndarray:
@@ -123,7 +123,7 @@ def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, t
     heads = _head_targets(cfg, target_shapes)
     raw = _finite_values(frame, columns, JobError)
     bounds = _split_bounds(len(frame), cfg.window.split)
-    scaler = Scaler.fit(cfg.window.scaler, frame[columns].iloc[:bounds[1]])
+    scaler = Scaler.fit(cfg.window.scaler, columns, raw[:bounds[1]])  # the train rows only
     scaled = scaler.transform(raw)
 
     inputs = sliding_window_view(scaled, lookback, axis=0).transpose(0, 2, 1)  # [i]: rows i .. i+lookback-1
