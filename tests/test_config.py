@@ -57,8 +57,9 @@ def test_bundled_config_is_found_from_any_directory(tmp_path, monkeypatch):
 def test_overrides_change_values_and_the_fingerprint(tiny_config):
     path = tiny_config()
     base = load_config(path)
-    changed = load_config(path, ["train.epochs=7", "window.split={train: 0.8, val: 0.1, test: 0.1}"])
-    assert changed.train.epochs == 7 and changed.window.split.train == 0.8
+    changed = load_config(path, ["train.epochs=7", "window.split={train: 0.8, val: 0.1, test: 0.1}",
+                                 "model.layers.0.units=32"])
+    assert changed.train.epochs == 7 and changed.window.split.train == 0.8 and changed.model.layers[0].units == 32
     assert changed.fingerprint() != base.fingerprint()
     # Where results go does not change what a job computes.
     assert load_config(path, ["output_dir=elsewhere"]).fingerprint() == base.fingerprint()
@@ -198,6 +199,7 @@ def test_missing_config_file_lists_the_bundled_ones(tmp_path):
     (["--set", "train.epochs"], "--set train.epochs: expected KEY.PATH=VALUE"),
     (["--set", "train.epochs=[1"], "--set train.epochs=[1: the value is not valid YAML"),
     (["--set", "train.epochs=-3"], "train.epochs: Input should be greater than 0"),
+    (["--set", "model.layers.9.units=3"], "'9' is not an index of a 5-item list"),
     (["--only", "NOPE*"], "--only NOPE*: matches none of BTCUSDT, ETHUSDT"),
 ])
 def test_bad_command_line_overrides(tmp_path, tiny_config, args, expected):

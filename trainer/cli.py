@@ -4,11 +4,15 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 """
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 from pathlib import Path
 
 import click
+
+# TensorFlow's C++ start-up chatter (oneDNN notices, CPU feature lists) buries our output; errors still show.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
 from .errors import JobError, UserError

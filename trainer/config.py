@@ -429,6 +429,7 @@ def load_config(name: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
 
 
 def _apply_override(raw: dict, override: str, path: Path) -> None:
+    """`a.b.c=value` sets a nested key; a number indexes a list (`model.layers.0.units=64`)."""
     key, sep, value = override.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {override}: expected KEY.PATH=VALUE, e.g. --set train.epochs=2")
@@ -436,16 +437,31 @@ def _apply_override(raw: dict, override: str, path: Path) -> None:
         parsed = yaml.safe_load(value)
     except yaml.YAMLError:
         raise ConfigError(f"--set {override}: the value is not valid YAML") from None
+    *parents, last = key.split(".")
     node = raw
-    parts = key.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            raise ConfigError(f"--set {override}: {part} is not a mapping in {path}")
-        node = child
-    node[parts[-1]] = parsed
+    for part in parents:
+        node = _child(node, part, override, path)
+    if isinstance(node, list):
+        node[_list_index(node, last, override, path)] = parsed
+    else:
+        node[last] = parsed
+
+
+def _child(node: dict | list, part: str, override: str, path: Path) -> dict | list:
+    if isinstance(node, list):
+        return node[_list_index(node, part, override, path)]
+    child = node.get(part)
+    if child is None:
+        child = node[part] = {}
+    if not isinstance(child, (dict, list)):
+        raise ConfigError(f"--set {override}: {part} is not a mapping or list in {path}")
+    return child
+
+
+def _list_index(node: list, part: str, override: str, path: Path) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"--set {override}: '{part}' is not an index of a {len(node)}-item list in {path}")
+    return int(part)
 
 
 _UNION_TAGS = set(INDICATORS) | set(LAYER_KINDS)

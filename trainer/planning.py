@@ -19,8 +19,8 @@ def print_plan(cfg: RunConfig, jobs: list[Job]) -> None:
     source = cfg.data.source + (" (SYNTHETIC candles)" if cfg.data.source == "synthetic" else "")
     console.print(f"[bold]{cfg.name}[/]: {len(jobs)} jobs, data from {source}, run directory {cfg.run_dir}")
     console.print(f"inputs ({n_features}): {', '.join(cfg.features.columns)}")
-    heads = ", ".join(f"{h.name}[{', '.join(h.columns)}] x{h.weight:g} {h.loss}" for h in cfg.heads)
-    console.print(f"heads: {heads}")
+    heads = ", ".join(f"{h.name} ({', '.join(h.columns)}) weight {h.weight:g}, {h.loss}" for h in cfg.heads)
+    console.print(f"heads: {heads}", markup=False)
     console.print(f"model: {params:,} parameters, {flops_per_sample(cfg, n_features) / 1e6:.1f} MFLOP per sample "
                   f"(forward); batch {cfg.train.batch_size}, up to {cfg.train.epochs} epochs, "
                   f"precision {cfg.train.precision}")
@@ -35,7 +35,7 @@ def print_plan(cfg: RunConfig, jobs: list[Job]) -> None:
 
     table = Table(title="jobs")
     for column in ("#", "job", "symbol", "timeframe", "params", "lookback", "horizon", "heads"):
-        table.add_column(column)
+        table.add_column(column, no_wrap=column == "job")
     head_names = ", ".join(h.name for h in cfg.heads)
     for i, job in enumerate(jobs, 1):
         table.add_row(str(i), job.name, job.symbol, job.timeframe, f"{params:,}", str(cfg.window.lookback),
