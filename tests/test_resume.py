@@ -39,13 +39,38 @@ def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> 
         time.sleep(0.05)
 
 
-@pytest.mark.parametrize("point", ["features", "mid-epoch", "artifacts"])
-def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point):
-    config = tiny_config(data={
+def _four_job_config(tiny_config) -> Path:
+    return tiny_config(data={
         "source": "local", "local": {"path": str(REPO.parent / "shared" / "data" / "ohlcv")},
         "symbols": ["BTCUSDT", "ETHUSDT"], "timeframes": ["15m", "1h"], "max_rows": 500,
     }, train={"batch_size": 32, "epochs": 3, "learning_rate": 0.003, "seed": 1,
               "early_stopping": {"patience": 5}, "reduce_lr": {"patience": 2}})
+
+
+def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path):
+    config = _four_job_config(tiny_config)
+    marker = tmp_path / "paused"
+    victim = _start_paused("mid-epoch", marker, config)
+    _wait_for(marker, victim)
+    victim.send_signal(signal.SIGINT)
+    assert victim.wait(timeout=60) == 130
+    message = victim.stderr.read().decode()
+    assert "Resume with:" in message and f"run --config {config}" in message
+    with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+        first = db.execute("SELECT name, status, attempts FROM jobs ORDER BY position LIMIT 1").fetchone()
+    assert first == ("BTCUSDT_15m", "pending", 0)  # released, not counted as a failed attempt
+    assert (tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "state.json").exists()  # its finished epoch is kept
+
+    rerun = subprocess.run(_cli("run", "--config", str(config)), cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
+    assert history["epoch"].tolist() == [1, 2, 3]
+
+
+@pytest.mark.parametrize("point", ["features", "mid-epoch", "artifacts"])
+def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point):
+    config = _four_job_config(tiny_config)
     run_dir = tmp_path / "run"
     marker = tmp_path / "paused"
 

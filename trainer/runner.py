@@ -291,7 +291,8 @@ def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> int:
 
 def _print_resume_hint(name: str) -> None:
     command = shlex.join(["cryptotrain", *sys.argv[1:]])
-    console.print(f"\nInterrupted during {name}; finished epochs are saved. Resume with:\n  {command}")
+    console.print(f"\nInterrupted during {name}; finished epochs are saved. Resume with:\n  {command}",
+                  soft_wrap=True, markup=False, highlight=False)  # one line, to copy and paste
 
 
 def _count(ledger: Ledger, names: list[str], status: str) -> int:
