@@ -71,8 +71,10 @@ def old_rsi(close: np.ndarray, period: int = 14) -> np.ndarray:
     return rsi
 
 
-def old_prepare(path: Path, lookback: int, horizon: int) -> tuple[np.ndarray, ...]:
+def old_prepare(path: Path, lookback: int, horizon: int, max_rows: int | None = None) -> tuple[np.ndarray, ...]:
     df = pd.read_csv(path)
+    if max_rows:
+        df = df.tail(max_rows)  # the most recent rows, as data.max_rows keeps them
     df["timestamp"] = pd.to_datetime(df["timestamp"])
     for column in ("open", "high", "low", "close", "volume"):
         df[column] = pd.to_numeric(df[column])

@@ -40,15 +40,16 @@ SERIES = ["BTCUSDT_1h", "ETHUSDT_1h", "SOLUSDT_1h", "XRPUSDT_1h", "BNBUSDT_1h", 
 TARGETS = {"overhead_s": 0.5, "speedup": 2.5}
 
 
-def bench_config(jobs: list[str], epochs: int, run_dir: Path, cache_dir: Path) -> dict:
-    """V8-stable's data path in miniature: same 15 features, lookback 60, horizon 1, tiny layers."""
+def bench_config(jobs: list[str], epochs: int, rows: int, run_dir: Path, cache_dir: Path) -> dict:
+    """V8-stable's data path in miniature: same 15 features, lookback 60, horizon 1, tiny layers, the most
+    recent `rows` candles of each series."""
     family = yaml.safe_load((REPO / "configs" / "v8_stable.yaml").read_text())
     symbols = sorted({job.split("_")[0] for job in jobs})
     timeframes = sorted({job.split("_")[1] for job in jobs})
     return {
         "name": "bench_run", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
         "data": {"source": "local", "local": {"path": str(SHARED_OHLCV)}, "symbols": symbols,
-                 "timeframes": timeframes},
+                 "timeframes": timeframes, "max_rows": rows},
         "features": family["features"],
         "window": {"lookback": 60, "horizon": 1, "scaler": "minmax"},
         "heads": family["heads"],
@@ -72,7 +73,7 @@ def old_job(config_path: Path, job: str, out_dir: Path) -> None:
 
     cfg = load_config(config_path)
     x_train, y_train, x_val, y_val, _, _ = old_prepare(SHARED_OHLCV / f"{job}.csv.gz", cfg.window.lookback,
-                                                       cfg.window.horizon)
+                                                       cfg.window.horizon, cfg.data.max_rows)
     keras.utils.set_random_seed(cfg.train.seed)
     model = build_model(cfg, x_train.shape[-1])
     timer = StepTimer()
@@ -114,6 +115,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=6, help=f"number of jobs (series), at most {len(SERIES)}")
     parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--rows", type=int, default=3000, help="most recent candles per series")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--old-job", help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
@@ -127,7 +129,7 @@ def main() -> None:
         scratch = Path(scratch)
         run_dir = scratch / "run"
         config_path = scratch / "bench.yaml"
-        config = bench_config(jobs, args.epochs, run_dir, scratch / "cache")
+        config = bench_config(jobs, args.epochs, args.rows, run_dir, scratch / "cache")
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         ours_total, ours = run_ours(config_path, run_dir, jobs)
         old = run_old(config_path, [row["job"] for row in ours], scratch)
@@ -138,10 +140,11 @@ def report(old: list[dict], ours: list[dict], ours_total: float, args) -> None:
     old_total = sum(row["wall"] for row in old)
     for row in old + ours:
         row["overhead"] = row["wall"] - row["steps"]
-    table = Table(title=f"{len(ours)} jobs, {args.epochs} epochs each: old scripts vs cryptotrain run")
+    table = Table(title=f"{len(ours)} jobs, {args.rows} rows, {args.epochs} epochs each: old scripts vs "
+                        "cryptotrain run")
     for column in ("job", "old wall s", "old overhead s", "old RSS MB", "ours wall s", "ours overhead s",
                    "ours RSS MB"):
-        table.add_column(column, justify="left" if column == "job" else "right")
+        table.add_column(column, justify="left" if column == "job" else "right", no_wrap=column == "job")
     for o, n in zip(old, ours):
         table.add_row(o["job"], f"{o['wall']:.2f}", f"{o['overhead']:.2f}", f"{o['rss_mb']:.0f}",
                       f"{n['wall']:.2f}", f"{n['overhead']:.2f}", f"{n['rss_mb']:.0f}")
@@ -158,7 +161,8 @@ def report(old: list[dict], ours: list[dict], ours_total: float, args) -> None:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "load": os.getloadavg()},
-        "epochs": args.epochs, "old": old, "ours": ours, "old_total_s": old_total, "ours_total_s": ours_total,
+        "epochs": args.epochs, "rows": args.rows, "old": old, "ours": ours,
+        "old_total_s": old_total, "ours_total_s": ours_total,
         "speedup": speedup, "ours_later_overhead_max_s": later_overhead, "targets": TARGETS,
     }, indent=1))
     console.print(f"written {args.json}")

@@ -2,12 +2,13 @@
 
   make bench-throughput
   python benchmarks/bench_throughput.py --families v7 --batch-sizes 16 64 --budget 0.5
+  python benchmarks/bench_throughput.py --families --repeats 10      # only the V7 settings, more rounds
 
 For each family (configs/v7.yaml, v8_aligned.yaml, v8_stable.yaml) the real model (trainer.models.build_model,
 float32) trains on synthetic random windows: one batch repeated from memory, so the input pipeline costs
-nothing and only the train step is timed. Each figure is the best of 3 timed `fit` calls of about --budget
-seconds, after an untimed warm-up call (tracing, first steps). The 3 rounds go over all batch sizes (or
-settings) in turn, so that a burst of load from other processes does not favour one of them.
+nothing and only the train step is timed. Each figure is the best of --repeats timed `fit` calls of about
+--budget seconds, after an untimed warm-up call (tracing, first steps). The rounds go over all batch sizes
+(or settings) in turn, so that a burst of load from other processes does not favour one of them.
 
   GFLOP/s = samples/s x 3 x forward FLOPs per sample (trainer.flops: layer sizes, multiply-add = 2 FLOPs).
   Peak, measured:    best of 10 float32 2048x2048 tf.linalg.matmul, taken before and after the training runs,
@@ -28,6 +29,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
@@ -45,7 +47,6 @@ from trainer.models import build_model, output_shapes
 FAMILIES = ("v7", "v8_aligned", "v8_stable")
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)
 VARIANT_BATCH_SIZES = (16, 128)  # V7's own, and one where the train step is compute-bound
-REPEATS = 3
 MATMUL_SIZE = 2048
 DEFAULT_JSON = Path(__file__).resolve().parent / "results" / "throughput.json"
 # Settings compared on V7: (label, train overrides, XLA); the first is the default.
@@ -101,17 +102,23 @@ def _proc_cpuinfo_mhz() -> str | None:
 
 
 # ----------------------------------------------------------------------------- training throughput
-def samples_per_second(cases: dict[Hashable, tuple[keras.Model, int]], budget_s: float) -> dict[Hashable, float]:
-    """For each case (model, batch size): the best of REPEATS timed fits of ~budget_s, rounds interleaved."""
+@dataclass(frozen=True)
+class Timing:
+    budget_s: float  # length of one timed fit
+    repeats: int  # timed fits per case; the best counts
+
+
+def samples_per_second(cases: dict[Hashable, tuple[keras.Model, int]], timing: Timing) -> dict[Hashable, float]:
+    """For each case (model, batch size): the best of timing.repeats timed fits, rounds interleaved."""
     fits: dict[Hashable, tuple[Callable[[int], None], int]] = {}
     best_step_s: dict[Hashable, float] = {}
     for key, (model, batch_size) in cases.items():
         fit, per_call = _fitter(model, batch_size), model.steps_per_execution
         fit(per_call)  # warm-up: traces the train step for this batch shape
         first = _timed(fit, per_call)
-        fits[key] = fit, per_call * max(1, round(budget_s / first))
+        fits[key] = fit, per_call * max(1, round(timing.budget_s / first))
         best_step_s[key] = first / per_call
-    for _ in range(REPEATS - 1):
+    for _ in range(timing.repeats - 1):
         for key, (fit, steps) in fits.items():
             best_step_s[key] = min(best_step_s[key], _timed(fit, steps) / steps)
     return {key: batch_size / best_step_s[key] for key, (_, batch_size) in cases.items()}
@@ -145,13 +152,13 @@ def with_train(cfg: RunConfig, **train) -> RunConfig:
     return cfg.model_copy(update={"train": cfg.train.model_copy(update=train)})
 
 
-def family_throughput(name: str, batch_sizes: tuple[int, ...], budget_s: float) -> dict:
+def family_throughput(name: str, batch_sizes: tuple[int, ...], timing: Timing) -> dict:
     keras.backend.clear_session()
     cfg = with_train(load_config(name), precision="float32")
     n_features = len(cfg.features.columns)
     model = build(cfg)
     sizes = sorted({cfg.train.batch_size, *batch_sizes})
-    rates = samples_per_second({bs: (model, bs) for bs in sizes}, budget_s)
+    rates = samples_per_second({bs: (model, bs) for bs in sizes}, timing)
     progress.log(f"{name}: " + ", ".join(f"batch {bs} {rate:.0f}/s" for bs, rate in rates.items()))
     return {"family": name, "params": model.count_params(), "n_features": n_features,
             "forward_flops_per_sample": flops_per_sample(cfg, n_features), "family_batch_size": cfg.train.batch_size,
@@ -166,14 +173,14 @@ def add_achieved(family: dict, peaks: dict[str, float]) -> None:
         row.update({f"fraction_of_{kind}_peak": row["gflops"] / peak for kind, peak in peaks.items()})
 
 
-def variant_throughput(batch_sizes: tuple[int, ...], budget_s: float) -> list[dict]:
+def variant_throughput(batch_sizes: tuple[int, ...], timing: Timing) -> list[dict]:
     keras.backend.clear_session()
     cfg = load_config("v7")
     models = {label: build(with_train(cfg, **{"precision": "float32", **train}), jit_compile)
               for label, train, jit_compile in VARIANTS}
     device.apply_precision("float32")
     rates = samples_per_second({(label, bs): (model, bs) for label, model in models.items() for bs in batch_sizes},
-                               budget_s)
+                               timing)
     progress.log("v7 settings: " + ", ".join(f"{label} batch {bs} {rate:.0f}/s" for (label, bs), rate in rates.items()))
     default = {bs: rates[VARIANTS[0][0], bs] for bs in batch_sizes}
     return [{"setting": label, "batch_size": bs, "samples_per_s": rate, "speedup": rate / default[bs]}
@@ -205,8 +212,9 @@ def print_report(result: dict, console: Console) -> None:
                           str(row["batch_size"]), shown[row["batch_size"]], f"{row['samples_per_s']:.0f}",
                           f"{row['gflops']:.1f}", f"{100 * row['fraction_of_measured_peak']:.0f} %",
                           f"{100 * theoretical:.0f} %" if theoretical else "n/a")
-    console.print(table)
-    console.print("MFLOP: forward, per sample; all batch sizes are in the JSON.")
+    if result["families"]:
+        console.print(table)
+        console.print("MFLOP: forward, per sample; all batch sizes are in the JSON.")
 
     variants = Table(title="V7: settings against the default")
     for column in ("setting", "batch", "samples/s", "speed-up"):
@@ -219,18 +227,20 @@ def print_report(result: dict, console: Console) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
-    parser.add_argument("--budget", type=float, default=1.0, help="seconds per timed fit (default 1)")
+    parser.add_argument("--budget", type=float, default=0.6, help="seconds per timed fit (default 0.6)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed fits per figure, the best counts (default 5)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"JSON output (default {DEFAULT_JSON})")
     args = parser.parse_args()
 
-    device.setup(load_config(args.families[0]).train)
+    device.setup(load_config("v7").train)
     load_before = os.getloadavg()[0]
     cpus = device.usable_cpus()
     peak_before = measured_peak_gflops()
-    families = [family_throughput(name, tuple(args.batch_sizes), args.budget) for name in args.families]
-    variants = variant_throughput(VARIANT_BATCH_SIZES, args.budget)
+    timing = Timing(args.budget, args.repeats)
+    families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
+    variants = variant_throughput(VARIANT_BATCH_SIZES, timing)
     theoretical = theoretical_peak(cpus)
     peaks = {"measured": max(peak_before, measured_peak_gflops()),
              **({"theoretical": theoretical["gflops"]} if theoretical else {})}

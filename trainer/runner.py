@@ -387,19 +387,26 @@ def _summary_line(summary: dict) -> str:
 
 
 def print_summary_table(records) -> None:
-    table = Table(title="summary (test split, price units, first head)")
-    for column in ("job", "status", "epochs", "best val loss", "test MAE", "persistence MAE", "skill", "seconds"):
-        table.add_column(column, justify="left" if column in ("job", "status") else "right",
-                         no_wrap=column == "job", overflow="fold")
+    """The run's table (first head, test split, price units), then one line per failed job."""
+    table = Table(title="summary: test split, price units, first head")
+    table.add_column("job", no_wrap=True, min_width=max((len(r.name) for r in records), default=3))
+    table.add_column("status", no_wrap=True)
+    for column in ("epochs", "val loss", "MAE", "persist MAE", "skill", "secs"):
+        table.add_column(column, justify="right")
+    synthetic = False
     for record in records:
         s = record.summary or {}
-        status = record.status + (" (synthetic data)" if s.get("synthetic") else "")
+        synthetic |= bool(s.get("synthetic"))
+        table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), _fmt(s.get("epochs")),
+                      _fmt(s.get("best_val_loss")), _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")),
+                      _fmt(s.get("skill"), "+.3f"), _fmt(record.seconds, ".1f"))
+    if synthetic:
+        table.caption = "* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
+    console = Console()
+    console.print(table)
+    for record in records:
         if record.status == "failed":
-            status = f"failed: {record.error}"
-        table.add_row(record.name, status, _fmt(s.get("epochs")), _fmt(s.get("best_val_loss")),
-                      _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")), _fmt(s.get("skill"), "+.3f"),
-                      _fmt(record.seconds, ".1f"))
-    Console().print(table)
+            console.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
 
 
 def _fmt(value, spec: str = ".4g") -> str:
