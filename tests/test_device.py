@@ -1,6 +1,7 @@
 """Device set-up, precision policies, cuDNN eligibility and `cryptotrain doctor`, on the CPU: each precision
-builds and trains the tiny model with float32 heads; the eligibility report names each blocking setting;
-doctor exits 0 without a GPU and 1 when the driver has a GPU this TensorFlow cannot use."""
+builds and trains the tiny model with float32 heads; the eligibility report names each blocking setting and
+agrees with Keras's own rule; doctor exits 0 without a GPU and 1 when the driver has a GPU this TensorFlow
+cannot use. The GPU-only parts of doctor (findings, report) are checked on a GPU machine's diagnosis."""
 from __future__ import annotations
 
 import json
@@ -9,6 +10,7 @@ import keras
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from rich.console import Console
 
 from tests.conftest import tiny_config_dict
 from trainer import device
@@ -185,3 +187,46 @@ def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatc
     [finding] = json.loads(result.output)["findings"]
     assert finding["severity"] == "problem" and message in finding["message"]
     assert fix in finding["fix"]
+
+
+# A GPU machine's diagnosis, for the parts of doctor that only a GPU reaches.
+GPU_STEP = {"device": "GPU:0", "precision": "mixed_float16", "model": "LSTM 64", "step_ms": 1.5,
+            "samples_per_s": 42000, "loss_finite": True, "peak_memory_bytes": 24 * 2**20, "fused_kernel": True}
+CUDA_BUILD = {"is_cuda_build": True, "cuda_version": "12.5", "cudnn_version": "9"}
+GROWTH_ON = {"memory_growth": True, "precision": "mixed_float16"}
+
+
+@pytest.mark.parametrize("configured, step, expected", [
+    (GROWTH_ON, GPU_STEP, []),
+    (GROWTH_ON, {**GPU_STEP, "fused_kernel": False}, [("problem", "did not use the fused cuDNN kernel")]),
+    ({**GROWTH_ON, "memory_growth": False}, GPU_STEP, [("problem", "GPU memory growth is off")]),
+    ({**GROWTH_ON, "precision": "float32"}, GPU_STEP, [("notice", "precision auto stays float32")]),
+])
+def test_gpu_findings(configured, step, expected):
+    findings = device._findings(CUDA_BUILD, ["GPU:0"], {"found": True, "gpus": [H100], "error": None},
+                                configured, [step])
+    assert len(findings) == len(expected)
+    for finding, (severity, message) in zip(findings, expected):
+        assert finding["severity"] == severity and message in finding["message"]
+
+
+def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
+    report = {
+        "versions": {"python": "3.11", "tensorflow": "2.21.0", "keras": "3.15.1", "cuda_build": True,
+                     "cuda": "12.5", "cudnn": "9"},
+        "devices": [{"name": "CPU", "kind": "EPYC", "memory_bytes": 64 * 2**30,
+                     "threads": {"usable_cpus": 16, "intra_op": 16, "inter_op": 16}},
+                    {"name": "GPU:0", "kind": "NVIDIA H100", "compute_capability": "9.0", "memory_growth": True}],
+        "driver": {"found": True, "gpus": [H100], "error": None},
+        "precision_auto": "mixed_float16",
+        "train_steps": [{**GPU_STEP, "device": "CPU:0", "precision": "float32", "peak_memory_bytes": None,
+                         "fused_kernel": None}, GPU_STEP],
+        "findings": [], "verdict": "no problems found",
+    }
+    console = Console(width=200, record=True)
+    device._print_report(report, console)
+    text = console.export_text()
+    assert "CUDA 12.5, cuDNN 9" in text and "GPU 0 NVIDIA H100, 80.0 GiB" in text
+    gpu_row = next(line for line in text.splitlines() if "GPU:0" in line and "mixed_float16" in line)
+    assert "24.0 MiB" in gpu_row and "yes" in gpu_row
+    assert "verdict: no problems found" in text

@@ -6,9 +6,10 @@ Formula (a multiply-add counts as 2 FLOPs; only the dense algebra is counted):
   GRU:                                          2*3u*(d + u)   per time step (3 gates)
   Bidirectional:                                2x its direction's count; output width 2u (concat) else u
   Heads: one linear Dense(len(columns)) each, per time step when the trunk ends in a sequence.
-Bias adds, activations, element-wise gate arithmetic, LayerNorm and Dropout are left out: for these
-layer sizes they are under 2 % of the total. Training costs about TRAINING_MULTIPLIER x forward (the
-backward pass does two matmuls, for the input and the weight gradients, per forward matmul).
+Bias adds, activations, element-wise gate arithmetic, LayerNorm and Dropout are left out: ~20 FLOPs per
+LSTM unit and step against 8*(d + u) for its matmuls, a few per cent at these layer sizes.
+Training costs about TRAINING_MULTIPLIER x forward (the backward pass does two matmuls, for the input and
+the weight gradients, per forward matmul).
 """
 from __future__ import annotations
 
