@@ -114,6 +114,7 @@ def test_lstms_stay_cudnn_eligible(family):
     for rnn in lstms:
         assert (rnn.activation.__name__, rnn.recurrent_activation.__name__) == ("tanh", "sigmoid")
         assert (rnn.recurrent_dropout, rnn.unroll, rnn.use_bias, rnn.use_cudnn) == (0, False, True, "auto")
+    assert model.jit_compile is False  # XLA: slower on CPU, and it would keep the LSTMs off cuDNN on a GPU
 
 
 def tiny(tmp_path, layers: list[dict] | None = None, **train) -> RunConfig:

@@ -14,10 +14,10 @@ from trainer.training import ModelCache, fit
 from trainer.windows import make_windows
 
 
-@pytest.fixture
-def cfg(tmp_path):
+@pytest.fixture(params=["float32", "mixed_float16"])
+def cfg(request, tmp_path):
     data = tiny_config_dict(tmp_path)
-    data["train"].update(epochs=2)
+    data["train"].update(epochs=2, precision=request.param)  # mixed: the loss scale must be reset too
     return RunConfig.model_validate(data)
 
 
@@ -59,4 +59,4 @@ def test_a_new_shape_builds_a_new_model(cfg):
     second = cache.model_for(wider, len(cfg.features.columns))
     assert second is not first and cache.builds == 2
     assert second.input_shape == (None, 24, len(cfg.features.columns))
-    assert keras.mixed_precision.dtype_policy().name == "float32"  # policy re-applied after clear_session
+    assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session

@@ -67,6 +67,7 @@ def build_model(cfg: RunConfig, n_features: int) -> keras.Model:
         loss={head.name: head.loss for head in cfg.heads},
         loss_weights={head.name: head.weight for head in cfg.heads},
         steps_per_execution=cfg.train.steps_per_execution,
+        jit_compile=False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
     )
     return model
 

@@ -27,15 +27,17 @@ class ModelCache:
     """Holds the one compiled model of the current shape.
 
     A fresh model costs seconds of graph tracing before its first step. For the next job of the same
-    spec and input shape, the same model is reset instead: its weights go back to the initial values
-    drawn from the config's seed (exactly what a fresh build would draw) and the optimizer state to zero,
-    so its traced train step is reused and each job's result does not depend on which job ran before.
+    spec and input shape, the same model is reset instead: its weights and its optimizer state go back to
+    the values a fresh build starts from (drawn from the config's seed; moments and step counters zero, a
+    mixed-precision loss scale at its initial value), so its traced train step is reused and each job's
+    result does not depend on which job ran before.
     """
 
     def __init__(self) -> None:
         self._key: str | None = None
         self._model: keras.Model | None = None
         self._initial_weights: list[np.ndarray] = []
+        self._initial_optimizer_state: list[np.ndarray] = []
         self.builds = 0
 
     def model_for(self, cfg: RunConfig, n_features: int) -> keras.Model:
@@ -47,11 +49,15 @@ class ModelCache:
             keras.utils.set_random_seed(cfg.train.seed)
             self._model = build_model(cfg, n_features)
             self._initial_weights = self._model.get_weights()
+            # Built now rather than at the first step, so that its initial state can be kept too.
+            self._model.optimizer.build(self._model.trainable_variables)
+            self._initial_optimizer_state = [v.numpy() for v in self._model.optimizer.variables]
             self._key = key
             self.builds += 1
         else:
             self._model.set_weights(self._initial_weights)
-            _reset_optimizer(self._model.optimizer, cfg.train.learning_rate)
+            for variable, initial in zip(self._model.optimizer.variables, self._initial_optimizer_state):
+                variable.assign(initial)  # includes the learning rate ReduceLROnPlateau lowered
             # BackupAndRestore leaves the epoch it resumed from on the model, and fit() would start the
             # next job there too; Keras itself never clears it.
             self._model._initial_epoch = None
@@ -69,12 +75,6 @@ def model_signature(cfg: RunConfig, n_features: int) -> str:
         "train": train,
         "n_features": n_features,
     }, sort_keys=True)
-
-
-def _reset_optimizer(optimizer: keras.optimizers.Optimizer, learning_rate: float) -> None:
-    for variable in optimizer.variables:  # iterations, moments; the learning rate is set right after
-        variable.assign(np.zeros(variable.shape, dtype=variable.dtype))
-    optimizer.learning_rate = learning_rate
 
 
 # ----------------------------------------------------------------------------- fitting
