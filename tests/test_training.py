@@ -1,6 +1,9 @@
 """Compiled-model reuse across jobs: no new trace, and exactly the result of a fresh model."""
 from __future__ import annotations
 
+import gc
+import weakref
+
 import keras
 import pandas as pd
 import pytest
@@ -10,6 +13,7 @@ from trainer.config import RunConfig
 from trainer.data import load_candles
 from trainer.features import load_features
 from trainer.models import output_shapes
+from trainer.runner import release_free_memory
 from trainer.training import ModelCache, fit
 from trainer.windows import make_windows
 
@@ -60,3 +64,13 @@ def test_a_new_shape_builds_a_new_model(cfg):
     assert second is not first and cache.builds == 2
     assert second.input_shape == (None, 24, len(cfg.features.columns))
     assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session
+
+
+def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(cfg):
+    cache = ModelCache()
+    replaced = weakref.ref(cache.model_for(cfg, len(cfg.features.columns)))
+    release_free_memory()  # between jobs: freezes what is alive, the model included
+    wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
+    cache.model_for(wider, len(cfg.features.columns))
+    gc.collect()
+    assert replaced() is None

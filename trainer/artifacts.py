@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
+from matplotlib.dates import ConciseDateFormatter
 from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
+from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from .files import fsync, pid_alive, sha256_file
 
@@ -98,8 +100,14 @@ def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_
     losses.plot(history["epoch"], history["loss"], label="train loss")
     losses.plot(history["epoch"], history["val_loss"], label="validation loss")
     losses.set(xlabel="epoch", yscale="log")
+    losses.xaxis.set_major_locator(MaxNLocator(integer=True))
+    # Log-axis labels as plain text: Matplotlib's default typesets them as math, a third of the plot's time.
+    losses.yaxis.set_major_formatter(LogFormatter())
+    losses.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
     losses.legend(loc="upper right")  # loc="best" searches every data point: slow
     prices.plot(target_times, actual_close, label="actual close", linewidth=1)
     prices.plot(target_times, predicted_close, label="predicted close (next bar)", linewidth=1)
     prices.legend(loc="upper left")
+    prices.xaxis.set_major_formatter(ConciseDateFormatter(prices.xaxis.get_major_locator()))
+    fig.subplots_adjust(hspace=0.35)  # room for the x label between the two
     fig.savefig(path, dpi=72)

@@ -235,8 +235,13 @@ def _job_summary(metrics: dict) -> dict:
 
 def release_free_memory() -> None:
     """Hand freed heap pages back to the OS. glibc keeps them after each job's arrays are freed, which over
-    40 jobs reads like a leak of ~25 MB a job; with this the RSS stays flat. A no-op off glibc."""
+    40 jobs reads like a leak of ~25 MB a job; with this the RSS stays flat (malloc_trim: a no-op off glibc).
+
+    The survivors of each collection (TensorFlow, Keras, the compiled model) live for the whole run; frozen,
+    the next job's collection skips them and scans only that job's objects: 5 ms instead of 150 ms.
+    ModelCache unfreezes them when it replaces the model."""
     gc.collect()
+    gc.freeze()
     with contextlib.suppress(AttributeError, OSError):
         ctypes.CDLL(None).malloc_trim(0)
 
@@ -375,7 +380,8 @@ SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test
 
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
-    rows = [j.summary for j in ledger.jobs() if j.status == "done" and j.summary]
+    # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
+    rows = [{**j.summary, "seconds": round(j.seconds, 2)} for j in ledger.jobs() if j.status == "done" and j.summary]
     atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))
     lines = [",".join(SUMMARY_COLUMNS)] + [",".join(str(row.get(c, "")) for c in SUMMARY_COLUMNS) for row in rows]
     atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
