@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import numpy as np
 import pytest
 import yaml
+from click.testing import CliRunner
 from conftest import tiny_config_dict
 from hub_server import serve_hub
 from huggingface_hub import constants
 
 import trainer.hub as hub_module
+from trainer import runner
 from trainer.artifacts import commit, jobs_dir, staging_dir, write_json
+from trainer.cli import main
 from trainer.config import HubConfig
 from trainer.errors import JobError, UserError
 from trainer.hub import download_job, push_jobs, push_run
@@ -300,3 +304,55 @@ def test_unreachable_hub_is_a_job_error(hub, run_dir, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
     with pytest.raises(JobError, match=f"^{REPO}: could not push to the Hub: .*"):
         push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+
+def run_with_push(tmp_path, symbols: list[str]):
+    """`cryptotrain run --push` of real one-epoch jobs; returns the click result."""
+    cfg = tiny_config_dict(tmp_path)
+    cfg["data"]["symbols"] = symbols
+    cfg["train"]["epochs"] = 1
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**cfg, "hub": {"repo_id": REPO}}))
+    return CliRunner().invoke(main, ["run", "--config", str(config), "--push"], catch_exceptions=False)
+
+
+def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tmp_path, monkeypatch):
+    """Three real jobs with `run --push`: the first is committed as soon as it is done; the two that finish
+    within the next PUSH_EVERY_S go together at the end. The ledger and `status` show every job's commit."""
+    monkeypatch.setattr(runner, "PUSH_EVERY_S", 3600.0)
+    result = run_with_push(tmp_path, ["BTCUSDT", "ETHUSDT", "SOLUSDT"])
+
+    assert result.exit_code == 0, result.output
+    first, last = hub.commits(REPO)
+    symbols = [{path.split("/")[0] for path in c.files if path.endswith("/model.keras")} for c in (first, last)]
+    assert symbols == [{"BTCUSDT"}, {"BTCUSDT", "ETHUSDT", "SOLUSDT"}]  # snapshots: the first commit held BTC alone
+    records = Ledger(tmp_path / "run").jobs()
+    assert {(r.name, r.pushed_commit) for r in records} == {
+        ("BTCUSDT_1h", first.oid), ("ETHUSDT_1h", last.oid), ("SOLUSDT_1h", last.oid)}
+    status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
+    assert status.exit_code == 0, status.output
+    rows = {line.split()[1]: line for line in status.output.splitlines() if "USDT_1h" in line}
+    for job, pushed in (("BTCUSDT_1h", first), ("ETHUSDT_1h", last), ("SOLUSDT_1h", last)):
+        assert pushed.oid[:8] in rows[job]
+    assert f"pushed to {REPO}" in status.output
+    assert TOKEN not in result.output + status.output
+
+
+def test_a_failed_push_keeps_the_job_exits_1_and_the_same_command_pushes_it_later(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(hub_module.time, "sleep", lambda seconds: None)
+    hub.fail("commit", 500, times=2 * hub_module.MAX_ATTEMPTS)  # the push after the job, and the one at the end
+
+    failed = run_with_push(tmp_path, ["BTCUSDT"])
+
+    assert failed.exit_code == 1
+    assert re.search(rf"^push failed for BTCUSDT_1h: {REPO}: .*500.* \(retry with: cryptotrain push "
+                     rf"{tmp_path / 'run'}\)$", failed.output, re.MULTILINE)
+    assert "1/1 jobs done, 0 failed, 1 not pushed to the Hub" in failed.output
+    [record] = Ledger(tmp_path / "run").jobs()
+    assert record.status == "done" and record.pushed_commit is None and hub.commits(REPO) == []
+
+    again = run_with_push(tmp_path, ["BTCUSDT"])  # nothing to train: only the push is left
+
+    assert again.exit_code == 0, again.output
+    [record] = Ledger(tmp_path / "run").jobs()
+    assert record.attempts == 1 and record.pushed_commit == hub.repos[REPO].head.oid

@@ -95,8 +95,8 @@ def plan(config_path, overrides, only, timeframes):
                                               "(the old one is kept, renamed with a timestamp).")
 @click.option("--retries", default=1, show_default=True, type=click.IntRange(0),
               help="Retry each failed job this many times (in this and later invocations).")
-@click.option("--push", is_flag=True, help="Push each job to the Hugging Face Hub (config hub.repo_id) as "
-                                           "it finishes.")
+@click.option("--push", is_flag=True, help="Push jobs to the Hugging Face Hub (config hub.repo_id) as they "
+                                           "finish: at most one commit a minute, the rest at the end.")
 def run(config_path, overrides, only, timeframes, new_run, retries, push):
     """Train and evaluate every job of a config, in one process; resumable.
 

@@ -2,8 +2,8 @@
 
 Commit budget. The Hub allows about 128 commits per hour per repo, so a push is ONE create_commit per
 target repo holding every file of every job it pushes, plus the cards. `cryptotrain push` of a
-40-job run into one repo is one commit; `run --push` calls push_jobs after each finished job, one
-commit per job (a job trains for minutes, far below the limit). When nothing changed, the client's
+40-job run into one repo is one commit; `run --push` calls push_jobs at most once a minute with the
+jobs finished since (runner.PUSH_EVERY_S), and once more at the end. When nothing changed, the client's
 preupload step finds every file already there and no commit is made at all.
 
 Idempotence. Unchanged files are recognised by the Hub's preupload answer (git blob id for small

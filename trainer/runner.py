@@ -10,6 +10,7 @@ import ctypes
 import gc
 import json
 import logging
+import math
 import os
 import shlex
 import shutil
@@ -52,17 +53,21 @@ from .windows import Windows, make_windows
 log = logging.getLogger("cryptotrain")
 console = Console(stderr=True)
 
+# `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
+# would otherwise approach the Hub's limit of about 128 commits per hour per repo.
+PUSH_EVERY_S = 60.0
+
 
 @dataclass
 class Outcome:
     done: int
     failed: int
     not_done: int
-    push_failures: int
+    not_pushed: int  # with --push: finished jobs still not on the Hub at the end
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.failed == self.not_done == self.push_failures == 0 else 1
+        return 0 if self.failed == self.not_done == self.not_pushed == 0 else 1
 
 
 def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: int = 1,
@@ -80,7 +85,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     _warn_cudnn(cfg, device)
 
     cache = ModelCache()
-    push_failures = 0
+    last_push = -math.inf
     with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress:
         while (name := ledger.claim(retries, names)) is not None:
             job = by_name[name]
@@ -106,20 +111,22 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
                 continue
             progress.finish_job(job, _summary_line(summary))
             write_summary(run_dir, ledger)
-            if push:
-                push_failures += _push(run_dir, [name], cfg)
+            if push and time.monotonic() - last_push >= PUSH_EVERY_S:
+                _push(run_dir, _unpushed(ledger, names), cfg)
+                last_push = time.monotonic()
 
-    if push:
-        unpushed = [j.name for j in ledger.jobs() if j.name in names and j.status == "done" and not j.pushed_commit]
-        if unpushed:
-            push_failures += _push(run_dir, unpushed, cfg)
+    if push and (unpushed := _unpushed(ledger, names)):
+        _push(run_dir, unpushed, cfg)
     write_summary(run_dir, ledger)
     records = [j for j in ledger.jobs() if j.name in by_name]
     print_summary_table(records)
     done = sum(j.status == "done" for j in records)
     failed = sum(j.status == "failed" for j in records)
-    outcome = Outcome(done=done, failed=failed, not_done=len(records) - done, push_failures=push_failures)
-    console.print(f"{done}/{len(records)} jobs done, {failed} failed; run directory: {run_dir}")
+    outcome = Outcome(done=done, failed=failed, not_done=len(records) - done,
+                      not_pushed=len(_unpushed(ledger, names)) if push else 0)
+    not_pushed = f", {outcome.not_pushed} not pushed to the Hub" if outcome.not_pushed else ""
+    console.print(f"{done}/{len(records)} jobs done, {failed} failed{not_pushed}; run directory: {run_dir}",
+                  soft_wrap=True)
     return outcome
 
 
@@ -279,7 +286,11 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
 
 
-def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> int:
+def _unpushed(ledger: Ledger, names: list[str]) -> list[str]:
+    return [j.name for j in ledger.jobs() if j.name in names and j.status == "done" and not j.pushed_commit]
+
+
+def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
     from huggingface_hub.utils import disable_progress_bars
 
     from .hub import push_jobs
@@ -288,10 +299,8 @@ def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> int:
     try:
         push_jobs(run_dir, names, cfg.hub)
     except (UserError, JobError) as exc:
-        console.print(f"[red]push failed[/] for {', '.join(names)}: {exc} "
-                      f"(retry with: cryptotrain push {run_dir})")
-        return 1
-    return 0
+        console.print(f"push failed for {', '.join(names)}: {exc} (retry with: cryptotrain push {run_dir})",
+                      style="red", soft_wrap=True, markup=False, highlight=False)
 
 
 def _print_resume_hint(name: str) -> None:
@@ -429,15 +438,16 @@ def print_status(run_dir: Path, as_json: bool = False) -> None:
     if as_json:
         print(json.dumps([vars(r) for r in records], indent=1, default=str))
         return
-    table = Table(title=f"{run_dir}")
+    repos = sorted({r.pushed_repo for r in records if r.pushed_commit})
+    table = Table(title=f"{run_dir}", caption=f"pushed to {', '.join(repos)}" if repos else None)
     for column in ("job", "status", "attempts", "test MAE", "skill", "seconds", "pushed"):
-        table.add_column(column, no_wrap=column in ("job", "status"))
+        table.add_column(column, no_wrap=column in ("job", "status", "pushed"))
     table.add_column("error / owner", overflow="fold")
     for r in records:
         s = r.summary or {}
         owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
         table.add_row(r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
-                      _fmt(r.seconds, ".1f"), f"{r.pushed_repo}@{r.pushed_commit[:8]}" if r.pushed_commit else "",
+                      _fmt(r.seconds, ".1f"), (r.pushed_commit or "")[:8],
                       r.error or owner)
     Console().print(table)
     print(", ".join(f"{n} {status}" for status, n in sorted(ledger.counts().items())))
