@@ -98,3 +98,20 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
                  if p.is_file() and (p.name.startswith("tmp") or ".backup" in p.parts or ".staging-" in str(p))]
     assert leftovers == []
     assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == JOBS
+
+
+def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twice(tiny_config, tmp_path):
+    config = _four_job_config(tiny_config)
+    run_dir = tmp_path / "run"
+    workers = [subprocess.Popen(_cli("run", "--config", str(config)), cwd=REPO, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    errors = [worker.communicate(timeout=600)[1] for worker in workers]
+    assert [worker.returncode for worker in workers] == [0, 0], [e[-600:] for e in errors]
+
+    with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+        attempts = db.execute("SELECT job, pid, outcome FROM attempts").fetchall()
+        manifests = dict(db.execute("SELECT name, manifest_sha256 FROM jobs WHERE status = 'done'"))
+    assert sorted(job for job, _, _ in attempts) == JOBS and {outcome for _, _, outcome in attempts} == {"done"}
+    assert len({pid for _, pid, _ in attempts}) == 2  # both took part
+    for job in JOBS:
+        assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]

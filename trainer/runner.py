@@ -62,12 +62,13 @@ PUSH_EVERY_S = 60.0
 class Outcome:
     done: int
     failed: int
-    not_done: int
+    pending: int  # left unclaimed (none, unless the ledger changed under this process)
+    running_elsewhere: int  # claimed by other live processes sharing the run directory: theirs to report
     not_pushed: int  # with --push: finished jobs still not on the Hub at the end
 
     @property
     def exit_code(self) -> int:
-        return 0 if self.failed == self.not_done == self.not_pushed == 0 else 1
+        return 0 if self.failed == self.pending == self.not_pushed == 0 else 1
 
 
 def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: int = 1,
@@ -120,13 +121,15 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     write_summary(run_dir, ledger)
     records = [j for j in ledger.jobs() if j.name in by_name]
     print_summary_table(records)
-    done = sum(j.status == "done" for j in records)
-    failed = sum(j.status == "failed" for j in records)
-    outcome = Outcome(done=done, failed=failed, not_done=len(records) - done,
+    statuses = [j.status for j in records]
+    outcome = Outcome(done=statuses.count("done"), failed=statuses.count("failed"), pending=statuses.count("pending"),
+                      running_elsewhere=statuses.count("running"),
                       not_pushed=len(_unpushed(ledger, names)) if push else 0)
-    not_pushed = f", {outcome.not_pushed} not pushed to the Hub" if outcome.not_pushed else ""
-    console.print(f"{done}/{len(records)} jobs done, {failed} failed{not_pushed}; run directory: {run_dir}",
-                  soft_wrap=True)
+    notes = [f"{outcome.pending} pending"] if outcome.pending else []
+    notes += [f"{outcome.running_elsewhere} still running in another process"] if outcome.running_elsewhere else []
+    notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
+    console.print(f"{outcome.done}/{len(records)} jobs done, {outcome.failed} failed"
+                  + "".join(f", {note}" for note in notes) + f"; run directory: {run_dir}", soft_wrap=True)
     return outcome
 
 
