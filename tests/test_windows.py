@@ -47,7 +47,9 @@ def positions(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
 def test_windows_are_chronological_and_line_up_with_the_frame(tmp_path):
     cfg = tiny_cfg(tmp_path)
     frame = feature_frame()
+    original = frame.copy()
     windows = make_windows(frame, cfg, SEQ_SHAPES)
+    pd.testing.assert_frame_equal(frame, original)  # scaled in a copy, never in the caller's frame
     columns = cfg.features.columns
     heads = {head.name: head.columns for head in cfg.heads}
     previous_last_target = -1

@@ -40,14 +40,15 @@ class Scaler:
         # A constant column has no spread; scale 1 keeps it finite instead of dividing by zero.
         return cls(kind, tuple(columns), offset, np.where(spread == 0, 1.0, spread))
 
-    def transform(self, frame_or_array: pd.DataFrame | np.ndarray, columns: Sequence[str] | None = None
-                  ) -> np.ndarray:
-        """Scale `columns` (default: all the scaler's columns, in its order); float32 for the model."""
+    def transform(self, frame_or_array: pd.DataFrame | np.ndarray, columns: Sequence[str] | None = None,
+                  out: np.ndarray | None = None) -> np.ndarray:
+        """Scale `columns` (default: all the scaler's columns, in its order); float32 for the model.
+        `out`: a float64 array to compute in, e.g. the input itself when it is no longer needed."""
         columns = self.columns if columns is None else tuple(columns)
         positions = self._positions(columns)
         if isinstance(frame_or_array, pd.DataFrame):
             frame_or_array = frame_or_array[list(columns)].to_numpy()
-        scaled = np.subtract(frame_or_array, self.offset[positions], dtype=np.float64)
+        scaled = np.subtract(frame_or_array, self.offset[positions], dtype=np.float64, out=out)
         scaled /= self.scale[positions]
         return scaled.astype(np.float32)
 
@@ -125,12 +126,12 @@ def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, t
     raw = _finite_values(frame, columns, JobError)
     bounds = _split_bounds(len(frame), cfg.window.split)
     scaler = Scaler.fit(cfg.window.scaler, columns, raw[:bounds[1]])  # the train rows only
-    scaled = scaler.transform(raw)
+    head_positions = {h.name: [columns.index(c) for c in h.columns] for h in heads}
+    head_raw = {name: raw[:, positions] for name, positions in head_positions.items()}  # copies
+    scaled = scaler.transform(raw, out=raw)  # raw is not needed any more: scale in its memory
 
     inputs = sliding_window_view(scaled, lookback, axis=0).transpose(0, 2, 1)  # [i]: rows i .. i+lookback-1
-    head_positions = {h.name: [columns.index(c) for c in h.columns] for h in heads}
     head_scaled = {name: scaled[:, positions] for name, positions in head_positions.items()}
-    head_raw = {name: raw[:, positions] for name, positions in head_positions.items()}
     times = np.asarray(frame.index.values, dtype="datetime64[ns]")
 
     splits = {}
@@ -200,7 +201,8 @@ def _finite_values(frame: pd.DataFrame, columns: Sequence[str], error: type[Exce
     missing = [c for c in columns if c not in frame.columns]
     if missing:
         raise error(f"feature frame has no column {', '.join(missing)}")
-    # One numpy take from the frame's float64 block: pandas' own column selection costs 20 times more.
+    # One numpy take from the frame's float64 block (pandas' own column selection costs 20 times more);
+    # a take always copies, so the caller may overwrite the result without touching the frame.
     values = frame.to_numpy(dtype=np.float64)[:, frame.columns.get_indexer(columns)]
     finite = np.isfinite(values)
     if not finite.all():
