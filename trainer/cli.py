@@ -125,7 +125,7 @@ def status(run_dir, as_json):
     Example:
       cryptotrain status runs/v8_aligned
     """
-    from .runner import print_status
+    from .reporting import print_status
 
     print_status(run_dir, as_json=as_json)
 

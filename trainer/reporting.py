@@ -1,0 +1,148 @@
+"""What a run shows and leaves behind for people: the live progress display, the summary table and
+files (summary.csv / summary.json), and `cryptotrain status`."""
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import keras
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from .errors import UserError
+from .files import atomic_write
+from .jobs import Job
+from .ledger import Ledger
+
+console = Console(stderr=True)  # progress and warnings; tables go to stdout
+
+
+# ----------------------------------------------------------------------------- progress
+class JobProgress:
+    """Rich progress: one bar for the jobs (i/N, ETA), one for the current job's epochs and losses."""
+
+    def __init__(self, total: int, done: int) -> None:
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                                 console=console, transient=False)
+        self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
+        self.epoch_task = None
+
+    def __enter__(self) -> JobProgress:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def start_job(self, job: Job) -> None:
+        if self.epoch_task is not None:
+            self.progress.remove_task(self.epoch_task)
+        self.epoch_task = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
+
+    def finish_job(self, job: Job, line: str) -> None:
+        self.progress.advance(self.jobs_task)
+        self.progress.console.print(f"{job.name}: {line}")
+
+    def callback(self) -> keras.callbacks.Callback:
+        return _EpochProgress(self)
+
+
+class _EpochProgress(keras.callbacks.Callback):
+    def __init__(self, owner: JobProgress) -> None:
+        super().__init__()
+        self.owner = owner
+
+    def on_train_begin(self, logs=None):
+        self.owner.progress.update(self.owner.epoch_task, total=self.params["epochs"], info="training")
+
+    def on_epoch_end(self, epoch, logs=None):
+        logs = logs or {}
+        info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
+        self.owner.progress.update(self.owner.epoch_task, completed=epoch + 1, info=info)
+
+
+# ----------------------------------------------------------------------------- summary and status
+SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
+                   "direction_accuracy", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
+
+
+def write_summary(run_dir: Path, ledger: Ledger) -> None:
+    # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
+    rows = [{**j.summary, "seconds": round(j.seconds, 2)} for j in ledger.jobs() if j.status == "done" and j.summary]
+    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))
+    lines = [",".join(SUMMARY_COLUMNS)] + [",".join(str(row.get(c, "")) for c in SUMMARY_COLUMNS) for row in rows]
+    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+
+
+def summary_line(summary: dict) -> str:
+    return (f"done in {summary['epochs']} epochs, test MAE {summary['test_mae']:.4g} vs persistence "
+            f"{summary['persistence_mae']:.4g} (skill {summary['skill']:+.3f})")
+
+
+def print_summary_table(records) -> None:
+    """The run's table (first head, test split, price units), then one line per failed job."""
+    table = Table(title="summary: test split, price units, first head")
+    table.add_column("job", no_wrap=True, min_width=max((len(r.name) for r in records), default=3))
+    table.add_column("status", no_wrap=True)
+    for column in ("epochs", "val loss", "MAE", "persist MAE", "skill", "secs"):
+        table.add_column(column, justify="right")
+    synthetic = False
+    for record in records:
+        s = record.summary or {}
+        synthetic |= bool(s.get("synthetic"))
+        table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), _fmt(s.get("epochs")),
+                      _fmt(s.get("best_val_loss")), _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")),
+                      _fmt(s.get("skill"), "+.3f"), _fmt(record.seconds, ".1f"))
+    if synthetic:
+        table.caption = "* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
+    console = Console()
+    console.print(table)
+    for record in records:
+        if record.status == "failed":
+            console.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
+
+
+def _fmt(value, spec: str = ".4g") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def print_status(run_dir: Path, as_json: bool = False) -> None:
+    if not (run_dir / "ledger.sqlite").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
+    ledger = Ledger(run_dir)
+    records = ledger.jobs()
+    if as_json:
+        print(json.dumps([vars(r) for r in records], indent=1, default=str))
+        return
+    repos = sorted({r.pushed_repo for r in records if r.pushed_commit})
+    table = Table(title=f"{run_dir}", caption=f"pushed to {', '.join(repos)}" if repos else None)
+    for column in ("job", "status", "attempts", "test MAE", "skill", "seconds", "pushed"):
+        table.add_column(column, no_wrap=column in ("job", "status", "pushed"))
+    table.add_column("error / owner", overflow="fold")
+    for r in records:
+        s = r.summary or {}
+        owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
+        table.add_row(r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
+                      _fmt(r.seconds, ".1f"), (r.pushed_commit or "")[:8],
+                      r.error or owner)
+    Console().print(table)
+    print(", ".join(f"{n} {status}" for status, n in sorted(ledger.counts().items())))
+
+
+def _ago(timestamp: float | None) -> str:
+    if timestamp is None:
+        return "never"
+    return f"{time.time() - timestamp:.0f}s ago at {datetime.fromtimestamp(timestamp, timezone.utc):%H:%M:%S}Z"
