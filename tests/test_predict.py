@@ -8,6 +8,7 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 from conftest import SHARED_OHLCV, tiny_config_dict
 from hub_server import serve_hub
 
@@ -83,6 +84,20 @@ def test_predict_command_table_from_the_jobs_own_data(run, job_dir, capsys):
     next_open = load_candles(run, "BTCUSDT", "1h").index[-1] + pd.Timedelta(hours=1)
     assert f"{next_open:%Y-%m-%d %H:%M}" in out
     assert "bb_upper" in out
+    assert f"from local:{DATA_FILE}" in out and "SYNTHETIC" not in out
+
+
+def test_a_forecast_from_synthetic_candles_says_so(run, job_dir, capsys, tmp_path):
+    raw = tiny_config_dict(tmp_path)
+    raw["data"] = {"source": "synthetic", "synthetic": {"seed": 3, "rows": 400}, "symbols": ["BTCUSDT"],
+                   "timeframes": ["1h"]}
+    config = tmp_path / "synthetic.yaml"
+    config.write_text(yaml.safe_dump(raw))
+
+    predict_command(str(job_dir), None, None, data_path=None, config_path=str(config), as_json=False)
+    assert "from synthetic(seed=3) (SYNTHETIC candles: a demonstration, not a market)" in capsys.readouterr().out
+    predict_command(str(job_dir), None, None, data_path=None, config_path=str(config), as_json=True)
+    assert json.loads(capsys.readouterr().out)["synthetic"] is True
 
 
 def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, capsys, monkeypatch, tmp_path):

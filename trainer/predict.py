@@ -43,12 +43,14 @@ def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, d
         print(json.dumps({
             "symbol": prep["symbol"], "timeframe": prep["timeframe"], "model": model_ref,
             "last_candle": last.isoformat(), "source": candles.attrs.get("source"),
+            "synthetic": bool(candles.attrs.get("synthetic")),
             "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(forecast.index,
                                                                                forecast.to_dict("records"))],
         }, indent=1))
     else:
+        synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if candles.attrs.get("synthetic") else ""
         _print_table(forecast, f"{prep['symbol']} {prep['timeframe']}: the next {len(forecast)} candle(s) after "
-                               f"{last:%Y-%m-%d %H:%M} UTC")
+                               f"{last:%Y-%m-%d %H:%M} UTC, from {candles.attrs.get('source')}{synthetic}")
 
 
 def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
