@@ -2,6 +2,7 @@
 preprocessing alone, determinism, failure isolation, and run-directory protection."""
 from __future__ import annotations
 
+import gc
 import json
 import re
 import sqlite3
@@ -38,6 +39,10 @@ def finished_run(tmp_path_factory):
     result = _run("--config", str(path))
     assert result.exit_code == 0, result.output
     return tmp / "run", path, result.output
+
+
+def test_the_run_gives_the_process_its_usual_garbage_collection_back(finished_run):
+    assert gc.get_freeze_count() == 0  # objects are frozen between jobs only (runner.release_free_memory)
 
 
 def test_every_job_writes_complete_verified_artifacts(finished_run):

@@ -77,7 +77,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
 
     cache = ModelCache()
     last_push = -math.inf
-    with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress:
+    with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress, _unfreeze_at_exit():
         while (name := ledger.claim(retries, names)) is not None:
             job = by_name[name]
             progress.start_job(job)
@@ -244,6 +244,15 @@ def release_free_memory() -> None:
     gc.freeze()
     with contextlib.suppress(AttributeError, OSError):
         ctypes.CDLL(None).malloc_trim(0)
+
+
+@contextlib.contextmanager
+def _unfreeze_at_exit():
+    """After the run, the calling process (a notebook, say) gets its usual garbage collection back."""
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def current_rss_mb() -> float | None:
