@@ -10,7 +10,8 @@
             model reused across jobs, artifacts, ledger.
 
 Both train the same model (V8-stable's 15 inputs and min-max scaling, tiny layers) for the same epochs
-and batch size on the same series. Per job: wall time, time inside train steps (a keras callback around
+and batch size on the same series. Per job: wall time (old: its whole process; ours: from the previous
+job's end to its own, as the ledger recorded them), time inside train steps (a keras callback around
 each step), overhead = wall - steps, and RSS after the job. Prints totals and ratios; writes JSON to
 benchmarks/results/run.json. Targets: overhead after the first job of a shape <= 0.5 s, total >= 2.5x
 faster than (a).
