@@ -106,11 +106,11 @@ def print_summary_table(records) -> None:
                       _fmt(s.get("skill"), "+.3f"), _fmt(record.seconds, ".1f"))
     if synthetic:
         table.caption = "* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
-    console = Console()
-    console.print(table)
+    out = Console()  # stdout, unlike the progress console
+    out.print(table)
     for record in records:
         if record.status == "failed":
-            console.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
+            out.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
 
 
 def _fmt(value, spec: str = ".4g") -> str:

@@ -35,7 +35,7 @@ from .evaluate import evaluate, predict_prices
 from .features import collinear_columns, load_features
 from .files import atomic_write
 from .jobs import Job, make_jobs
-from .ledger import Ledger, LostClaim
+from .ledger import JobRecord, Ledger, LostClaim
 from .models import output_shapes
 from .reporting import JobProgress, console, print_summary_table, summary_line, write_summary
 from .training import FitResult, ModelCache, fit
@@ -103,10 +103,10 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
             progress.finish_job(job, summary_line(summary))
             write_summary(run_dir, ledger)
             if push and time.monotonic() - last_push >= PUSH_EVERY_S:
-                _push(run_dir, _unpushed(ledger, names), cfg)
+                _push(run_dir, _unpushed(ledger.jobs(), names), cfg)
                 last_push = time.monotonic()
 
-    if push and (unpushed := _unpushed(ledger, names)):
+    if push and (unpushed := _unpushed(ledger.jobs(), names)):
         _push(run_dir, unpushed, cfg)
     write_summary(run_dir, ledger)
     records = [j for j in ledger.jobs() if j.name in by_name]
@@ -114,7 +114,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     statuses = [j.status for j in records]
     outcome = Outcome(done=statuses.count("done"), failed=statuses.count("failed"), pending=statuses.count("pending"),
                       running_elsewhere=statuses.count("running"),
-                      not_pushed=len(_unpushed(ledger, names)) if push else 0)
+                      not_pushed=len(_unpushed(records, names)) if push else 0)
     notes = [f"{outcome.pending} pending"] if outcome.pending else []
     notes += [f"{outcome.running_elsewhere} still running in another process"] if outcome.running_elsewhere else []
     notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
@@ -288,8 +288,8 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
 
 
-def _unpushed(ledger: Ledger, names: list[str]) -> list[str]:
-    return [j.name for j in ledger.jobs() if j.name in names and j.status == "done" and not j.pushed_commit]
+def _unpushed(records: list[JobRecord], names: list[str]) -> list[str]:
+    return [r.name for r in records if r.name in names and r.status == "done" and not r.pushed_commit]
 
 
 def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
