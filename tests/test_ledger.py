@@ -23,6 +23,11 @@ import os, signal, sys, time
 from trainer.ledger import Ledger, LostClaim
 
 mode, run_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+if mode == "open-together":
+    print("ready", flush=True)
+    sys.stdin.readline()
+    Ledger(run_dir).add_jobs(names)
+    sys.exit()
 ledger = Ledger(run_dir)
 if mode == "race":
     ledger.open_run("fp", {"train": {"epochs": 1}})
@@ -92,6 +97,24 @@ def test_racing_processes_do_every_job_exactly_once(tmp_path):
         assert [(a, outcome) for a, _, outcome, _ in attempt_rows(run_dir, record.name)] == [(1, "done")]
     assert ledger.counts() == {"pending": 0, "running": 0, "done": 30, "failed": 0}
     ledger.close()
+
+
+def test_processes_creating_one_new_ledger_together_all_open_it(tmp_path):
+    # SQLite refuses a concurrent switch to WAL at once ("database is locked") instead of waiting
+    for attempt in range(5):
+        run_dir = tmp_path / f"run{attempt}"
+        workers = [start_worker("open-together", run_dir, f"JOB{i}") for i in range(8)]
+        for worker in workers:
+            assert worker.stdout.readline() == "ready\n"
+        for worker in workers:
+            worker.stdin.write("go\n")
+            worker.stdin.flush()
+        for worker in workers:
+            worker.communicate(timeout=60)
+            assert worker.returncode == 0
+        ledger = Ledger(run_dir)
+        assert sorted(record.name for record in ledger.jobs()) == [f"JOB{i}" for i in range(8)]
+        ledger.close()
 
 
 def test_job_of_a_killed_process_is_reclaimed(ledger):

@@ -123,7 +123,7 @@ class Ledger:
             raise
 
     def _set_up(self) -> None:
-        mode = self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+        mode = self._switch_to_wal()
         if mode != "wal":
             raise UserError(f"{self.path}: SQLite cannot use WAL journaling here (got {mode!r}); "
                             "put the run directory on a local disk")
@@ -137,6 +137,18 @@ class Ledger:
             elif version != SCHEMA_VERSION:
                 raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads "
                                 f"version {SCHEMA_VERSION}; run with --new-run to start over")
+
+    def _switch_to_wal(self) -> str:
+        """SQLite answers "database is locked" at once, without waiting out the busy timeout, when
+        several processes switch a new ledger to WAL together: retry until the timeout instead."""
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
 
     def close(self) -> None:
         self._conn.close()
