@@ -5,6 +5,8 @@ cannot use. The GPU-only parts of doctor (findings, report) are checked on a GPU
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -45,6 +47,19 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
     assert again["precision"] == "mixed_bfloat16"
     assert keras.mixed_precision.dtype_policy().name == "mixed_bfloat16"
     assert {k: v for k, v in again.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
+
+
+def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them():
+    # in a fresh process: TensorFlow's thread pools can be sized only before its first op
+    script = ("import json; import tensorflow as tf; from trainer import device; "
+              "from trainer.config import TrainConfig; threads = device.setup(TrainConfig())['threads']; "
+              "print(json.dumps([threads, tf.config.threading.get_intra_op_parallelism_threads(), "
+              "tf.config.threading.get_inter_op_parallelism_threads()]))")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
+    threads, intra_op, inter_op = json.loads(out.splitlines()[-1])
+    cpus = device.usable_cpus()
+    assert (intra_op, inter_op) == (max(1, cpus // 2), cpus)
+    assert threads == {"usable_cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}
 
 
 def test_unknown_precision_is_a_user_error():

@@ -3,8 +3,10 @@
 Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throughput.py):
 - XLA (jit_compile=True) trains the LSTM families slower, so it stays off ("jit_compile": False); on a GPU
   Keras cannot use XLA with the fused cuDNN kernel anyway.
-- TensorFlow's own thread pools (one thread per CPU, intra- and inter-op) are right: one inter-op thread
-  halves V7's throughput, as the two directions of a bidirectional layer no longer run side by side.
+- Threads: half the CPUs for each op, all of them across ops (_set_threads). One inter-op thread halves V7's
+  throughput, as the two directions of a bidirectional layer no longer run side by side; TensorFlow's
+  default of every CPU for each op as well oversubscribes the cores while they do (V7: 7 % slower at batch 16,
+  15 % at 256).
 - steps_per_execution > 1 saves ~0.7 ms of dispatch per step, under 2 % of a V7 step on the CPU, so
   train.steps_per_execution stays as configured (default 1).
 """
@@ -100,12 +102,18 @@ def usable_cpus() -> int:
 
 
 def _set_threads() -> dict:
-    """TensorFlow sizes its thread pools from the affinity mask; only a CPU quota needs them set, since
-    threads beyond the quota are throttled rather than run."""
+    """Each op gets half the usable CPUs, the ops running side by side all of them. A recurrent step's
+    matrix products are too small to gain much from more threads, while the two directions of a
+    bidirectional layer, the heads and the gradient branches run concurrently: with pools as wide as the
+    machine for both, those ops oversubscribe the cores and TensorFlow's spinning threads slow each other
+    down. Also keeps TensorFlow within a cgroup CPU quota, which it does not see."""
     cpus = usable_cpus()
-    if cpus < len(os.sched_getaffinity(0)):
-        tf.config.threading.set_intra_op_parallelism_threads(cpus)
-        tf.config.threading.set_inter_op_parallelism_threads(cpus)
+    intra_op, inter_op = max(1, cpus // 2), cpus
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(intra_op)
+        tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+    except RuntimeError:  # TensorFlow ran ops before setup(): its pools are fixed for this process
+        log.warning("TensorFlow was used before trainer.device.setup() ran: its thread pools keep their sizes")
     return {"usable_cpus": cpus,
             "intra_op": tf.config.threading.get_intra_op_parallelism_threads() or cpus,
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cpus}
