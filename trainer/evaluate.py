@@ -15,16 +15,20 @@ from .errors import JobError
 from .windows import HeadTarget, Scaler, SplitWindows, Windows
 
 Head = HeadConfig | HeadTarget  # anything with a name and the columns it predicts
+# Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
+# memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
+INFERENCE_BATCH_SIZE = 1024
 
 
 def predict_prices(model: keras.Model, split: SplitWindows, windows_or_scaler: Windows | Scaler,
-                   heads: Sequence[Head], batch_size: int = 1024) -> dict[str, np.ndarray]:
+                   heads: Sequence[Head], batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
     """Head -> predictions in price units, shaped like that head's targets in `split.y`."""
     scaler = windows_or_scaler.scaler if isinstance(windows_or_scaler, Windows) else windows_or_scaler
     return to_prices(predict_fixed_batches(model, split.x, batch_size), scaler, heads)
 
 
-def predict_fixed_batches(model: keras.Model, x: np.ndarray, batch_size: int = 1024) -> dict[str, np.ndarray]:
+def predict_fixed_batches(model: keras.Model, x: np.ndarray,
+                          batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
     """model outputs for `x`, fed in batches of one fixed size (the last one zero-padded).
 
     Each new input length would otherwise trace the predict function again (about 0.1 s a job on CPU);

@@ -18,6 +18,7 @@ import tensorflow as tf
 from .config import RunConfig
 from .device import apply_precision
 from .errors import JobError
+from .evaluate import INFERENCE_BATCH_SIZE
 from .files import atomic_write
 from .models import build_model
 from .windows import SplitWindows, Windows
@@ -111,7 +112,7 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
 
     train = cfg.train
     train_data = _dataset(windows.train, train.batch_size, shuffle_seed=train.seed)
-    val_data = _dataset(windows.val, train.batch_size)
+    val_data = _dataset(windows.val, INFERENCE_BATCH_SIZE)
 
     early_stopping = reduce_lr = None
     standard: list[keras.callbacks.Callback] = [
