@@ -5,8 +5,10 @@ import gc
 import weakref
 
 import keras
+import numpy as np
 import pandas as pd
 import pytest
+import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
@@ -15,7 +17,7 @@ from trainer.data import load_candles
 from trainer.features import load_features
 from trainer.models import output_shapes
 from trainer.runner import release_free_memory
-from trainer.training import ModelCache, fit
+from trainer.training import DeviceFeed, ModelCache, fit
 from trainer.windows import make_windows
 
 
@@ -81,3 +83,25 @@ def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(c
     cache.model_for(wider, len(cfg.features.columns))
     gc.collect()
     assert replaced() is None
+
+
+def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(cfg):
+    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    btc = _windows(cfg, "BTCUSDT", model)
+    feed = DeviceFeed.of(model, btc)
+    np.testing.assert_array_equal(feed.rows.numpy(), btc.rows)
+    assert feed.rows.device == model.trainable_variables[0].value.device  # where the model trains
+    for split in (btc.train, btc.val):  # exactly the windows and targets make_windows describes
+        x, y = feed.gather(tf.constant(split.first_target_rows))
+        np.testing.assert_array_equal(x.numpy(), split.x)
+        assert y.keys() == split.y.keys()
+        for head, targets in y.items():
+            np.testing.assert_array_equal(targets.numpy(), split.y[head])
+
+    batch = next(iter(feed.batches(btc.train, 64, shuffle_seed=1)))
+    assert (batch.dtype, batch.shape) == (tf.int32, (64,))  # only sample numbers go through tf.data
+    assert not np.array_equal(batch.numpy(), btc.train.first_target_rows[:64])  # shuffled
+
+    eth = _windows(cfg, "ETHUSDT", model)
+    assert DeviceFeed.of(model, eth) is feed  # the next job: same feed, its rows replaced
+    np.testing.assert_array_equal(feed.rows.numpy(), eth.rows)

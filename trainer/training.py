@@ -7,6 +7,7 @@ import gc
 import json
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -111,8 +112,9 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
         return _result(state, step_seconds=0.0)
 
     train = cfg.train
-    train_data = _dataset(windows.train, train.batch_size, shuffle_seed=train.seed)
-    val_data = _dataset(windows.val, INFERENCE_BATCH_SIZE)
+    feed = DeviceFeed.of(model, windows)
+    train_data = feed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
+    val_data = feed.batches(windows.val, INFERENCE_BATCH_SIZE)
 
     early_stopping = reduce_lr = None
     standard: list[keras.callbacks.Callback] = [
@@ -143,12 +145,58 @@ def _result(state: ResumableState, step_seconds: float) -> FitResult:
                      best_val_loss=float(history.loc[best, "val_loss"]), step_seconds=step_seconds)
 
 
-def _dataset(split: SplitWindows, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:
-    """Windows built once per job and fed from memory; batches prefetched while the previous one trains."""
-    data = tf.data.Dataset.from_tensor_slices((np.ascontiguousarray(split.x), split.y))
-    if shuffle_seed is not None:
-        data = data.shuffle(len(split.x), seed=shuffle_seed, reshuffle_each_iteration=True)
-    return data.batch(batch_size).prefetch(tf.data.AUTOTUNE)
+class DeviceFeed:
+    """Training input without materialised windows, placed on the training device once per job.
+
+    A job's scaled rows (Windows.rows, a few hundred KB) are written into one variable on the device that
+    trains (the GPU when there is one). tf.data carries only batches of sample numbers (each sample's first
+    target row); the model's train and test steps gather each batch's input windows and targets from that
+    variable, on the device. So per batch only a few bytes of indices cross to the device, and no
+    (N, lookback, F) copy of the data is made for training.
+
+    One per model, made at its first fit: its gather is traced into the model's train step once and a
+    reused model only gets the next job's rows.
+    """
+
+    _of_model: weakref.WeakKeyDictionary[keras.Model, DeviceFeed] = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def of(cls, model: keras.Model, windows: Windows) -> DeviceFeed:
+        """The model's feed, loaded with this job's rows."""
+        feed = cls._of_model.get(model)
+        if feed is None:
+            feed = cls._of_model[model] = cls(model, windows)
+        feed.rows.assign(windows.rows)
+        return feed
+
+    def __init__(self, model: keras.Model, windows: Windows) -> None:
+        n_features = windows.rows.shape[1]
+        self.rows = tf.Variable(tf.zeros((0, n_features)), shape=tf.TensorShape([None, n_features]),
+                                trainable=False, name="device_feed_rows")
+        self.lookback, self.horizon = windows.lookback, windows.horizon
+        # A model's heads and window are part of its signature (model_signature), so they stay as traced.
+        self.heads = [(h.name, [windows.scaler.columns.index(c) for c in h.columns], h.shape) for h in windows.heads]
+        train_step, test_step = model.train_step, model.test_step
+        model.train_step = lambda first_target_rows: train_step(self.gather(first_target_rows))
+        model.test_step = lambda first_target_rows: test_step(self.gather(first_target_rows))
+
+    def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        """(inputs, targets per head) of the samples whose first target rows are given, as make_windows
+        shapes them."""
+        first = first_target_rows[:, tf.newaxis]
+        x = tf.gather(self.rows, first + tf.range(-self.lookback, 0))
+        ahead = tf.gather(self.rows, first + tf.range(self.horizon))  # (batch, horizon, F)
+        y = {name: tf.reshape(tf.gather(ahead, positions, axis=2), (-1, *shape))
+             for name, positions, shape in self.heads}
+        return x, y
+
+    @staticmethod
+    def batches(split: SplitWindows, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:
+        """The split's sample numbers in batches, prefetched while the previous batch trains."""
+        data = tf.data.Dataset.from_tensor_slices(split.first_target_rows)
+        if shuffle_seed is not None:
+            data = data.shuffle(len(split.first_target_rows), seed=shuffle_seed, reshuffle_each_iteration=True)
+        return data.batch(batch_size).prefetch(tf.data.AUTOTUNE)
 
 
 # ----------------------------------------------------------------------------- callbacks

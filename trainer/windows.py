@@ -91,6 +91,9 @@ class SplitWindows:
     y_raw: dict[str, np.ndarray]
     last_inputs: dict[str, np.ndarray]  # head -> (N, C) raw values of its columns at the last input step
     target_times: np.ndarray  # (N,) datetime64[ns] (UTC) of each sample's first target step
+    # (N,) int32: the row of Windows.rows holding each sample's first target step. Sample i is rows
+    # first_target_rows[i] - lookback .. - 1 as input, then `horizon` rows of the heads' columns.
+    first_target_rows: np.ndarray
 
 
 @dataclass(frozen=True, eq=False)
@@ -103,6 +106,7 @@ class Windows:
     horizon: int
     heads: tuple[HeadTarget, ...]
     split_rows: dict[str, dict]  # split -> {"first", "last": ISO timestamps of its rows, "rows": count}
+    rows: np.ndarray  # (T, F) float32: every row, scaled; each split's x and y are windows of it
 
     def preprocessing(self) -> dict:
         """Everything needed to predict from a raw feature frame (see make_inputs); JSON-serialisable."""
@@ -149,6 +153,7 @@ def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, t
             y_raw={h.name: _targets(head_raw[h.name], horizon, rows, h.shape) for h in heads},
             last_inputs={h.name: head_raw[h.name][first - 1:last] for h in heads},
             target_times=times[rows],
+            first_target_rows=np.arange(first, last + 1, dtype=np.int32),
         )
     split_rows = {
         split: {"first": frame.index[start].isoformat(), "last": frame.index[end - 1].isoformat(),
@@ -156,7 +161,7 @@ def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, t
         for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:])
     }
     return Windows(**splits, scaler=scaler, lookback=lookback, horizon=horizon, heads=heads,
-                   split_rows=split_rows)
+                   split_rows=split_rows, rows=scaled)
 
 
 def make_inputs(frame: pd.DataFrame, preprocessing: dict) -> np.ndarray:
