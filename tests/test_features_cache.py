@@ -2,7 +2,9 @@
 in the key), atomic writes, and damaged entries detected, reported and recomputed."""
 from __future__ import annotations
 
+import json
 import logging
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -106,26 +108,25 @@ def test_a_damaged_entry_is_reported_and_recomputed(tmp_path, candles, caplog, d
     assert load_features(candles, SPEC, tmp_path)[1]  # the recomputed entry is good again
 
 
-def test_an_entry_whose_arrays_disagree_is_recomputed(tmp_path, candles, caplog):
-    """E.g. one written by an older entry format (rows x columns): a valid checksum, wrong shapes."""
+def test_an_entry_whose_header_disagrees_with_its_body_is_recomputed(tmp_path, candles, caplog):
+    """E.g. a body of another length than the header's rows and columns: a valid checksum, wrong shape."""
     expected, _ = load_features(candles, SPEC, tmp_path)
     [entry] = entries(tmp_path)
-    columns, index, values = (np.array(expected.columns, dtype=str), expected.index.asi8,
-                              np.ascontiguousarray(expected.to_numpy()))
-    with open(entry, "wb") as out:
-        for array in (np.array(store._checksum(columns, index, values)), columns, index, values):
-            np.save(out, array)
+    header, body = entry.read_bytes().split(b"\n", 1)
+    fields = json.loads(header)
+    body = body[: 8 * (fields["rows"] - 1) * (1 + len(fields["columns"]))]  # one row short
+    entry.write_bytes(json.dumps({**fields, "crc32": zlib.crc32(body)}).encode() + b"\n" + body)
     with caplog.at_level(logging.WARNING, logger="cryptotrain"):
         features, hit = load_features(candles, SPEC, tmp_path)
-    assert not hit and "do not match their checksum or each other" in caplog.text
+    assert not hit and "does not match its header's size or checksum" in caplog.text
     pd.testing.assert_frame_equal(features, expected)
 
 
 def test_an_interrupted_write_leaves_no_entry(tmp_path, candles, monkeypatch):
-    def crash(file, array, allow_pickle):
+    def crash(source, destination):  # written in full, interrupted before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(np, "save", crash)
+    monkeypatch.setattr(store.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         load_features(candles, SPEC, tmp_path)
     assert entries(tmp_path) == []  # neither a partial entry nor a temp file

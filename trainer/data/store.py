@@ -1,18 +1,20 @@
 """Content-addressed on-disk store of float64 frames (parsed candles, features).
 
 An entry is one file named by its key, the caller's sha256 of everything that determines the frame,
-so an entry can never be stale. It holds four successive .npy arrays (a CRC-32 checksum, the column
-names, the index as int64 ns, the values column after column), read back in about a millisecond.
+so an entry can never be stale. It holds a JSON header line (column names, row count, CRC-32 of the
+body), then the body: the index as int64 ns, then the values column after column as float64. One read
+brings it back, in about a millisecond for 10,000 rows x 16 columns.
 The frame comes back in pandas' own layout (one float64 block, each column contiguous), the layout
 in which the parser and compute_features build theirs: numpy's sums depend on the layout, and a
 cache hit must give the same training results, to the last bit, as the computation it replaces.
-Writes are atomic (temp file + rename). The checksum covers the other three arrays: a truncated or
-corrupt entry (a crash, a full disk, a power cut before the data reached the disk) is detected,
-reported, removed and treated as a miss, so entries need no fsync.
+Writes are atomic (temp file + rename). The checksum covers the whole body: a truncated or corrupt
+entry (a crash, a full disk, a power cut before the data reached the disk) is detected, reported,
+removed and treated as a miss, so entries need no fsync.
 """
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import tempfile
@@ -63,43 +65,33 @@ def load(directory: Path, key: str) -> pd.DataFrame | None:
     path = directory / f"{key}{SUFFIX}"
     try:
         with open(path, "rb") as entry:
-            checksum, columns, index, values = (np.load(entry, allow_pickle=False) for _ in range(4))
+            header = json.loads(entry.readline())
+            body = np.fromfile(entry, dtype=np.uint8)
+        columns, rows, checksum = header["columns"], header["rows"], header["crc32"]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, EOFError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         return _discard(path, f"unreadable: {exc}")
-    if values.shape != (len(columns), len(index)) or _checksum(columns, index, values) != checksum.item():
-        return _discard(path, "its arrays do not match their checksum or each other")
-    return frame_of_columns(values, columns.tolist(), pd.DatetimeIndex(index, tz="UTC", name="timestamp"))
+    if body.size != 8 * rows * (1 + len(columns)) or zlib.crc32(body) != checksum:
+        return _discard(path, "its body does not match its header's size or checksum")
+    index = pd.DatetimeIndex(body[:8 * rows].view(np.int64), tz="UTC", name="timestamp")
+    return frame_of_columns(body[8 * rows:].view(np.float64).reshape(len(columns), rows), columns, index)
 
 
 def save(directory: Path, key: str, frame: pd.DataFrame) -> None:
     """Store `frame` (tz-aware UTC index, float64 columns) under `key`, atomically."""
     directory.mkdir(parents=True, exist_ok=True)
-    arrays = _arrays(frame)
+    body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
+    header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
     fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as tmp:
-            for array in (np.array(_checksum(*arrays)), *arrays):
-                np.save(tmp, array, allow_pickle=False)
+            tmp.write(json.dumps(header).encode() + b"\n")
+            tmp.write(body)
         os.replace(tmp_name, directory / f"{key}{SUFFIX}")
     finally:
         if os.path.exists(tmp_name):
             os.unlink(tmp_name)
-
-
-def _arrays(frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(column names, index as int64 ns, values as a (columns, rows) C-contiguous float64 array)."""
-    return (np.array(frame.columns, dtype=str), frame.index.as_unit("ns").asi8,
-            np.ascontiguousarray(frame.to_numpy(np.float64).T))
-
-
-def _checksum(columns: np.ndarray, index: np.ndarray, values: np.ndarray) -> int:
-    """CRC-32, as zip and gzip use: detects accidental damage at a third of sha256's cost."""
-    crc = zlib.crc32("\0".join(columns.tolist()).encode())
-    for array in (index, values):
-        crc = zlib.crc32(np.ascontiguousarray(array), crc)
-    return crc
 
 
 def _discard(path: Path, why: str) -> None:
