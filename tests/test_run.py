@@ -20,6 +20,8 @@ from trainer.cli import main
 from trainer.config import FeaturesConfig
 from trainer.data import read_candles_file
 from trainer.features import compute_features
+from trainer.jobs import Job
+from trainer.reporting import JobProgress
 from trainer.windows import Scaler, make_inputs
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
@@ -127,6 +129,16 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
     assert "NOSUCHUSDT_1h.csv.gz" in error
     status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
     assert status.exit_code == 0 and "failed" in status.output and "NOSUCHUSDT_1h" in status.output
+
+
+def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
+    progress = JobProgress(total=2, done=0)
+    job = Job("NOSUCHUSDT", "1h")
+    for _ in range(2):  # fails, then fails again on its retry
+        progress.start_job(job)
+        progress.finish_job(job, "failed")
+    jobs_bar = next(task for task in progress.progress.tasks if task.id == progress.jobs_task)
+    assert (jobs_bar.completed, jobs_bar.total) == (1, 2)
 
 
 def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):

@@ -37,6 +37,7 @@ class JobProgress:
                                  console=console, transient=False)
         self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
         self.epoch_task = None
+        self._finished: set[str] = set()  # a job retried after a failure counts once
 
     def __enter__(self) -> JobProgress:
         self.progress.start()
@@ -51,7 +52,9 @@ class JobProgress:
         self.epoch_task = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
 
     def finish_job(self, job: Job, line: str) -> None:
-        self.progress.advance(self.jobs_task)
+        if job.name not in self._finished:
+            self._finished.add(job.name)
+            self.progress.advance(self.jobs_task)
         self.progress.console.print(f"{job.name}: {line}")
 
     def callback(self) -> keras.callbacks.Callback:
