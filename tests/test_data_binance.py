@@ -143,7 +143,7 @@ def test_download_command_refreshes_an_open_range(tmp_path, exchange, tiny_confi
     second = runner.invoke(main, ["data", "download", "--config", config])
     assert second.exit_code == 0, second.output
     assert "BTCUSDT_1h: 2300 candles, 800 new," in second.output
-    assert int(exchange.requests[-1]["startTime"]) == exchange_ms(START + pd.Timedelta(hours=1499)) + 1
+    assert int(exchange.requests[-1]["startTime"]) == exchange_ms(START + pd.Timedelta(hours=1500))  # the next open
 
     third = runner.invoke(main, ["data", "download", "--config", config])  # nothing closed since
     assert third.exit_code == 0 and "BTCUSDT_1h: 2300 candles, 0 new," in third.output, third.output
@@ -152,6 +152,24 @@ def test_download_command_refreshes_an_open_range(tmp_path, exchange, tiny_confi
     candles = load_candles(RunConfig.model_validate(raw), "BTCUSDT", "1h")  # a run reads what is stored, no network
     assert len(exchange.requests) == requests
     np.testing.assert_allclose(candles.to_numpy(), REAL.loc[START:exchange.visible_until].to_numpy(), rtol=1e-12)
+
+
+def test_a_range_ending_in_the_future_is_completed_by_later_downloads(tmp_path, exchange, monkeypatch):
+    end = START + pd.Timedelta(hours=2000)
+    cfg = binance_cfg(tmp_path, exchange, end=end.isoformat())
+    source = cfg.data.binance
+    monkeypatch.setattr(binance.time, "time", lambda: (START + pd.Timedelta(hours=1200)).timestamp())
+    exchange.visible_until = START + pd.Timedelta(hours=1199)
+    assert binance.update(source, cfg.cache_path, "BTCUSDT", "1h") == 1200  # closed by "now"
+
+    monkeypatch.setattr(binance.time, "time", lambda: (end + pd.Timedelta(days=30)).timestamp())
+    exchange.visible_until = REAL.index[-1]
+    assert binance.update(source, cfg.cache_path, "BTCUSDT", "1h") == 800  # the rest, up to the end
+    requests = len(exchange.requests)
+    assert binance.update(source, cfg.cache_path, "BTCUSDT", "1h") == 0  # complete: not asked again
+    assert len(exchange.requests) == requests
+    candles = load_candles(cfg, "BTCUSDT", "1h")
+    assert candles.index.equals(REAL.loc[START:end - pd.Timedelta(hours=1)].index)
 
 
 def test_rate_limits_are_waited_out(exchange):

@@ -1,9 +1,10 @@
 """Binance public spot klines (no API key), downloaded once and stored as CSV.gz in the cache.
 
-The range runs from data.binance.start (included) to data.binance.end (excluded), UTC dates. A range
-with an end is fetched once: the stored file is complete (written atomically after the last page)
-and later runs read it without network. A range open to "now" (no end) is fetched once too, with
-the candles closed by then; `cryptotrain data download` appends those closed since.
+The range runs from data.binance.start (included) to data.binance.end (excluded), UTC dates. The
+candles closed by the first download are stored (written atomically after the last page) and later
+runs read them without network. `cryptotrain data download` appends those closed since, until the
+stored file reaches the end of the range (a range open to "now", with no end, never does); a
+complete range is not asked for again.
 
 Paging follows the API: up to 1000 klines per request from startTime on. Rate limits: above 80 %
 of the per-minute request weight (X-MBX-USED-WEIGHT-1M) the client waits for the next minute; a
@@ -28,6 +29,7 @@ import pandas as pd
 from ..config import OHLCV, BinanceSource
 from ..errors import JobError, UserError
 from .files import candles_from_bytes, read_bytes
+from .validate import timeframe_delta
 
 PAGE_LIMIT = 1000
 WEIGHT_LIMIT_1M = 6000  # Binance spot request weight per minute and IP
@@ -49,14 +51,17 @@ def update(source: BinanceSource, cache: Path, symbol: str, timeframe: str, *, s
     """Download the candles the stored file lacks; returns how many were added (0: up to date)."""
     path = stored_path(source, cache, symbol, timeframe)
     where = f"binance:{path}"
-    if path.exists() and source.end is not None:
-        return 0
     stored = candles_from_bytes(read_bytes(path, where), path, timeframe, where) if path.exists() else None
     now_ms = int(time.time() * 1000)
-    start_ms = _ms(stored.index[-1]) + 1 if stored is not None else _date_ms(source.start, "start")
-    end_ms = _date_ms(source.end, "end") - 1 if source.end else now_ms
-    if start_ms > end_ms and stored is None:
-        raise UserError(f"data.binance: start {source.start} is not before end {source.end}")
+    end_ms = min(_date_ms(source.end, "end") - 1, now_ms) if source.end else now_ms
+    if stored is None:
+        start_ms = _date_ms(source.start, "start")
+        if start_ms > end_ms:
+            raise UserError(f"data.binance: start {source.start} is not before end {source.end or 'now'}")
+    else:
+        start_ms = _ms(stored.index[-1] + timeframe_delta(timeframe))  # the next candle's open time
+        if start_ms > end_ms:
+            return 0  # the range is complete, or the next candle has not opened yet
     rows = fetch_klines(source.base_url, symbol, timeframe, start_ms, end_ms, sleep=sleep)
     fresh = _closed_candles(rows, now_ms)
     if stored is None and fresh.empty:
