@@ -18,7 +18,7 @@ from tests.conftest import SHARED_OHLCV, tiny_config_dict
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
 from trainer.data import load_candles, read_candles_file
-from trainer.errors import JobError, UserError
+from trainer.errors import JobError
 
 REPO_ID, TOKEN, COMMIT = "someone/cpb-models", "hf_test_token", "c0ffee" * 6 + "c0ff"
 PATTERN = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
@@ -136,11 +136,6 @@ def test_hub_errors_are_job_errors_naming_the_file(tmp_path, hub, monkeypatch, h
     monkeypatch.setenv("HF_TOKEN", token)
     with pytest.raises(JobError, match=rf"^hf:{REPO_ID}@.*BTCUSDT.*: {message}"):
         load_candles(hf_cfg(tmp_path, **hf), "BTCUSDT", "1h")
-
-
-def test_an_invalid_repo_id_is_a_config_error(tmp_path, hub):
-    with pytest.raises(UserError, match="^data.hf: Repo id must use alphanumeric chars"):
-        load_candles(hf_cfg(tmp_path, repo_id="some one/cpb models!"), "BTCUSDT", "1h")
 
 
 def test_download_command_fetches_every_job(tmp_path, hub, tiny_config):

@@ -9,11 +9,12 @@ import hashlib
 import json
 import os
 import re
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import UserError
 
@@ -30,25 +31,68 @@ class Strict(BaseModel):
 
 
 # ----------------------------------------------------------------------------- data
+def _file_pattern(pattern: str) -> str:
+    try:
+        pattern.format(symbol="BTCUSDT", timeframe="1h")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"{pattern!r} may only use the placeholders {{symbol}} and {{timeframe}}") from None
+    return pattern
+
+
+def _repo_id(repo_id: str) -> str:
+    from huggingface_hub.errors import HFValidationError  # the Hub client's own rule, imported when needed
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    return repo_id
+
+
+def _date(date: str) -> str:
+    try:
+        datetime.fromisoformat(date)
+    except ValueError:
+        raise ValueError(f"{date!r} is not a date (YYYY-MM-DD, UTC)") from None
+    return date
+
+
+FilePattern = Annotated[str, AfterValidator(_file_pattern)]  # a file name per symbol and timeframe
+RepoId = Annotated[str, AfterValidator(_repo_id)]
+IsoDate = Annotated[str, AfterValidator(_date)]
+
+
 class LocalSource(Strict):
     """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
     path: Path = Path("../shared/data/ohlcv")
-    pattern: str = "{symbol}_{timeframe}.csv.gz"
+    pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
 
 
 class HfSource(Strict):
     """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
-    repo_id: str = "zongowo111/cpb-models"
+    repo_id: RepoId = "zongowo111/cpb-models"
     repo_type: Literal["dataset", "model"] = "dataset"
     revision: str = "main"
-    pattern: str = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
+    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
 
 
 class BinanceSource(Strict):
     """Public spot klines (no API key), downloaded once into the cache."""
     base_url: str = "https://api.binance.com"
-    start: str = "2024-01-01"
-    end: str | None = None  # None: up to now
+    start: IsoDate = "2024-01-01"
+    end: IsoDate | None = None  # None: up to now
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> BinanceSource:
+        if self.end is not None and _utc(self.start) >= _utc(self.end):
+            raise ValueError(f"start {self.start} is not before end {self.end}")
+        return self
+
+
+def _utc(date: str) -> datetime:
+    stamp = datetime.fromisoformat(date)
+    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
 
 
 class SyntheticSource(Strict):
@@ -396,11 +440,13 @@ def bundled_configs_dir() -> Path:
 
 def resolve_config_path(name: str | Path) -> Path:
     """A path as given if it exists; otherwise the bundled config of that name (`v8_aligned`,
-    `v8_aligned.yaml` or `configs/v8_aligned.yaml`)."""
+    `v8_aligned.yaml` or `configs/v8_aligned.yaml`). A path into any other directory is never
+    replaced by a bundled config: a typo there must not start a 40-job run of another config."""
     path = Path(name)
     candidates = [path, path.with_name(path.name + ".yaml")]
-    stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
-    candidates.append(bundled_configs_dir() / stem)
+    if path.parent in (Path("."), Path("configs")):
+        stem = path.name if path.suffix in (".yaml", ".yml") else path.name + ".yaml"
+        candidates.append(bundled_configs_dir() / stem)
     for candidate in candidates:
         if candidate.is_file():
             return candidate
@@ -413,6 +459,8 @@ def load_config(name: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
     path = resolve_config_path(name)
     try:
         raw = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the config: {exc}") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}" if mark else ""

@@ -83,7 +83,7 @@ def download(cfg: RunConfig, jobs: list[Job]) -> int:
 def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     data = cfg.data
     if data.source == "local":
-        name = job_filename(data.local.pattern, "data.local.pattern", symbol, timeframe)
+        name = job_filename(data.local.pattern, symbol, timeframe)
         path = (data.local.path / name).resolve()
         return path, f"local:{path}"
     if data.source == "hf":

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..config import OHLCV, BinanceSource
-from ..errors import JobError, UserError
+from ..errors import JobError
 from .files import candles_from_bytes, read_bytes
 from .validate import timeframe_delta
 
@@ -53,11 +53,9 @@ def update(source: BinanceSource, cache: Path, symbol: str, timeframe: str, *, s
     where = f"binance:{path}"
     stored = candles_from_bytes(read_bytes(path, where), path, timeframe, where) if path.exists() else None
     now_ms = int(time.time() * 1000)
-    end_ms = min(_date_ms(source.end, "end") - 1, now_ms) if source.end else now_ms
+    end_ms = min(_date_ms(source.end) - 1, now_ms) if source.end else now_ms
     if stored is None:
-        start_ms = _date_ms(source.start, "start")
-        if start_ms > end_ms:
-            raise UserError(f"data.binance: start {source.start} is not before end {source.end or 'now'}")
+        start_ms = _date_ms(source.start)
     else:
         start_ms = _ms(stored.index[-1] + timeframe_delta(timeframe))  # the next candle's open time
         if start_ms > end_ms:
@@ -148,11 +146,9 @@ def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
             os.unlink(tmp)
 
 
-def _date_ms(date: str, key: str) -> int:
-    try:
-        stamp = pd.Timestamp(date)
-    except ValueError:
-        raise UserError(f"data.binance.{key}: {date!r} is not a date (YYYY-MM-DD)") from None
+def _date_ms(date: str) -> int:
+    """A date of the config (checked when it loaded), UTC unless it says otherwise."""
+    stamp = pd.Timestamp(date)
     return _ms(stamp.tz_localize("UTC") if stamp.tzinfo is None else stamp)
 
 

@@ -15,18 +15,15 @@ import pyarrow.csv
 import pyarrow.parquet
 
 from ..config import OHLCV
-from ..errors import JobError, UserError
+from ..errors import JobError
 from .validate import validate
 
 TIME_COLUMNS = ("timestamp", "open_time")
 
 
-def job_filename(pattern: str, key: str, symbol: str, timeframe: str) -> str:
-    """A file-name pattern of the config (`key` names it in errors) filled in for one job."""
-    try:
-        return pattern.format(symbol=symbol, timeframe=timeframe)
-    except (KeyError, IndexError, ValueError):
-        raise UserError(f"{key}: {pattern!r} may only use the placeholders {{symbol}} and {{timeframe}}") from None
+def job_filename(pattern: str, symbol: str, timeframe: str) -> str:
+    """A file-name pattern of the config (its placeholders checked when the config loaded) for one job."""
+    return pattern.format(symbol=symbol, timeframe=timeframe)
 
 
 def read_bytes(path: Path, where: str) -> bytes:

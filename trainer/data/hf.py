@@ -15,14 +15,13 @@ from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
     HfHubHTTPError,
-    HFValidationError,
     LocalEntryNotFoundError,
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
 
 from ..config import HfSource
-from ..errors import JobError, UserError
+from ..errors import JobError
 from .files import job_filename
 
 
@@ -39,8 +38,6 @@ def hf_file(source: HfSource, symbol: str, timeframe: str) -> Path:
             repo_type=source.repo_type, revision=source.revision,
             endpoint=os.environ.get("HF_ENDPOINT"), local_files_only=_offline(),
         ))
-    except HFValidationError as exc:
-        raise UserError(f"data.hf: {str(exc).splitlines()[0]}") from None
     except GatedRepoError:
         raise JobError(f"{where}: gated repository: accept its terms on the Hub and set HF_TOKEN") from None
     except RepositoryNotFoundError:
@@ -62,4 +59,4 @@ def _offline() -> bool:
 
 
 def _filename(source: HfSource, symbol: str, timeframe: str) -> str:
-    return job_filename(source.pattern, "data.hf.pattern", symbol, timeframe)
+    return job_filename(source.pattern, symbol, timeframe)
