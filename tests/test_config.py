@@ -187,9 +187,13 @@ def test_bad_config_is_one_line_exit_2_and_writes_nothing(tmp_path, case_id, mut
 @pytest.mark.parametrize("text,expected", [
     ("name: x\ndata: [unclosed\n", "bad.yaml: line 3: YAML syntax error"),
     ("- just\n- a list\n", "bad.yaml: expected a mapping of settings at the top level"),
+    (b"\x89PNG\r\n\x1a\n\x00", "bad.yaml: cannot read the config: 'utf-8' codec can't decode byte 0x89"),
 ])
 def test_unparseable_config_files(tmp_path, text, expected):
-    (tmp_path / "bad.yaml").write_text(text)
+    if isinstance(text, bytes):
+        (tmp_path / "bad.yaml").write_bytes(text)
+    else:
+        (tmp_path / "bad.yaml").write_text(text)
     code, output, new_files = _run_cli(["plan", "--config", "bad.yaml"], tmp_path)
     assert code == 2, output
     assert output.strip().splitlines() == [f"error: {expected}"] or (
@@ -201,6 +205,12 @@ def test_missing_config_file_lists_the_bundled_ones(tmp_path):
     code, output, _ = _run_cli(["run", "--config", "v9_turbo"], tmp_path)
     assert code == 2
     assert output.startswith("error: v9_turbo: no such config file (bundled configs: quickstart, v7, v8_aligned")
+
+
+def test_a_mistyped_path_into_another_directory_is_not_replaced_by_a_bundled_config(tmp_path):
+    code, output, _ = _run_cli(["plan", "--config", "my_configs/v7.yaml"], tmp_path)
+    assert code == 2
+    assert output.startswith("error: my_configs/v7.yaml: no such config file"), output
 
 
 @pytest.mark.parametrize("args,expected", [
