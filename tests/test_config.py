@@ -231,8 +231,10 @@ def test_every_command_has_help_with_an_example():
     runner = CliRunner()
     top = runner.invoke(main, ["--help"])
     assert top.exit_code == 0
-    commands = ["run", "plan", "status", "push", "predict", "doctor", "features", "data download"]
+    commands = ["run", "plan", "status", "push", "predict", "doctor", "features", "data", "data download"]
     for command in commands:
         result = runner.invoke(main, [*command.split(), "--help"])
         assert result.exit_code == 0, command
-        assert "Example" in result.output and "cryptotrain" in result.output, command
+        lines = result.output.splitlines()
+        example = lines.index("  Example:") if "  Example:" in lines else lines.index("  Examples:")
+        assert lines[example + 1].startswith(f"    cryptotrain {command}"), (command, lines[example + 1])

@@ -212,7 +212,12 @@ def features(config_path, overrides, only, timeframes):
 
 @main.group()
 def data():
-    """Fetch and inspect candle data."""
+    """Fetch candle data into the local cache, so that runs need no network.
+
+    \b
+    Example:
+      cryptotrain data download --config my_binance.yaml
+    """
 
 
 @data.command()
@@ -220,8 +225,11 @@ def data():
 def download(config_path, overrides, only, timeframes):
     """Download a config's candles into the local cache (binance and hf sources).
 
-    A second run needs no network. Example:
-      cryptotrain data download --config my_binance.yaml
+    A second run needs no network; for binance, running it again appends the candles closed since.
+
+    \b
+    Example:
+      cryptotrain data download --config my_binance.yaml --only 'BTC*'
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
