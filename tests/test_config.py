@@ -132,6 +132,8 @@ BAD_CONFIGS = [
     ("dropout out of range", _set("model.layers.0.dropout", 1.5),
      "model.layers[0].dropout: Input should be less than 1"),
     ("no layers", _set("model.layers", []), "model.layers: List should have at least 1 item"),
+    ("layers Keras cannot build", _set("model.layers", [{"kind": "lstm", "units": 8}]),
+     "model.layers: the last layer outputs one vector, but window.horizon is 3"),
     ("head column not a feature", _set("heads.1.columns", ["bb_upper", "macd"]),
      "heads[1].columns: head 'bb' targets macd, which is not a feature column"),
     ("duplicate head", _set("heads.1.name", "ohlc"), "heads: duplicate head names: ohlc"),

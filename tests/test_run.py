@@ -21,7 +21,7 @@ from trainer.config import FeaturesConfig
 from trainer.data import read_candles_file
 from trainer.features import compute_features
 from trainer.jobs import Job
-from trainer.reporting import JobProgress
+from trainer.reporting import JobProgress, summary_line
 from trainer.windows import Scaler, make_inputs
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
@@ -139,6 +139,12 @@ def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
         progress.finish_job(job, "failed")
     jobs_bar = next(task for task in progress.progress.tasks if task.id == progress.jobs_task)
     assert (jobs_bar.completed, jobs_bar.total) == (1, 2)
+
+
+def test_a_job_without_skill_is_summarised_without_one():
+    # persistence was exact on the test split (MAE 0): there is no skill to give
+    summary = {"epochs": 2, "test_mae": 0.5, "persistence_mae": 0.0, "skill": None}
+    assert summary_line(summary) == "done in 2 epochs, test MAE 0.5 vs persistence 0 (skill -)"
 
 
 def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):

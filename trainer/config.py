@@ -14,7 +14,16 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .errors import UserError
 
@@ -386,6 +395,11 @@ class RunConfig(Strict):
     model: ModelConfig
     train: TrainConfig = TrainConfig()
     hub: HubConfig = HubConfig()
+    _origin: Path | None = PrivateAttr(None)  # the file it was loaded from
+
+    def error(self, message: str) -> ConfigError:
+        """A problem of this config found after loading (e.g. layers Keras cannot chain), naming its file."""
+        return ConfigError(f"{self._origin}: {message}" if self._origin else message)
 
     @field_validator("heads")
     @classmethod
@@ -471,9 +485,11 @@ def load_config(name: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
     for override in overrides:
         _apply_override(raw, override, path)
     try:
-        return RunConfig.model_validate(raw)
+        cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, path)) from None
+    cfg._origin = path
+    return cfg
 
 
 def _apply_override(raw: dict, override: str, path: Path) -> None:

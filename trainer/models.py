@@ -12,7 +12,6 @@ import keras
 
 from .config import HeadConfig, RunConfig, TrainConfig
 from .config import Layer as LayerSpec
-from .errors import UserError
 
 LayerBuilder = Callable[[LayerSpec, RunConfig, str], keras.layers.Layer]  # (spec, cfg, layer name)
 
@@ -89,24 +88,25 @@ def _assemble(cfg: RunConfig, n_features: int) -> keras.Model:
         try:
             x = layer(x)
         except ValueError as exc:  # e.g. an LSTM after a layer that outputs no sequence
-            raise UserError(f"model.layers[{i}] ({spec.kind}): {str(exc).strip().splitlines()[0]}") from None
-    per_step = _ends_in_sequence(tuple(x.shape), cfg.window.horizon)
+            raise cfg.error(f"model.layers[{i}] ({spec.kind}): {str(exc).strip().splitlines()[0]}") from None
+    per_step = _ends_in_sequence(tuple(x.shape), cfg)
     outputs = {head.name: _head(head, per_step)(x) for head in cfg.heads}
     return keras.Model(inputs, outputs, name=cfg.name)
 
 
-def _ends_in_sequence(trunk_shape: tuple, horizon: int) -> bool:
+def _ends_in_sequence(trunk_shape: tuple, cfg: RunConfig) -> bool:
     """Whether the heads apply per time step; the trunk must end in `horizon` steps or, for horizon 1,
     may end in one vector."""
+    horizon = cfg.window.horizon
     if len(trunk_shape) == 2:
         if horizon > 1:
-            raise UserError(
+            raise cfg.error(
                 f"model.layers: the last layer outputs one vector, but window.horizon is {horizon}; end the "
                 f"layers in a sequence of {horizon} steps (e.g. repeat_vector, then lstm with return_sequences)"
             )
         return False
     if trunk_shape[1] != horizon:
-        raise UserError(
+        raise cfg.error(
             f"model.layers: the last layer outputs a sequence of {trunk_shape[1]} steps, but window.horizon "
             f"is {horizon}; end the layers in a sequence of {horizon} steps (e.g. repeat_vector first)"
         )

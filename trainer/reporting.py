@@ -90,7 +90,7 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
 
 def summary_line(summary: dict) -> str:
     return (f"done in {summary['epochs']} epochs, test MAE {summary['test_mae']:.4g} vs persistence "
-            f"{summary['persistence_mae']:.4g} (skill {summary['skill']:+.3f})")
+            f"{summary['persistence_mae']:.4g} (skill {_fmt(summary['skill'], '+.3f')})")
 
 
 def print_summary_table(records) -> None:
@@ -117,7 +117,7 @@ def print_summary_table(records) -> None:
 
 
 def _fmt(value, spec: str = ".4g") -> str:
-    if value is None:
+    if value is None:  # e.g. the skill when persistence is exact (its MAE 0)
         return "-"
     return format(value, spec) if isinstance(value, float) else str(value)
 

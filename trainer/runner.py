@@ -65,17 +65,18 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
                push: bool = False) -> Outcome:
     if push and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
-    ledger = _open_run(cfg, new_run)
+    device = setup(cfg.train)
+    cache = ModelCache()
+    cache.model_for(cfg, len(cfg.features.columns))  # a model the config cannot build is bad input: say so
+    ledger = _open_run(cfg, new_run)                 # before a run directory records that config
     run_dir = ledger.run_dir
     names = [job.name for job in jobs]
     by_name = {job.name: job for job in jobs}
     ledger.add_jobs([job.name for job in make_jobs(cfg)])
     artifacts.remove_abandoned_staging(run_dir)
     _recheck_done_jobs(run_dir, ledger, names)
-    device = setup(cfg.train)
     _warn_cudnn(cfg, device)
 
-    cache = ModelCache()
     last_push = -math.inf
     with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress, _unfreeze_at_exit():
         while (name := ledger.claim(retries, names)) is not None:
@@ -90,6 +91,9 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
                 ledger.release(name)
                 _print_resume_hint(name)
                 raise SystemExit(130) from None
+            except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
+                ledger.release(name)
+                raise
             except LostClaim:
                 log.warning("%s: another process reclaimed this job; leaving it to that process", name)
                 continue
