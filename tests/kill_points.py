@@ -1,10 +1,12 @@
 """Run the real `cryptotrain` CLI, pausing at a named point so a test can SIGKILL it exactly there.
 
-    python tests/kill_points.py POINT MARKER_FILE cryptotrain-args...
+    python tests/kill_points.py POINT MARKER_FILE EPOCH_LOG cryptotrain-args...
 
 POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch
 of the first job, after one epoch was backed up), artifacts (the first job's files are staged but not
-yet committed). On reaching it the process writes MARKER_FILE and sleeps until killed.
+yet committed), none (no pause). On reaching it the process writes MARKER_FILE and sleeps until killed.
+Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
+a resumed job from one trained again from scratch.
 """
 from __future__ import annotations
 
@@ -25,21 +27,43 @@ def pause_once(original, marker: Path, when=lambda *a, **k: True):
     return wrapper
 
 
+def log_epochs(epoch_log: Path) -> None:
+    train_job, on_epoch_begin = runner.train_job, training.StepTimer.on_epoch_begin
+
+    def train_job_named(cfg, job, *args, **kwargs):
+        training.StepTimer.job = job.name
+        return train_job(cfg, job, *args, **kwargs)
+
+    def on_epoch_begin_logged(self, epoch, logs=None):
+        with open(epoch_log, "a") as log:
+            log.write(f"{self.job} {epoch + 1}\n")
+        on_epoch_begin(self, epoch, logs)
+
+    runner.train_job = train_job_named
+    training.StepTimer.on_epoch_begin = on_epoch_begin_logged
+
+
 def install(point: str, marker: Path) -> None:
     if point == "features":
         runner.load_features = pause_once(runner.load_features, marker)
     elif point == "mid-epoch":
         def in_second_epoch(self, batch, logs=None):
-            return getattr(self.model, "_paused_epoch", 0) >= 1 and batch >= 1
-        training.StepTimer.on_epoch_begin = lambda self, epoch, logs=None: setattr(self.model, "_paused_epoch", epoch)
-        training.StepTimer.on_train_batch_end = pause_once(training.StepTimer.on_train_batch_end, marker,
-                                                           when=in_second_epoch)
+            return self._epoch_start is not None and self.model._kill_points_epoch >= 1 and batch >= 1
+        on_epoch_begin = training.StepTimer.on_epoch_begin
+
+        def on_epoch_begin_noted(self, epoch, logs=None):
+            self.model._kill_points_epoch = epoch
+            on_epoch_begin(self, epoch, logs)
+        training.StepTimer.on_epoch_begin = on_epoch_begin_noted
+        training.StepTimer.on_train_batch_begin = pause_once(lambda self, batch, logs=None: None, marker,
+                                                             when=in_second_epoch)
     elif point == "artifacts":
         artifacts.commit = pause_once(artifacts.commit, marker)
-    else:
+    elif point != "none":
         raise SystemExit(f"unknown kill point {point}")
 
 
 if __name__ == "__main__":
     install(sys.argv[1], Path(sys.argv[2]))
-    main(sys.argv[3:])
+    log_epochs(Path(sys.argv[3]))
+    main(sys.argv[4:])

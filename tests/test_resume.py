@@ -22,10 +22,27 @@ def _cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "trainer", *args]
 
 
-def _start_paused(point: str, marker: Path, config: Path) -> subprocess.Popen:
-    command = [sys.executable, str(REPO / "tests" / "kill_points.py"), point, str(marker), "run", "--config",
-               str(config)]
-    return subprocess.Popen(command, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def _through_kill_points(point: str, marker: Path, epoch_log: Path, config: Path) -> list[str]:
+    return [sys.executable, str(REPO / "tests" / "kill_points.py"), point, str(marker), str(epoch_log),
+            "run", "--config", str(config)]
+
+
+def _start_paused(point: str, marker: Path, epoch_log: Path, config: Path) -> subprocess.Popen:
+    return subprocess.Popen(_through_kill_points(point, marker, epoch_log, config), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+
+def _rerun(tmp_path: Path, config: Path) -> dict[str, list[int]]:
+    """The same command again; returns the epochs it began, per job."""
+    epoch_log = tmp_path / "rerun_epochs.log"
+    rerun = subprocess.run(_through_kill_points("none", tmp_path / "unused", epoch_log, config), cwd=REPO,
+                           capture_output=True, text=True, timeout=600)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    began: dict[str, list[int]] = {}
+    for line in epoch_log.read_text().splitlines() if epoch_log.exists() else []:
+        job, epoch = line.split()
+        began.setdefault(job, []).append(int(epoch))
+    return began
 
 
 def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> None:
@@ -50,7 +67,7 @@ def _four_job_config(tiny_config) -> Path:
 def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path):
     config = _four_job_config(tiny_config)
     marker = tmp_path / "paused"
-    victim = _start_paused("mid-epoch", marker, config)
+    victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     victim.send_signal(signal.SIGINT)
     assert victim.wait(timeout=60) == 130
@@ -61,27 +78,29 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
     assert first == ("BTCUSDT_15m", "pending", 0)  # released, not counted as a failed attempt
     assert (tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "state.json").exists()  # its finished epoch is kept
 
-    rerun = subprocess.run(_cli("run", "--config", str(config)), cwd=REPO, capture_output=True, text=True,
-                           timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    began = _rerun(tmp_path, config)
+    assert began["BTCUSDT_15m"] == [2, 3]  # resumed after its finished epoch, not trained again
     history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
     assert history["epoch"].tolist() == [1, 2, 3]
 
 
-@pytest.mark.parametrize("point", ["features", "mid-epoch", "artifacts"])
-def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point):
+# The epochs the rerun begins for the first job: all of them, those after the backed-up one, or none
+# (its training had finished; only its artifacts were not committed).
+@pytest.mark.parametrize("point,first_job_epochs", [("features", [1, 2, 3]), ("mid-epoch", [2, 3]),
+                                                    ("artifacts", [])])
+def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point, first_job_epochs):
     config = _four_job_config(tiny_config)
     run_dir = tmp_path / "run"
     marker = tmp_path / "paused"
 
-    victim = _start_paused(point, marker, config)
+    victim = _start_paused(point, marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
 
-    rerun = subprocess.run(_cli("run", "--config", str(config)), cwd=REPO, capture_output=True, text=True,
-                           timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    began = _rerun(tmp_path, config)
+    assert began.get("BTCUSDT_15m", []) == first_job_epochs
+    assert all(began[job] == [1, 2, 3] for job in JOBS[1:])
 
     with sqlite3.connect(run_dir / "ledger.sqlite") as db:
         statuses = dict(db.execute("SELECT name, status FROM jobs"))

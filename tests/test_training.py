@@ -17,7 +17,7 @@ from trainer.data import load_candles
 from trainer.features import load_features
 from trainer.models import output_shapes
 from trainer.runner import release_free_memory
-from trainer.training import DeviceFeed, ModelCache, fit
+from trainer.training import DeviceFeed, EpochBackup, ModelCache, fit
 from trainer.windows import make_windows
 
 
@@ -105,3 +105,72 @@ def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(c
     eth = _windows(cfg, "ETHUSDT", model)
     assert DeviceFeed.of(model, eth) is feed  # the next job: same feed, its rows replaced
     np.testing.assert_array_equal(feed.rows.numpy(), eth.rows)
+
+
+def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
+    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    return model, fit(model, windows_of(model), cfg, backup_dir, **callbacks)
+
+
+class EpochsBegun(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.epochs = []
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epochs.append(epoch + 1)
+
+
+def test_a_job_killed_right_after_an_epoch_was_backed_up_resumes_with_that_epoch_on_record(tmp_path, monkeypatch):
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=3)
+    cfg = RunConfig.model_validate(data)
+    backup = tmp_path / "backup"
+    save = EpochBackup.on_epoch_end
+
+    def killed_after_the_second_backup(self, epoch, logs=None):
+        save(self, epoch, logs)
+        if epoch == 1:
+            raise KeyboardInterrupt  # as if killed between this epoch's backup and the next epoch
+    monkeypatch.setattr(EpochBackup, "on_epoch_end", killed_after_the_second_backup)
+    with pytest.raises(KeyboardInterrupt):
+        _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
+    monkeypatch.setattr(EpochBackup, "on_epoch_end", save)
+
+    begun = EpochsBegun()
+    _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
+    assert begun.epochs == [3]
+    assert result.history["epoch"].tolist() == [1, 2, 3]  # the backed-up epochs' rows are all there
+    assert result.best_val_loss == result.history.loc[result.best_epoch - 1, "val_loss"]
+
+
+def test_a_job_early_stopping_had_ended_trains_no_further_epoch_when_resumed(tmp_path):
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=20, early_stopping={"patience": 1, "min_delta": 1e9})  # stops after epoch 2
+    cfg = RunConfig.model_validate(data)
+    backup = tmp_path / "backup"
+    _, first = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
+    assert first.history["epoch"].tolist() == [1, 2]
+    (backup / "finished_weights.npz").unlink()  # killed after training ended, before its weights were saved
+
+    begun = EpochsBegun()
+    model, resumed = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
+    assert begun.epochs == []
+    pd.testing.assert_frame_equal(resumed.history, first.history)
+    assert resumed.best_epoch == first.best_epoch == 1  # early stopping's best (nothing beats it by 1e9)
+    best = np.load(backup / "best_weights_epoch1.npz")
+    np.testing.assert_array_equal(model.get_weights()[0], best["arr_0"])  # the model ends with them
+
+
+def test_the_reported_epoch_is_the_one_whose_weights_the_model_ends_with(tmp_path):
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=3, early_stopping={"patience": 5, "min_delta": 1e9})  # no epoch improves on 1
+    cfg = RunConfig.model_validate(data)
+    _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "es")
+    assert result.history["epoch"].tolist() == [1, 2, 3]
+    assert (result.best_epoch, result.best_val_loss) == (1, result.history.loc[0, "val_loss"])
+
+    data["train"]["early_stopping"] = None
+    cfg = RunConfig.model_validate(data)
+    _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "no-es")
+    assert (result.best_epoch, result.best_val_loss) == (3, result.history.loc[2, "val_loss"])  # the last

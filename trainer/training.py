@@ -104,24 +104,21 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
     If `backup_dir` holds the state of an interrupted run of this job, training resumes after its last
     finished epoch. The backup is left in place: the caller deletes it once the job's artifacts are safe.
     """
+    train = cfg.train
+    restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
     state = ResumableState(backup_dir, None, None)
     finished = backup_dir / "finished_weights.npz"
     if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
         model.set_weights(load_weights(finished))
         state.on_train_begin()
-        return _result(state, step_seconds=0.0)
+        return _result(state, restores_best, step_seconds=0.0)
 
-    train = cfg.train
     feed = DeviceFeed.of(model, windows)
     train_data = feed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
     val_data = feed.batches(windows.val, INFERENCE_BATCH_SIZE)
 
     early_stopping = reduce_lr = None
-    standard: list[keras.callbacks.Callback] = [
-        keras.callbacks.BackupAndRestore(str(backup_dir / "keras"), double_checkpoint=True,
-                                         delete_checkpoint=False),
-        StopOnNaN(),
-    ]
+    standard: list[keras.callbacks.Callback] = [StopOnNaN()]
     if train.early_stopping:
         early_stopping = keras.callbacks.EarlyStopping(**train.early_stopping.model_dump())
         standard.append(early_stopping)
@@ -129,20 +126,28 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
         reduce_lr = keras.callbacks.ReduceLROnPlateau(**train.reduce_lr.model_dump())
         standard.append(reduce_lr)
     state.early_stopping, state.reduce_lr = early_stopping, reduce_lr
+    # The backup of an epoch is written last, once everything the epoch changed is saved: a job killed at
+    # any moment resumes from a backed-up epoch whose history row and best weights are on disk too.
+    standard += [state, EpochBackup(str(backup_dir / "keras"), double_checkpoint=True, delete_checkpoint=False)]
     timer = StepTimer()
-    model.fit(train_data, validation_data=val_data, epochs=train.epochs, verbose=0, shuffle=False,  # shuffled above
-              callbacks=[*standard, state, timer, *callbacks])
+    # A job that early stopping had ended when it was killed trains no further epoch on resume.
+    epochs = state.stopped_at() or train.epochs
+    model.fit(train_data, validation_data=val_data, epochs=epochs, verbose=0, shuffle=False,  # shuffled above
+              callbacks=[*standard, timer, *callbacks])
     save_weights(finished, model.get_weights())
-    return _result(state, step_seconds=timer.seconds)
+    return _result(state, restores_best, step_seconds=timer.seconds)
 
 
-def _result(state: ResumableState, step_seconds: float) -> FitResult:
+def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> FitResult:
+    """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
+    them, else the last."""
     history = state.history_frame()
     if history.empty:
         raise JobError("training produced no epoch (no training windows?)")
-    best = history["val_loss"].idxmin()
-    return FitResult(history=history, best_epoch=int(history.loc[best, "epoch"]),
-                     best_val_loss=float(history.loc[best, "val_loss"]), step_seconds=step_seconds)
+    last = state.rows[-1]
+    epoch = last["early_stopping"]["best_epoch"] + 1 if restores_best else last["epoch"]
+    val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
+    return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds)
 
 
 class DeviceFeed:
@@ -205,31 +210,49 @@ class DeviceFeed:
 
 
 # ----------------------------------------------------------------------------- callbacks
-class StopOnNaN(keras.callbacks.Callback):
-    """A NaN or infinite loss ends the job with a recorded error (Keras's TerminateOnNaN stops silently)."""
+class EpochBackup(keras.callbacks.BackupAndRestore):
+    """BackupAndRestore, saving at each epoch's end.
 
-    def on_train_batch_end(self, batch, logs=None):
+    Keras runs per-batch callbacks in step with the device unless each one is declared safe to run in
+    the background; BackupAndRestore's batch hook does nothing when it saves per epoch, so it is, and
+    the device never waits for a batch's loss to reach Python."""
+    async_safe = True
+
+
+class StopOnNaN(keras.callbacks.Callback):
+    """A NaN or infinite loss ends the job with a recorded error (Keras's TerminateOnNaN stops silently).
+    Checked on each epoch's mean loss, which a non-finite batch makes non-finite too: a per-batch check
+    would make every step wait for the device."""
+
+    def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            raise JobError(f"loss became {float(loss)} at epoch {self._epoch + 1}, batch {batch + 1}; "
+            raise JobError(f"loss became {float(loss)} in epoch {epoch + 1}; "
                            "try a lower train.learning_rate or train.clipvalue")
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch = epoch
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Seconds spent inside train steps, to tell training time from per-job overhead."""
+    """Seconds spent in train steps (each epoch up to its validation), to tell training time from per-job
+    overhead. Timed per epoch, not per batch: a per-batch callback makes every step wait for the device."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seconds = 0.0
+        self._epoch_start: float | None = None
 
-    def on_train_batch_begin(self, batch, logs=None):
-        self._start = time.perf_counter()
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_start = time.perf_counter()
 
-    def on_train_batch_end(self, batch, logs=None):
-        self.seconds += time.perf_counter() - self._start
+    def on_test_begin(self, logs=None):  # validation: the epoch's train steps are over
+        self._stop()
+
+    def on_epoch_end(self, epoch, logs=None):  # an epoch without validation
+        self._stop()
+
+    def _stop(self) -> None:
+        if self._epoch_start is not None:
+            self.seconds += time.perf_counter() - self._epoch_start
+            self._epoch_start = None
 
 
 class ResumableState(keras.callbacks.Callback):
@@ -238,47 +261,68 @@ class ResumableState(keras.callbacks.Callback):
     BackupAndRestore restores weights, optimizer state and the epoch counter, but not the other
     callbacks' counters nor the best weights seen so far: without them a resumed job would wait longer
     to stop and could restore a worse model than an uninterrupted one. Each epoch's row holds those
-    counters; on restart the row of the last backed-up epoch is applied (rows of epochs that will be
-    re-run are dropped). Must come after BackupAndRestore, EarlyStopping and ReduceLROnPlateau.
+    counters, and whether early stopping ended training; on restart the row of the last backed-up epoch
+    is applied (rows of epochs that will be re-run are dropped). The best weights are kept per epoch,
+    so that the ones the last backed-up row names are still there whatever epoch was under way.
+    Must come after EarlyStopping and ReduceLROnPlateau, and before BackupAndRestore.
     """
 
     def __init__(self, backup_dir: Path, early_stopping, reduce_lr) -> None:
         super().__init__()
+        self.dir = backup_dir
         self.path = backup_dir / "state.json"
-        self.best_path = backup_dir / "best_weights.npz"
         self.early_stopping, self.reduce_lr = early_stopping, reduce_lr
-        self.rows: list[dict] = []
+        self.rows: list[dict] = self._backed_up_rows()
+
+    def _backed_up_rows(self) -> list[dict]:
+        done_epochs = _backed_up_epochs(self.dir / "keras")
+        saved = json.loads(self.path.read_text()) if self.path.exists() and done_epochs else []
+        return [row for row in saved if row["epoch"] <= done_epochs]
+
+    def stopped_at(self) -> int | None:
+        """The epoch early stopping ended training at, if the backed-up state says it did."""
+        return self.rows[-1]["epoch"] if self.rows and self.rows[-1].get("stopped") else None
 
     def on_train_begin(self, logs=None):
-        done_epochs = _backed_up_epochs(self.path.parent / "keras")
-        saved = json.loads(self.path.read_text()) if self.path.exists() and done_epochs else []
-        self.rows = [row for row in saved if row["epoch"] <= done_epochs]
+        self.rows = self._backed_up_rows()
         if not self.rows:
             return
         last = self.rows[-1]
         if self.early_stopping and last.get("early_stopping"):
             vars(self.early_stopping).update(last["early_stopping"])
-            if self.best_path.exists():
-                self.early_stopping.best_weights = load_weights(self.best_path)
+            best = self._best_path(last["early_stopping"]["best_epoch"])
+            if best.exists():
+                self.early_stopping.best_weights = load_weights(best)
         if self.reduce_lr and last.get("reduce_lr"):
             vars(self.reduce_lr).update(last["reduce_lr"])
 
     def on_epoch_end(self, epoch, logs=None):
-        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()}}
+        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
+               "stopped": bool(self.model.stop_training)}
         row["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
         es = self.early_stopping
         if es is not None:
             row["early_stopping"] = {"wait": es.wait, "best": float(es.best), "best_epoch": es.best_epoch}
             if es.best_epoch == epoch and es.best_weights is not None:
-                save_weights(self.best_path, es.best_weights)
+                save_weights(self._best_path(epoch), es.best_weights)
         if self.reduce_lr is not None:
             rl = self.reduce_lr
             row["reduce_lr"] = {"wait": rl.wait, "best": float(rl.best), "cooldown_counter": rl.cooldown_counter}
         self.rows.append(row)
         atomic_write(self.path, lambda tmp: tmp.write_text(json.dumps(self.rows)))
+        # Best weights no row that a restart could resume from still names (this one, or the last backed up).
+        named = {self._best_path(r["early_stopping"]["best_epoch"]) for r in self.rows[-2:] if "early_stopping" in r}
+        for path in self.dir.glob("best_weights_epoch*.npz"):
+            if path not in named:
+                path.unlink()
+
+    def _best_path(self, epoch: int) -> Path:
+        """Where the best weights of a (0-based) epoch are kept."""
+        return self.dir / f"best_weights_epoch{epoch + 1}.npz"
 
     def history_frame(self) -> pd.DataFrame:
-        flat = [{k: v for k, v in row.items() if not isinstance(v, dict)} for row in self.rows]
+        """Per epoch: the losses, metrics and learning rate (not the callbacks' bookkeeping)."""
+        flat = [{k: v for k, v in row.items() if not isinstance(v, (dict, bool))} for row in self.rows]
         return pd.DataFrame(flat)
 
 
