@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -130,6 +132,20 @@ def test_job_of_a_killed_process_is_reclaimed(ledger):
     (first, _, lost, error), (second, _, still_open, _) = attempt_rows(ledger.run_dir, "BTCUSDT_1h")
     assert (first, lost, second, still_open) == (1, "lost", 2, None)
     assert str(worker.pid) in error
+
+
+def test_job_left_by_an_earlier_process_with_this_pid_is_reclaimed(ledger):
+    # e.g. a restarted container, whose entry point is PID 1 again: the pid is alive, the job is not
+    ledger.add_jobs(["BTCUSDT_1h", "ETHUSDT_1h"])
+    with sqlite3.connect(ledger.path) as db:
+        db.execute("UPDATE jobs SET status = 'running', attempts = 1, pid = ?, host = ?, heartbeat_at = ? "
+                   "WHERE name = 'BTCUSDT_1h'", (os.getpid(), socket.gethostname(), time.time()))
+        db.execute("INSERT INTO attempts (job, attempt, pid, host, started_at) VALUES ('BTCUSDT_1h', 1, ?, ?, ?)",
+                   (os.getpid(), socket.gethostname(), time.time()))
+    assert ledger.claim(retries=0) == "BTCUSDT_1h"
+    assert "an earlier process with pid" in attempt_rows(ledger.run_dir, "BTCUSDT_1h")[0][3]
+    assert ledger.claim(retries=0) == "ETHUSDT_1h"  # the job it holds now is not handed out again
+    assert ledger.claim(retries=0) is None
 
 
 def test_live_job_is_left_alone_until_its_heartbeat_goes_stale(ledger):

@@ -103,6 +103,11 @@ class Ledger:
     LostClaim. Use one Ledger per process.
     """
 
+    # (ledger file, job) this process holds, across its Ledger instances: a job recorded as running under
+    # this very pid but missing here was left by an earlier process that had the same pid (a restarted
+    # container's PID 1, say), not by this one.
+    _held: set[tuple[str, str]] = set()
+
     def __init__(self, run_dir: Path, stale_after: float = STALE_AFTER):
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "ledger.sqlite"
@@ -217,9 +222,15 @@ class Ledger:
         silent = now - row["heartbeat_at"]
         if silent > self.stale_after:
             return f"no heartbeat from pid {row['pid']} on {row['host']} for {silent:.0f} s"
-        if row["host"] == self._host and not pid_alive(row["pid"]):
-            return f"process {row['pid']} on {row['host']} ended without finishing the job"
+        if row["host"] == self._host:
+            if row["pid"] == os.getpid() and self._key(row["name"]) not in Ledger._held:
+                return f"an earlier process with pid {row['pid']} on {row['host']} ended without finishing the job"
+            if not pid_alive(row["pid"]):
+                return f"process {row['pid']} on {row['host']} ended without finishing the job"
         return None
+
+    def _key(self, name: str) -> tuple[str, str]:
+        return str(self.path.resolve()), name
 
     def _start_attempt(self, conn: sqlite3.Connection, name: str, now: float, abandoned: str | None) -> None:
         if abandoned:
@@ -232,6 +243,7 @@ class Ledger:
         conn.execute("INSERT INTO attempts (job, attempt, pid, host, started_at) "
                      "VALUES (?, (SELECT COUNT(*) + 1 FROM attempts WHERE job = ?), ?, ?, ?)",
                      (name, name, pid, self._host, now))
+        Ledger._held.add(self._key(name))
 
     def heartbeat(self, name: str) -> None:
         """Tell other processes this job's process is alive. Raises LostClaim if it was reclaimed."""
@@ -259,6 +271,7 @@ class Ledger:
             self._update_owned(conn, name, assignments, now=now, error=error, **values)
             conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, error = ? "
                          "WHERE job = ? AND ended_at IS NULL", (now, outcome, error, name))
+        Ledger._held.discard(self._key(name))
 
     def _update_owned(self, conn: sqlite3.Connection, name: str, assignments: str, **values) -> None:
         """Apply `assignments` to the job only while this process holds it."""
@@ -266,6 +279,7 @@ class Ledger:
         updated = conn.execute(f"UPDATE jobs SET {assignments} WHERE name = :name AND status = 'running' "
                                "AND pid = :pid AND host = :host", {**owner, **values}).rowcount
         if not updated:
+            Ledger._held.discard(self._key(name))
             raise LostClaim(f"{name}: no longer held by this process (pid {owner['pid']} on {self._host}); "
                             "another process took it over")
 
