@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import json
 import re
+import shutil
 import sqlite3
 
 import keras
@@ -17,7 +18,7 @@ from click.testing import CliRunner
 from tests.conftest import SHARED_OHLCV, tiny_config_dict
 from trainer import artifacts
 from trainer.cli import main
-from trainer.config import FeaturesConfig
+from trainer.config import FeaturesConfig, load_config
 from trainer.data import read_candles_file
 from trainer.features import compute_features
 from trainer.jobs import Job
@@ -99,10 +100,29 @@ def test_same_config_and_data_give_the_same_metrics(finished_run, tmp_path):
 
 def test_rerun_of_a_finished_run_skips_every_job(finished_run):
     run_dir, config_path, _ = finished_run
+    assert not (run_dir / ".backup").exists()  # no job left epoch backups behind
     before = {p: p.stat().st_mtime_ns for p in (run_dir / "jobs").rglob("*")}
+    dead_pid = 2**22 + 1  # above Linux's largest pid: no such process
+    left_by_a_kill = run_dir / f"tmp{dead_pid}-summary.json"  # an atomic write cut short
+    left_by_a_kill.write_text("{")
     result = _run("--config", str(config_path))
     assert result.exit_code == 0, result.output
     assert {p: p.stat().st_mtime_ns for p in (run_dir / "jobs").rglob("*")} == before
+    assert not left_by_a_kill.exists()
+
+
+def test_a_job_directory_made_by_another_config_is_trained_again(finished_run, tmp_path):
+    run_dir, _, _ = finished_run
+    config = tmp_path / "other.yaml"
+    data = tiny_config_dict(tmp_path)
+    data["train"]["epochs"] = 1
+    config.write_text(yaml.safe_dump(data))
+    (tmp_path / "run" / "jobs").mkdir(parents=True)
+    shutil.copytree(run_dir / "jobs" / "BTCUSDT_1h", tmp_path / "run" / "jobs" / "BTCUSDT_1h")  # verifies, 2 epochs
+    result = _run("--config", str(config), "--only", "BTC*")
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((tmp_path / "run" / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())
+    assert metrics["epochs_run"] == 1 and metrics["fingerprint"] == load_config(config).fingerprint()
 
 
 def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(finished_run):

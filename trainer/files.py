@@ -8,12 +8,21 @@ from pathlib import Path
 
 
 def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
-    """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one."""
+    """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one
+    (and perhaps the temp file, which remove_abandoned_temp_files clears)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"tmp{os.getpid()}-{path.name}")  # same suffix: Keras and numpy check it
     write(tmp)
     fsync(tmp)
     os.replace(tmp, path)
+
+
+def remove_abandoned_temp_files(directory: Path) -> None:
+    """atomic_write's temp files in `directory` whose process is gone (killed mid-write)."""
+    for tmp in directory.glob("tmp*-*"):
+        pid = tmp.name[3:].split("-", 1)[0]
+        if pid.isdigit() and not pid_alive(int(pid)):
+            tmp.unlink(missing_ok=True)
 
 
 def fsync(path: Path) -> None:

@@ -33,7 +33,7 @@ from .device import cudnn_report, setup
 from .errors import JobError, UserError
 from .evaluate import evaluate, predict_prices
 from .features import collinear_columns, load_features
-from .files import atomic_write
+from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
 from .ledger import JobRecord, Ledger, LostClaim
 from .models import output_shapes
@@ -46,6 +46,7 @@ log = logging.getLogger("cryptotrain")
 # `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
 # would otherwise approach the Hub's limit of about 128 commits per hour per repo.
 PUSH_EVERY_S = 60.0
+BACKUPS = ".backup"  # in the run directory: per job, the epoch backups an interrupted job resumes from
 
 
 @dataclass
@@ -74,6 +75,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     by_name = {job.name: job for job in jobs}
     ledger.add_jobs([job.name for job in make_jobs(cfg)])
     artifacts.remove_abandoned_staging(run_dir)
+    remove_abandoned_temp_files(run_dir)
     _recheck_done_jobs(run_dir, ledger, names)
     _warn_cudnn(cfg, device)
 
@@ -113,6 +115,8 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     if push and (unpushed := _unpushed(ledger.jobs(), names)):
         _push(run_dir, unpushed, cfg)
     write_summary(run_dir, ledger)
+    with contextlib.suppress(OSError):  # no interrupted job left a backup to resume from
+        (run_dir / BACKUPS).rmdir()
     records = [j for j in ledger.jobs() if j.name in by_name]
     print_summary_table(records)
     statuses = [j.status for j in records]
@@ -169,11 +173,13 @@ def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
 def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
               progress: JobProgress) -> tuple[str, dict]:
     final = artifacts.jobs_dir(run_dir) / job.name
-    backup = run_dir / ".backup" / job.name
+    backup = run_dir / BACKUPS / job.name
     existing = artifacts.verify(final)
-    if existing:  # finished by a process that died before recording it
-        shutil.rmtree(backup, ignore_errors=True)
-        return existing, _job_summary(json.loads((final / "metrics.json").read_text()))
+    if existing:  # finished by a process that died before recording it, unless it was made by another config
+        metrics = json.loads((final / "metrics.json").read_text())
+        if metrics.get("fingerprint") == cfg.fingerprint():
+            shutil.rmtree(backup, ignore_errors=True)
+            return existing, _job_summary(metrics)
 
     started = time.perf_counter()
     candles = load_candles(cfg, job.symbol, job.timeframe)
