@@ -74,11 +74,13 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(fini
     run_dir, _, _ = finished_run
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
     preprocessing = json.loads((job_dir / "preprocessing.json").read_text())
+    data = json.loads((job_dir / "metrics.json").read_text())["data"]  # which candles the job was trained on
     model = keras.models.load_model(job_dir / "model.keras")
     recorded = np.load(job_dir / "predictions.npz")
-    candles = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h").iloc[-600:]
-    features = FeaturesConfig(base=["open", "high", "low", "close"], indicators=preprocessing["indicators"])
-    frame = compute_features(candles, features)
+    candles = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h").loc[data["first"]:data["last"]]
+    indicators = [indicator["name"] for indicator in preprocessing["indicators"]]
+    base = [column for column in preprocessing["input_columns"] if column not in indicators]
+    frame = compute_features(candles, FeaturesConfig(base=base, indicators=preprocessing["indicators"]))
     times = recorded["target_times"]
     for i in (0, len(times) // 2, len(times) - 1):
         history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
