@@ -217,6 +217,18 @@ def test_a_regenerated_card_replaces_the_one_we_pushed(hub, run_dir):
     assert hub.files(REPO)["BTCUSDT/1h/model.keras"] == local_files(run_dir, "BTCUSDT_1h")["model.keras"]
 
 
+def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_edit(hub, run_dir, capsys):
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    (run_dir / "hub_state.json").unlink()  # as a fresh clone or a --new-run directory would have it
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # trained again: new metrics
+    capsys.readouterr()
+
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
+    assert "edited on the Hub" not in capsys.readouterr().err
+
+
 def test_corrupt_job_is_not_pushed(hub, run_dir):
     (jobs_dir(run_dir) / "BTCUSDT_1h" / "metrics.json").write_text("{}")
     with pytest.raises(JobError, match="BTCUSDT_1h.*manifest.json"):

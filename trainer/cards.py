@@ -3,10 +3,16 @@
 Cards are built only from a job's own files (metrics.json, preprocessing.json, config.yaml), with no
 timestamps, so the same job always yields the same bytes and an unchanged card is never re-committed.
 The YAML metadata is rendered by huggingface_hub's ModelCardData.
+
+Every card carries, in its metadata, the sha256 of the rest of its text (CARD_DIGEST): a card on the
+Hub whose text still matches it was written by cryptotrain and may be replaced by a newer one, from
+whichever machine or run directory; any edit by hand breaks the match, and such a card is kept.
 """
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -14,6 +20,7 @@ import yaml
 from huggingface_hub import ModelCardData
 
 PIPELINE_TAG = "time-series-forecasting"
+CARD_DIGEST = "cryptotrain_card_sha256"
 BASE_TAGS = ["keras", "lstm", "time-series-forecasting", "cryptocurrency", "cryptotrain"]
 
 
@@ -90,7 +97,18 @@ def run_card(run_name: str, repo_id: str, rows: list[dict]) -> str:
 
 
 def _card(metadata: ModelCardData, sections: list[str]) -> str:
-    return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
+    unsigned = f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
+    digest = hashlib.sha256(unsigned.encode()).hexdigest()
+    return unsigned.replace("\n---\n\n", f"\n{CARD_DIGEST}: {digest}\n---\n\n", 1)
+
+
+def written_by_cryptotrain(card: str) -> bool:
+    """Whether a card is one _card made, unedited since."""
+    line = re.search(rf"^{CARD_DIGEST}: ([0-9a-f]{{64}})\n", card, flags=re.MULTILINE)
+    if line is None:
+        return False
+    unsigned = card[:line.start()] + card[line.end():]
+    return hashlib.sha256(unsigned.encode()).hexdigest() == line.group(1)
 
 
 def _public_data(data: dict) -> dict:

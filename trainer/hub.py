@@ -10,9 +10,11 @@ Idempotence. Unchanged files are recognised by the Hub's preupload answer (git b
 files, sha256 for LFS files) and neither uploaded nor committed again. A commit attempt whose answer
 was lost and that is retried therefore becomes a no-op instead of a duplicate commit.
 
-Cards edited on the Hub. hub_state.json beside the run records the git blob id of every card pushed;
-a remote README.md that is neither that nor what we would push now was edited by someone else and is
-kept unless overwrite_cards.
+Cards edited on the Hub. Each card carries the sha256 of its own text (cards.written_by_cryptotrain):
+a remote README.md that differs from what we would push now is downloaded, and kept unless
+overwrite_cards when its text no longer matches its digest, i.e. someone edited it. A card pushed
+from another run directory or machine is recognised as cryptotrain's and replaced.
+hub_state.json beside the run records the run card's rows of every job pushed to each repo.
 
 Transient failures (429, 5xx, dropped connections) of the calls the client does not retry itself
 (create_repo, paths-info, the commit) are retried here with backoff, honouring Retry-After. The
@@ -44,7 +46,7 @@ from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils.sha import git_hash
 
 from .artifacts import MANIFEST, jobs_dir, verify
-from .cards import job_card, job_row, run_card
+from .cards import job_card, job_row, run_card, written_by_cryptotrain
 from .config import HubConfig, RunConfig, load_config
 from .errors import JobError, UserError
 from .files import atomic_write
@@ -105,7 +107,7 @@ def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_car
             repo_targets = [t for t in targets if t.repo_id == repo_id]
             with _hub_errors(repo_id, token, "push to"):
                 commit = _push_repo(api, repo_id, repo_targets, run_name, hub.private, overwrite_cards,
-                                    state.setdefault(repo_id, {"jobs": {}, "cards": {}}))
+                                    state.setdefault(repo_id, {"jobs": {}}))
             _save_state(run_dir, state)
             for t in repo_targets:
                 url = f"{api.endpoint}/{repo_id}/tree/{commit.oid}/{t.path}".rstrip("/")
@@ -128,25 +130,30 @@ def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, p
     if all(t.path for t in targets):  # jobs in sub-folders: the repo root gets the run's card
         cards[CARD] = run_card(run_name, repo_id, list(repo_state["jobs"].values())).encode()
     if not overwrite_cards:
-        for path in _cards_edited_on_hub(api, repo_id, cards, repo_state["cards"]):
+        for path in _cards_edited_on_hub(api, repo_id, cards):
             click.echo(f"{repo_id}: {path} was edited on the Hub; kept (--overwrite-cards replaces it)", err=True)
             del cards[path]
     files.update(cards)
     jobs = ", ".join(t.job for t in targets[:5]) + (f" and {len(targets) - 5} more" if len(targets) > 5 else "")
     message = f"cryptotrain run {run_name}: {jobs}"
     # Fresh operations on every attempt: the client mutates them, and re-checks what is already there.
-    commit = _retrying(lambda: api.create_commit(
+    return _retrying(lambda: api.create_commit(
         repo_id, [CommitOperationAdd(path, source) for path, source in files.items()], commit_message=message))
-    repo_state["cards"].update({path: git_hash(content) for path, content in cards.items()})
-    return commit
 
 
-def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes], pushed: dict[str, str]) -> list[str]:
-    """Cards whose remote version is neither the one we last pushed nor the one we would push now."""
+def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes]) -> list[str]:
+    """Cards on the Hub that differ from what we would push now and were not written by cryptotrain as
+    they stand (see cards.written_by_cryptotrain)."""
     infos = _retrying(lambda: api.get_paths_info(repo_id, list(cards)))
-    remote = {info.path: info.blob_id for info in infos if isinstance(info, RepoFile)}
-    return [path for path, content in cards.items()
-            if path in remote and remote[path] not in (git_hash(content), pushed.get(path))]
+    differing = [info.path for info in infos
+                 if isinstance(info, RepoFile) and info.blob_id != git_hash(cards[info.path])]
+    return [path for path in differing
+            if not written_by_cryptotrain(_read_remote_text(api, repo_id, path))]
+
+
+def _read_remote_text(api: HfApi, repo_id: str, path: str) -> str:
+    local = _retrying(lambda: api.hf_hub_download(repo_id, path))
+    return Path(local).read_text(errors="replace")
 
 
 def _artifact_names(target: Target) -> list[str]:
