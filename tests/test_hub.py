@@ -298,7 +298,7 @@ def test_download_job_bad_references(hub, run_dir, uri, message):
 def test_push_needs_a_repo(hub, run_dir):
     with pytest.raises(UserError, match="pass --repo-id"):
         push_run(run_dir, repo_id=None, private=True, overwrite_cards=False, only=())
-    with pytest.raises(UserError, match="--repo-id not-a-repo: expected NS/NAME"):
+    with pytest.raises(UserError, match="--repo-id not-a-repo: .not-a-repo.: expected NS/NAME"):
         push_run(run_dir, repo_id="not-a-repo", private=True, overwrite_cards=False, only=())
 
 
@@ -318,14 +318,23 @@ def test_unreachable_hub_is_a_job_error(hub, run_dir, monkeypatch):
         push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
-def run_with_push(tmp_path, symbols: list[str]):
+def run_with_push(tmp_path, symbols: list[str], repo_id: str = REPO):
     """`cryptotrain run --push` of real one-epoch jobs; returns the click result."""
     cfg = tiny_config_dict(tmp_path)
     cfg["data"]["symbols"] = symbols
     cfg["train"]["epochs"] = 1
     config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({**cfg, "hub": {"repo_id": REPO}}))
+    config.write_text(yaml.safe_dump({**cfg, "hub": {"repo_id": repo_id}}))
     return CliRunner().invoke(main, ["run", "--config", str(config), "--push"], catch_exceptions=False)
+
+
+def test_run_push_to_another_repo_pushes_the_done_jobs_there(hub, tmp_path):
+    assert run_with_push(tmp_path, ["BTCUSDT"]).exit_code == 0
+    moved = run_with_push(tmp_path, ["BTCUSDT"], repo_id="tester/cpb-elsewhere")  # hub is not in the fingerprint
+    assert moved.exit_code == 0, moved.output
+    [record] = Ledger(tmp_path / "run").jobs()
+    assert record.pushed_repo == "tester/cpb-elsewhere"
+    assert "BTCUSDT/1h/model.keras" in hub.files("tester/cpb-elsewhere")
 
 
 def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tmp_path, monkeypatch):

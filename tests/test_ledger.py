@@ -253,6 +253,8 @@ def test_mark_pending_and_record_push(ledger):
     assert ledger.claim(retries=0) == "A"
     with pytest.raises(JobError, match="A: is running"):
         ledger.mark_pending("A", "again")
+    ledger.mark_done("A", "beef", {}, 3.0)  # trained again: the push was of the earlier artifacts
+    assert (ledger.jobs()[0].pushed_repo, ledger.jobs()[0].pushed_commit) == (None, None)
     with pytest.raises(JobError, match="NOPE: not a job of this run"):
         ledger.record_push("NOPE", "you/cpb", "abc", "url")
 

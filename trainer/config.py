@@ -67,8 +67,17 @@ def _date(date: str) -> str:
     return date
 
 
+def _repo_template(template: str) -> str:
+    repo_id = _file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
+    if "/" not in repo_id:  # the Hub takes a bare name too, but a push should say whose repo it is
+        raise ValueError(f"{template!r}: expected NS/NAME, the namespace (user or organisation) first")
+    _repo_id(repo_id)
+    return template
+
+
 FilePattern = Annotated[str, AfterValidator(_file_pattern)]  # a file name per symbol and timeframe
 RepoId = Annotated[str, AfterValidator(_repo_id)]
+RepoTemplate = Annotated[str, AfterValidator(_repo_template)]  # a repo id, or one per symbol and timeframe
 IsoDate = Annotated[str, AfterValidator(_date)]
 
 
@@ -378,9 +387,9 @@ class TrainConfig(Strict):
 class HubConfig(Strict):
     # repo_id may hold {symbol} / {timeframe} for one repo per job; path_template places a job's
     # files inside the repo ("" for the repo root).
-    repo_id: str | None = Field(None, pattern=r"^[\w.\-{}]+/[\w.\-{}]+$")
+    repo_id: RepoTemplate | None = None
     private: bool = True
-    path_template: str = "{symbol}/{timeframe}"
+    path_template: FilePattern = "{symbol}/{timeframe}"
 
 
 # ----------------------------------------------------------------------------- the run

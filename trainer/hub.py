@@ -44,6 +44,7 @@ from huggingface_hub.errors import (
 )
 from huggingface_hub.hf_api import RepoFile
 from huggingface_hub.utils.sha import git_hash
+from pydantic import ValidationError
 
 from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import job_card, job_row, run_card, written_by_cryptotrain
@@ -169,14 +170,18 @@ def _target(run_dir: Path, job_name: str, hub: HubConfig) -> Target:
     if verify(job_dir) is None:
         raise JobError(f"{job_name}: {job_dir} does not match its {MANIFEST}; run the job again before "
                        "pushing it")
+    return Target(job_name, job_dir, repo_of(hub, job_name), _fill(hub.path_template, job_name).strip("/"))
+
+
+def repo_of(hub: HubConfig, job_name: str) -> str:
+    """The repo a job is pushed to (hub.repo_id may hold {symbol} and {timeframe})."""
+    return _fill(hub.repo_id, job_name)
+
+
+def _fill(template: str, job_name: str) -> str:
+    """A template of the hub config (its placeholders checked when it was made) for one job."""
     symbol, _, timeframe = job_name.rpartition("_")
-    try:
-        repo_id = hub.repo_id.format(symbol=symbol, timeframe=timeframe)
-        path = hub.path_template.format(symbol=symbol, timeframe=timeframe).strip("/")
-    except (KeyError, IndexError, ValueError) as exc:
-        raise UserError(f"hub.repo_id / hub.path_template: bad placeholder ({exc}); use {{symbol}} and "
-                        "{timeframe}") from None
-    return Target(job_name, job_dir, repo_id, path)
+    return template.format(symbol=symbol, timeframe=timeframe)
 
 
 def _check_distinct(targets: list[Target]) -> None:
@@ -319,8 +324,8 @@ def _hub_config(hub: HubConfig, repo_id: str | None, private: bool, run_dir: Pat
         raise UserError(f"{run_dir}: no Hub repo to push to: pass --repo-id NS/NAME or set hub.repo_id")
     try:
         return HubConfig(repo_id=repo_id, private=private, path_template=hub.path_template)
-    except ValueError:
-        raise UserError(f"--repo-id {repo_id}: expected NS/NAME (letters, digits, -, _, .)") from None
+    except ValidationError as exc:
+        raise UserError(f"--repo-id {repo_id}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
 
 
 @contextmanager

@@ -251,9 +251,11 @@ class Ledger:
             self._update_owned(conn, name, "heartbeat_at = :now", now=time.time())
 
     def mark_done(self, name: str, manifest_sha256: str, summary: dict, seconds: float) -> None:
+        """The job's artifacts are new, so no push of an earlier attempt's stands for them."""
         self._end_attempt(name, "done", None,
                           "status = 'done', finished_at = :now, seconds = :seconds, "
-                          "manifest_sha256 = :manifest_sha256, summary = :summary",
+                          "manifest_sha256 = :manifest_sha256, summary = :summary, pushed_repo = NULL, "
+                          "pushed_commit = NULL, pushed_url = NULL, pushed_at = NULL",
                           seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary))
 
     def mark_failed(self, name: str, error: str, seconds: float) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from . import artifacts
-from .config import RunConfig
+from .config import HubConfig, RunConfig
 from .data import load_candles
 from .device import cudnn_report, setup
 from .errors import JobError, UserError
@@ -109,10 +109,10 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
             progress.finish_job(job, summary_line(summary))
             write_summary(run_dir, ledger)
             if push and time.monotonic() - last_push >= PUSH_EVERY_S:
-                _push(run_dir, _unpushed(ledger.jobs(), names), cfg)
+                _push(run_dir, _unpushed(ledger.jobs(), names, cfg.hub), cfg)
                 last_push = time.monotonic()
 
-    if push and (unpushed := _unpushed(ledger.jobs(), names)):
+    if push and (unpushed := _unpushed(ledger.jobs(), names, cfg.hub)):
         _push(run_dir, unpushed, cfg)
     write_summary(run_dir, ledger)
     with contextlib.suppress(OSError):  # no interrupted job left a backup to resume from
@@ -122,7 +122,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     statuses = [j.status for j in records]
     outcome = Outcome(done=statuses.count("done"), failed=statuses.count("failed"), pending=statuses.count("pending"),
                       running_elsewhere=statuses.count("running"),
-                      not_pushed=len(_unpushed(records, names)) if push else 0)
+                      not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
     notes = [f"{outcome.pending} pending"] if outcome.pending else []
     notes += [f"{outcome.running_elsewhere} still running in another process"] if outcome.running_elsewhere else []
     notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
@@ -298,8 +298,12 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
 
 
-def _unpushed(records: list[JobRecord], names: list[str]) -> list[str]:
-    return [r.name for r in records if r.name in names and r.status == "done" and not r.pushed_commit]
+def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> list[str]:
+    """Done jobs whose artifacts are not yet on the Hub, in the repo the config now names."""
+    from .hub import repo_of
+
+    return [r.name for r in records if r.name in names and r.status == "done"
+            and not (r.pushed_commit and r.pushed_repo == repo_of(hub, r.name))]
 
 
 def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
