@@ -328,6 +328,24 @@ def run_with_push(tmp_path, symbols: list[str], repo_id: str = REPO):
     return CliRunner().invoke(main, ["run", "--config", str(config), "--push"], catch_exceptions=False)
 
 
+def refused_card(*args) -> str:
+    return "---\ntags: [unclosed\n---\n\n# a run card whose metadata the Hub refuses\n"
+
+
+def test_a_card_the_hub_refuses_is_a_one_line_job_error(hub, run_dir, monkeypatch):
+    monkeypatch.setattr(hub_module, "run_card", refused_card)
+    with pytest.raises(JobError, match=rf"^{REPO}: the Hub refused the push: Invalid metadata in README.md.; "
+                                       r"while parsing a flow sequence"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+
+
+def test_a_refused_push_does_not_end_the_training_run(hub, tmp_path, monkeypatch):
+    monkeypatch.setattr(hub_module, "run_card", refused_card)
+    result = run_with_push(tmp_path, ["BTCUSDT", "ETHUSDT"])
+    assert result.exit_code == 1, result.output
+    assert "push failed for BTCUSDT_1h: " in result.output and "2/2 jobs done, 0 failed, 2 not pushed" in result.output
+
+
 def test_run_push_to_another_repo_pushes_the_done_jobs_there(hub, tmp_path):
     assert run_with_push(tmp_path, ["BTCUSDT"]).exit_code == 0
     moved = run_with_push(tmp_path, ["BTCUSDT"], repo_id="tester/cpb-elsewhere")  # hub is not in the fingerprint

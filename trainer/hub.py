@@ -298,6 +298,9 @@ def _hub_errors(repo_id: str, token: str | None, action: str) -> Iterator[None]:
         raise JobError(f"{repo_id}: could not {action} the Hub: {_one_line(err, token)}") from None
     except (httpx2.TransportError, LocalEntryNotFoundError) as err:
         raise JobError(f"{repo_id}: could not {action} the Hub: {_one_line(err, token)}") from None
+    except ValueError as err:  # the client's answer to a card the Hub refused ("Invalid metadata in README.md")
+        text = "; ".join(line.strip("- ") for line in str(err).splitlines() if line.strip())
+        raise JobError(f"{repo_id}: the Hub refused the push: {scrub(text, token)}") from None
 
 
 def _one_line(err: BaseException, token: str | None) -> str:
@@ -306,6 +309,12 @@ def _one_line(err: BaseException, token: str | None) -> str:
     server = getattr(err, "server_message", None)
     if server:
         text += f" ({' '.join(server.split())})"
+    return scrub(text, token)
+
+
+def scrub(text: str, token: str | None = None) -> str:
+    """`text` without the Hub token (the given one, else the one configured)."""
+    token = token or get_token()
     return text.replace(token, "***") if token else text
 
 

@@ -309,13 +309,14 @@ def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> lis
 def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
     from huggingface_hub.utils import disable_progress_bars
 
-    from .hub import push_jobs
+    from .hub import push_jobs, scrub
 
     disable_progress_bars()  # tqdm bars would tear through the rich progress display
     try:
         push_jobs(run_dir, names, cfg.hub)
-    except (UserError, JobError) as exc:
-        console.print(f"push failed for {', '.join(names)}: {exc} (retry with: cryptotrain push {run_dir})",
+    except Exception as exc:  # whatever went wrong, a failed push never ends the training run
+        reason = str(exc) if isinstance(exc, (UserError, JobError)) else f"{type(exc).__name__}: {scrub(str(exc))}"
+        console.print(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run_dir})",
                       style="red", soft_wrap=True, markup=False, highlight=False)
 
 
