@@ -243,6 +243,17 @@ def test_only_filters_jobs(hub, run_dir):
     assert "ETHUSDT/1h/model.keras" in hub.files(REPO)
 
 
+def test_push_creates_the_repo_as_the_config_says_unless_told_otherwise(hub, run_dir):
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    (run_dir / "config.yaml").write_text(yaml.safe_dump({**config, "hub": {"private": False}}))
+    result = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", REPO])
+    assert result.exit_code == 0, result.output
+    assert not hub.repos[REPO].private
+    result = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", "tester/cpb-hidden", "--private"])
+    assert result.exit_code == 0, result.output
+    assert hub.repos["tester/cpb-hidden"].private
+
+
 def test_missing_token_is_a_one_line_user_error(hub, run_dir, monkeypatch, tmp_path):
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))

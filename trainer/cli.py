@@ -135,7 +135,8 @@ def status(run_dir, as_json):
 @click.option("--repo-id", default=None, metavar="NS/NAME",
               help="Target repo; may hold {symbol}/{timeframe} for one repo per job. Default: hub.repo_id "
                    "of the run's config.")
-@click.option("--public", is_flag=True, help="Create the repo public (default: private).")
+@click.option("--public/--private", "public", default=None,
+              help="Visibility of a repo this push creates. Default: hub.private of the run's config (private).")
 @click.option("--overwrite-cards", is_flag=True, help="Replace model cards that were edited on the Hub.")
 @click.option("--only", "only", multiple=True, metavar="PATTERN", help="Only jobs matching this pattern.")
 def push(run_dir, repo_id, public, overwrite_cards, only):
@@ -150,7 +151,8 @@ def push(run_dir, repo_id, public, overwrite_cards, only):
     """
     from .hub import push_run
 
-    push_run(run_dir, repo_id=repo_id, private=not public, overwrite_cards=overwrite_cards, only=only)
+    push_run(run_dir, repo_id=repo_id, private=None if public is None else not public,
+             overwrite_cards=overwrite_cards, only=only)
 
 
 @main.command()

@@ -76,9 +76,10 @@ class Target:
 
 
 # ----------------------------------------------------------------------------- push
-def push_run(run_dir: Path, repo_id: str | None, private: bool, overwrite_cards: bool,
+def push_run(run_dir: Path, repo_id: str | None, private: bool | None, overwrite_cards: bool,
              only: tuple[str, ...]) -> None:
-    """`cryptotrain push`: every finished job of the run (matching `only`), one commit per repo."""
+    """`cryptotrain push`: every finished job of the run (matching `only`), one commit per repo.
+    `repo_id` and `private` default to the run config's hub settings."""
     cfg = _run_config(run_dir)
     hub = _hub_config(cfg.hub, repo_id, private, run_dir)
     finished = [job.name for job in make_jobs(cfg, only) if (jobs_dir(run_dir) / job.name).is_dir()]
@@ -326,9 +327,10 @@ def _run_config(run_dir: Path) -> RunConfig:
     return load_config(path)
 
 
-def _hub_config(hub: HubConfig, repo_id: str | None, private: bool, run_dir: Path) -> HubConfig:
+def _hub_config(hub: HubConfig, repo_id: str | None, private: bool | None, run_dir: Path) -> HubConfig:
     """The run's hub settings with the command line's repo and visibility, validated like the config."""
     repo_id = repo_id or hub.repo_id
+    private = hub.private if private is None else private
     if repo_id is None:
         raise UserError(f"{run_dir}: no Hub repo to push to: pass --repo-id NS/NAME or set hub.repo_id")
     try:
