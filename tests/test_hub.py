@@ -181,6 +181,16 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
     assert hub.files(REPO)["ETHUSDT/1h/metrics.json"] == local_files(run_dir, "ETHUSDT_1h")["metrics.json"]
 
 
+def test_retry_after_zero_retries_at_once_and_a_long_one_is_reported_not_waited(hub, run_dir, monkeypatch):
+    waits = []
+    monkeypatch.setattr(hub_module.time, "sleep", waits.append)
+    hub.fail("create", 429, retry_after="0")
+    hub.fail("commit", 429, retry_after="3600")  # the hourly commit limit
+    with pytest.raises(JobError, match=rf"^{REPO}: could not push to the Hub: .*429"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert waits == [0.0]
+
+
 def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
     monkeypatch.setattr(hub_module.time, "sleep", lambda seconds: None)
     hub.fail("commit", 500, times=hub_module.MAX_ATTEMPTS)

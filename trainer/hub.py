@@ -60,7 +60,7 @@ RETRY_STATUSES = (429, 500, 502, 503, 504)
 TRANSIENT_ERRORS = (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError)
 MAX_ATTEMPTS = 5
 BACKOFF_SECONDS = 2.0  # first wait when the server gives no Retry-After; doubles on each attempt
-MAX_WAIT_SECONDS = 120.0
+MAX_WAIT_SECONDS = 300.0  # a longer Retry-After is reported, not waited out
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or run `hf auth login`"
 
 T = TypeVar("T")
@@ -239,7 +239,11 @@ def _retrying(call: Callable[[], T]) -> T:
             cause = _transient_cause(err)
             if cause is None:
                 raise
-            wait = min(_retry_after(cause) or BACKOFF_SECONDS * 2 ** (attempt - 1), MAX_WAIT_SECONDS)
+            wait = _retry_after(cause)
+            if wait is None:
+                wait = BACKOFF_SECONDS * 2 ** (attempt - 1)
+            elif wait > MAX_WAIT_SECONDS:  # e.g. the hourly commit limit: waiting here would hold up the run
+                raise
             click.echo(f"Hub: {_failure_name(cause)}; retrying in {wait:.0f} s ({attempt}/{MAX_ATTEMPTS - 1})",
                        err=True)
             time.sleep(wait)
