@@ -16,6 +16,7 @@ from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
 from .config import load_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
+from .device import setup
 from .errors import UserError
 from .evaluate import to_prices
 from .features import compute_features
@@ -57,8 +58,9 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column)."""
     prep = _preprocessing(job_dir)
-    features = load_config(job_dir / "config.yaml").features
-    x = make_inputs(compute_features(candles, features), prep)
+    cfg = load_config(job_dir / "config.yaml")
+    x = make_inputs(compute_features(candles, cfg.features), prep)
+    setup(cfg.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = keras.saving.load_model(job_dir / "model.keras", compile=False)
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
     heads = [HeadTarget(h["name"], tuple(h["columns"]), tuple(h["target_shape"])) for h in prep["heads"]]
