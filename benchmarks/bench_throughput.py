@@ -13,8 +13,9 @@ nothing and only the train step is timed. Each figure is the best of --repeats t
   GFLOP/s = samples/s x 3 x forward FLOPs per sample (trainer.flops: layer sizes, multiply-add = 2 FLOPs).
   Peak, measured:    best of 40 float32 2048x2048 tf.linalg.matmul, taken before and after the training runs
                      in a fresh process with TensorFlow's default threads (every CPU on the one op), i.e. what
-                     TensorFlow's own kernels reach on this machine.
-  Peak, theoretical: physical cores x clock (lscpu "CPU max MHz", else the nominal "cpu MHz") x float32
+                     TensorFlow's own kernels reach on this machine; on the GPU when there is one. TF32 is
+                     off throughout (Ampere and later GPUs would otherwise run "float32" matmuls in TF32).
+  Peak, theoretical: (CPU only) physical cores x clock (lscpu "CPU max MHz", else the nominal "cpu MHz") x float32
                      FLOPs per cycle per core from the SIMD flags, assuming two FMA pipes: AVX2+FMA 32,
                      AVX-512 64 (32 on AMD Zen 2-4, which run AVX-512 on 256-bit pipes). A clock that boosts
                      above the nominal MHz lets the measured peak exceed this one.
@@ -71,6 +72,7 @@ def measured_peak_gflops() -> float:
 
 
 def _matmul_gflops() -> float:
+    tf.config.experimental.enable_tensor_float_32_execution(False)
     a = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
     b = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
     matmul = tf.function(tf.linalg.matmul)
@@ -201,13 +203,15 @@ def variant_throughput(batch_sizes: tuple[int, ...], timing: Timing) -> list[dic
 def print_report(result: dict, console: Console) -> None:
     machine = result["machine"]
     theory = machine["theoretical_peak"]
-    console.print(f"[bold]{machine['cpu']}[/], {machine['usable_cpus']} usable CPUs, TensorFlow "
+    gpus = f", GPU: {', '.join(machine['gpus'])}" if machine["gpus"] else ""
+    console.print(f"[bold]{machine['cpu']}[/], {machine['usable_cpus']} usable CPUs{gpus}, TensorFlow "
                   f"{machine['tensorflow']}; load average {machine['load_average_before']:.1f} before, "
                   f"{machine['load_average_after']:.1f} after (this run adds up to {machine['usable_cpus']})")
-    console.print(f"fp32 peak, measured ({MATMUL_SIZE}x{MATMUL_SIZE} matmul): {machine['measured_peak_gflops']:.0f} "
-                  "GFLOP/s; theoretical: " + (f"{theory['cores']} cores x {theory['mhz'] / 1e3:.2f} GHz x "
-                                             f"{theory['flops_per_cycle']} FLOPs/cycle = {theory['gflops']:.0f} GFLOP/s"
-                                             if theory else "n/a (lscpu gives no clock)"))
+    no_theory = "n/a (a GPU's is not estimated here)" if machine["gpus"] else "n/a (lscpu gives no clock)"
+    console.print(f"fp32 peak, measured ({MATMUL_SIZE}x{MATMUL_SIZE} matmul{' on the GPU' if gpus else ''}): "
+                  f"{machine['measured_peak_gflops']:.0f} GFLOP/s; theoretical: "
+                  + (f"{theory['cores']} cores x {theory['mhz'] / 1e3:.2f} GHz x {theory['flops_per_cycle']} "
+                     f"FLOPs/cycle = {theory['gflops']:.0f} GFLOP/s" if theory else no_theory))
 
     table = Table(title="training, float32 (GFLOP/s = samples/s x 3 x forward FLOPs)", box=None,
                   pad_edge=False)
@@ -246,20 +250,22 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"JSON output (default {DEFAULT_JSON})")
     args = parser.parse_args()
 
-    device.setup(load_config("v7").train)
+    configured = device.setup(load_config("v7").train)
+    tf.config.experimental.enable_tensor_float_32_execution(False)  # float32 means float32, on a GPU too
     load_before = os.getloadavg()[0]
     cpus = device.usable_cpus()
     peak_before = measured_peak_gflops()
     timing = Timing(args.budget, args.repeats)
     families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
     variants = variant_throughput(VARIANT_BATCH_SIZES, timing)
-    theoretical = theoretical_peak(cpus)
+    theoretical = None if configured["gpus"] else theoretical_peak(cpus)  # no table of GPU peaks here
     peaks = {"measured": max(peak_before, measured_peak_gflops()),
              **({"theoretical": theoretical["gflops"]} if theoretical else {})}
     for family in families:
         add_achieved(family, peaks)
     result = {
-        "machine": {"cpu": device.cpu_model(), "usable_cpus": cpus, "tensorflow": tf.__version__,
+        "machine": {"cpu": device.cpu_model(), "gpus": configured["gpus"], "usable_cpus": cpus,
+                    "tensorflow": tf.__version__,
                     "keras": keras.__version__, "measured_peak_gflops": peaks["measured"],
                     "theoretical_peak": theoretical, "load_average_before": load_before,
                     "load_average_after": os.getloadavg()[0]},
