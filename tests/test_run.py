@@ -7,6 +7,8 @@ import json
 import re
 import shutil
 import sqlite3
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -151,6 +153,16 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
     assert "NOSUCHUSDT_1h.csv.gz" in error
     status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
     assert status.exit_code == 0 and "failed" in status.output and "NOSUCHUSDT_1h" in status.output
+
+
+def test_status_answers_without_loading_tensorflow(finished_run):
+    run_dir = finished_run[0]
+    script = ("import sys; from trainer.cli import main; main(['status', sys.argv[1]], standalone_mode=False); "
+              "print('tensorflow loaded' if 'tensorflow' in sys.modules else 'tensorflow not loaded')")
+    result = subprocess.run([sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "BTCUSDT_1h" in result.stdout and "done" in result.stdout
+    assert result.stdout.strip().endswith("tensorflow not loaded")
 
 
 def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():

@@ -1,5 +1,5 @@
 """What a run shows and leaves behind for people: the live progress display, the summary table and
-files (summary.csv / summary.json), and `cryptotrain status`."""
+files (summary.csv / summary.json), and `cryptotrain status` (which needs no TensorFlow, so answers at once)."""
 from __future__ import annotations
 
 import json
@@ -7,7 +7,6 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import keras
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -57,22 +56,12 @@ class JobProgress:
             self.progress.advance(self.jobs_task)
         self.progress.console.print(f"{job.name}: {line}")
 
-    def callback(self) -> keras.callbacks.Callback:
-        return _EpochProgress(self)
+    def training_started(self, epochs: int) -> None:
+        self.progress.update(self.epoch_task, total=epochs, info="training")
 
-
-class _EpochProgress(keras.callbacks.Callback):
-    def __init__(self, owner: JobProgress) -> None:
-        super().__init__()
-        self.owner = owner
-
-    def on_train_begin(self, logs=None):
-        self.owner.progress.update(self.owner.epoch_task, total=self.params["epochs"], info="training")
-
-    def on_epoch_end(self, epoch, logs=None):
-        logs = logs or {}
+    def epoch_ended(self, epoch: int, logs: dict) -> None:
         info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
-        self.owner.progress.update(self.owner.epoch_task, completed=epoch + 1, info=info)
+        self.progress.update(self.epoch_task, completed=epoch + 1, info=info)
 
 
 # ----------------------------------------------------------------------------- summary and status

@@ -38,7 +38,7 @@ from .jobs import Job, make_jobs
 from .ledger import JobRecord, Ledger, LostClaim
 from .models import output_shapes
 from .reporting import JobProgress, console, print_summary_table, summary_line, write_summary
-from .training import FitResult, ModelCache, fit
+from .training import FitResult, ModelCache, ReportProgress, fit
 from .windows import Windows, make_windows
 
 log = logging.getLogger("cryptotrain")
@@ -187,7 +187,7 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     _warn_collinear_once(frame, cfg)
     model = cache.model_for(cfg, len(cfg.features.columns))
     windows = make_windows(frame, cfg, output_shapes(model))
-    result = fit(model, windows, cfg, backup, callbacks=[progress.callback()])
+    result = fit(model, windows, cfg, backup, callbacks=[ReportProgress(progress)])
     predictions = predict_prices(model, windows.test, windows.scaler, cfg.heads)
     release_free_memory()
     metrics = {

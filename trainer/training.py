@@ -255,6 +255,20 @@ class StepTimer(keras.callbacks.Callback):
             self._epoch_start = None
 
 
+class ReportProgress(keras.callbacks.Callback):
+    """Tells a progress display (reporting.JobProgress) the job's epoch count, then each epoch's losses."""
+
+    def __init__(self, display) -> None:
+        super().__init__()
+        self.display = display
+
+    def on_train_begin(self, logs=None):
+        self.display.training_started(self.params["epochs"])
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.display.epoch_ended(epoch, logs or {})
+
+
 class ResumableState(keras.callbacks.Callback):
     """Makes EarlyStopping, ReduceLROnPlateau and the epoch history survive a restart.
 
