@@ -204,6 +204,20 @@ def test_download_failures_are_job_errors(exchange, symbol, failures, message, e
     assert sleeps == expected_sleeps
 
 
+def test_once_the_exchange_cannot_be_reached_later_downloads_fail_at_once(exchange, monkeypatch):
+    monkeypatch.setattr(binance, "_unreachable_hosts", set())  # forgotten after the test: ports get reused
+    exchange.close()  # the network goes away: connections are refused
+    sleeps: list[float] = []
+    start_ms = exchange_ms(START)
+    with pytest.raises(JobError, match="binance BTCUSDT 1h: download failed after 5 attempts: .*refused"):
+        binance.fetch_klines(exchange.url, "BTCUSDT", "1h", start_ms, start_ms + HOUR_MS, sleep=sleeps.append)
+    assert sleeps == [1, 2, 4, 8]
+    host = exchange.url.split("//")[1]
+    with pytest.raises(JobError, match=f"binance ETHUSDT 1h: {host} could not be reached earlier in this process"):
+        binance.fetch_klines(exchange.url, "ETHUSDT", "1h", start_ms, start_ms + HOUR_MS, sleep=sleeps.append)
+    assert sleeps == [1, 2, 4, 8]  # no second round of waiting
+
+
 def test_download_command_reports_failed_jobs_and_leaves_nothing_behind(tmp_path, exchange, tiny_config):
     raw = binance_cfg(tmp_path, exchange, end=(START + pd.Timedelta(hours=48)).isoformat()).model_dump(mode="json")
     raw["data"]["symbols"] = ["NOPEUSDT", "BTCUSDT"]

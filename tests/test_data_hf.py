@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote
 
+import huggingface_hub.utils._http
 import numpy as np
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from huggingface_hub import constants
 from tests.conftest import SHARED_OHLCV, tiny_config_dict
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
+from trainer.data import hf as hf_source
 from trainer.data import load_candles, read_candles_file
 from trainer.errors import JobError
 
@@ -125,6 +127,25 @@ def test_download_then_offline_from_the_cache(tmp_path, hub, monkeypatch):
     with pytest.raises(JobError, match=rf"^hf:{REPO_ID}@main/.*ETHUSDT_1h.*: not in the local Hugging Face cache"):
         load_candles(cfg, "ETHUSDT", "1h")
     assert len(hub.authorizations) == calls
+
+
+def test_once_the_hub_cannot_be_reached_the_process_uses_only_the_cache(tmp_path, hub, monkeypatch):
+    cfg = hf_cfg(tmp_path)
+    cached = load_candles(cfg, "BTCUSDT", "1h")
+    monkeypatch.setattr(hf_source, "_unreachable_endpoints", set())  # forgotten after the test: ports get reused
+    hub.close()  # the network goes away: connections to the endpoint are refused
+    waits = []  # the client's own backoff between its retries, recorded instead of slept
+    monkeypatch.setattr(huggingface_hub.utils._http.time, "sleep", waits.append)
+    with pytest.raises(JobError, match=rf"ETHUSDT_1h.*: not in the local Hugging Face cache and {hub.url} "
+                                       "cannot be reached; run the same command again with network access"):
+        load_candles(cfg, "ETHUSDT", "1h")
+    assert len(waits) >= 3  # the client retried before giving up
+    retries = len(waits)
+    pd.testing.assert_frame_equal(load_candles(cfg, "BTCUSDT", "1h"), cached)  # from the cache, at once
+    with pytest.raises(JobError, match=f"ETHUSDT_1h.*: not in the local Hugging Face cache and {hub.url} "
+                                       "could not be reached earlier in this process"):
+        load_candles(cfg, "ETHUSDT", "1h")
+    assert len(waits) == retries  # no more waiting for an endpoint known to be unreachable
 
 
 @pytest.mark.parametrize(("hf", "token", "message"), [

@@ -40,6 +40,10 @@ TIMEOUT_S = 30
 
 Sleep = Callable[[float], None]
 
+# Hosts that could not be reached after MAX_ATTEMPTS (~15 s of retries): the rest of the process fails
+# their downloads at once, instead of every job of a run without network waiting as long to fail.
+_unreachable_hosts: set[str] = set()
+
 
 def stored_path(source: BinanceSource, cache: Path, symbol: str, timeframe: str) -> Path:
     host = urllib.parse.urlsplit(source.base_url).netloc.replace(":", "_")
@@ -88,7 +92,12 @@ def fetch_klines(base_url: str, symbol: str, interval: str, start_ms: int, end_m
 
 def _get_json(url: str, where: str, sleep: Sleep) -> list:
     """One API call; rate limits, 5xx answers and network errors are retried (MAX_ATTEMPTS calls in all)."""
+    host = urllib.parse.urlsplit(url).netloc
+    if host in _unreachable_hosts:
+        raise JobError(f"{where}: {host} could not be reached earlier in this process; run the same command "
+                       "again with network access")
     for attempt in range(1, MAX_ATTEMPTS + 1):
+        network_error = False
         try:
             with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
                 payload = json.load(response)
@@ -106,8 +115,11 @@ def _get_json(url: str, where: str, sleep: Sleep) -> list:
                 raise JobError(f"{where}: {url} answered {problem}") from None
         except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:  # URLError is an OSError
             problem, wait = str(getattr(exc, "reason", exc)), 2.0 ** (attempt - 1)
+            network_error = isinstance(exc, urllib.error.URLError)  # no answer at all, not a bad one
         if attempt < MAX_ATTEMPTS:
             sleep(wait)
+    if network_error:
+        _unreachable_hosts.add(host)
     raise JobError(f"{where}: download failed after {MAX_ATTEMPTS} attempts: {problem}")
 
 

@@ -4,13 +4,17 @@ The client takes HF_TOKEN and HF_HOME / HF_HUB_CACHE from the environment. HF_EN
 HF_HUB_OFFLINE are read here at each call, because huggingface_hub reads them only once, when first
 imported. Offline, or when the Hub cannot be reached, a file already in the cache is used; one that
 is not is an error.
+
+The client retries a request that cannot reach the Hub for ~23 s before it gives up. Once it has, the
+rest of the process uses only the cache for that endpoint: with no network, a 40-job run would
+otherwise wait that long for every job (twice with a retry) to fail the same way.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from huggingface_hub import hf_hub_download
+from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.errors import (
     EntryNotFoundError,
     GatedRepoError,
@@ -24,6 +28,8 @@ from ..config import HfSource
 from ..errors import JobError
 from .files import job_filename
 
+_unreachable_endpoints: set[str] = set()  # endpoints this process could not reach
+
 
 def hf_label(source: HfSource, symbol: str, timeframe: str) -> str:
     return f"hf:{source.repo_id}@{source.revision}/{_filename(source, symbol, timeframe)}"
@@ -32,11 +38,12 @@ def hf_label(source: HfSource, symbol: str, timeframe: str) -> str:
 def hf_file(source: HfSource, symbol: str, timeframe: str) -> Path:
     """Local path of the job's file, downloading it unless the cache already holds that revision."""
     where = hf_label(source, symbol, timeframe)
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    cache_only = _offline() or endpoint in _unreachable_endpoints
     try:
         return Path(hf_hub_download(
             source.repo_id, _filename(source, symbol, timeframe),
-            repo_type=source.repo_type, revision=source.revision,
-            endpoint=os.environ.get("HF_ENDPOINT"), local_files_only=_offline(),
+            repo_type=source.repo_type, revision=source.revision, endpoint=endpoint, local_files_only=cache_only,
         ))
     except GatedRepoError:
         raise JobError(f"{where}: gated repository: accept its terms on the Hub and set HF_TOKEN") from None
@@ -45,9 +52,15 @@ def hf_file(source: HfSource, symbol: str, timeframe: str) -> Path:
     except RevisionNotFoundError:
         raise JobError(f"{where}: revision not found (data.hf.revision)") from None
     except LocalEntryNotFoundError:
-        raise JobError(f"{where}: not in the local Hugging Face cache and the Hub cannot be reached "
-                       "(offline: HF_HUB_OFFLINE=1, or no network); run `cryptotrain data download` "
-                       "with network access") from None
+        if _offline():
+            reason = "offline (HF_HUB_OFFLINE=1)"
+        elif cache_only:
+            reason = f"{endpoint} could not be reached earlier in this process"
+        else:
+            _unreachable_endpoints.add(endpoint)
+            reason = f"{endpoint} cannot be reached"
+        raise JobError(f"{where}: not in the local Hugging Face cache and {reason}; run the same command "
+                       "again with network access (or `cryptotrain data download` first)") from None
     except EntryNotFoundError:
         raise JobError(f"{where}: no such file in the repository (data.hf.pattern)") from None
     except HfHubHTTPError as exc:
