@@ -110,7 +110,6 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
     finished = backup_dir / "finished_weights.npz"
     if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
         model.set_weights(load_weights(finished))
-        state.on_train_begin()
         return _result(state, restores_best, step_seconds=0.0)
 
     feed = DeviceFeed.of(model, windows)
@@ -286,7 +285,7 @@ class ResumableState(keras.callbacks.Callback):
         self.dir = backup_dir
         self.path = backup_dir / "state.json"
         self.early_stopping, self.reduce_lr = early_stopping, reduce_lr
-        self.rows: list[dict] = self._backed_up_rows()
+        self.rows: list[dict] = self._backed_up_rows()  # read once: fit needs them before training too
 
     def _backed_up_rows(self) -> list[dict]:
         done_epochs = _backed_up_epochs(self.dir / "keras")
@@ -298,7 +297,6 @@ class ResumableState(keras.callbacks.Callback):
         return self.rows[-1]["epoch"] if self.rows and self.rows[-1].get("stopped") else None
 
     def on_train_begin(self, logs=None):
-        self.rows = self._backed_up_rows()
         if not self.rows:
             return
         last = self.rows[-1]
