@@ -7,7 +7,7 @@ CLI     = $(VENV)/bin/cryptotrain
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 FAMILIES = v7 v8_stable v8_aligned
 
-.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput lint clean
+.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput bench-skill lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -30,7 +30,7 @@ train-all:       ## train the three model families in turn (40 jobs each); ARGS=
 	  $(CLI) run --config configs/$$family.yaml $(ARGS) || { status=$$?; [ $$status -ne 2 ] || exit 2; }; \
 	done; exit $$status
 
-bench: bench-features bench-run bench-throughput  ## all benchmarks
+bench: bench-features bench-run bench-throughput bench-skill  ## all benchmarks
 
 bench-features:  ## data preparation: old loop-based way vs ours cold vs ours cached
 	$(PY) benchmarks/bench_features.py
@@ -40,6 +40,9 @@ bench-run:       ## N tiny jobs: old per-job scripts vs `cryptotrain run`
 
 bench-throughput: ## training samples/s and achieved GFLOP/s per family shape
 	$(PY) benchmarks/bench_throughput.py
+
+bench-skill:     ## test skill vs persistence on every real series, absolute vs relative framing (~20 min)
+	$(PY) benchmarks/bench_skill.py
 
 lint:            ## ruff
 	$(VENV)/bin/ruff check trainer tests benchmarks

@@ -116,7 +116,7 @@ def our_prepare(cfg: RunConfig, symbol: str, timeframe: str) -> bool:
     frame, hit = load_features(candles, cfg.features, cfg.cache_path)
     horizon = cfg.window.horizon
     shapes = {h.name: (len(h.columns),) if horizon == 1 else (horizon, len(h.columns)) for h in cfg.heads}
-    make_windows(frame, cfg, shapes)
+    make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, shapes)
     return hit
 
 

@@ -44,7 +44,7 @@ def tiny_config_dict(tmp_path: Path, **sections) -> dict:
         },
         "window": {"lookback": 16, "horizon": 3, "scaler": "standard"},
         "heads": [
-            {"name": "ohlc", "columns": ["open", "high", "low", "close"], "weight": 1.0},
+            {"name": "ohlc", "columns": ["open", "high", "low", "close"], "weight": 1.0, "candle": True},
             {"name": "bb", "columns": ["bb_upper", "bb_lower"], "weight": 0.8},
         ],
         "model": {"layers": [

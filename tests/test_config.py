@@ -108,6 +108,13 @@ def _delete(path: str):
     return mutate
 
 
+def _set_all(*mutations):
+    def mutate(cfg: dict) -> None:
+        for mutation in mutations:
+            mutation(cfg)
+    return mutate
+
+
 BAD_CONFIGS = [
     # (id, mutation of the tiny config, text expected in the one-line error)
     ("unknown top-level key", _set("optimiser", "adam"), "optimiser: unknown key"),
@@ -159,6 +166,15 @@ BAD_CONFIGS = [
     ("bad precision", _set("train.precision", "fp8"), "train.precision: Input should be"),
     ("two kinds of clipping", _set("train", {"clipvalue": 1.0, "clipnorm": 1.0}),
      "train: set clipvalue or clipnorm, not both"),
+    ("unknown framing", _set("window.relative_to", "first_close"), "window.relative_to: Input should be 'last_close'"),
+    ("candle head over other columns", _set("heads.1.candle", True),
+     "heads[1]: candle: true needs exactly the columns open, high, low, close (got bb_upper, bb_lower)"),
+    ("candle head on absolute levels", _set("window.relative_to", None),
+     "heads[0].candle: a candle head needs window.relative_to: last_close"),
+    ("relative framing without a close", _set_all(
+        _set("features", {"base": ["open"], "indicators": [{"name": "rsi"}]}),
+        _set("heads", [{"name": "rsi", "columns": ["rsi"]}])),
+     "window.relative_to: last_close needs close among features.base"),
 ]
 
 

@@ -55,62 +55,89 @@ def test_a_target_shaped_differently_from_the_prediction_is_refused():
         metrics(np.zeros((5, 4)), np.ones((5, 1, 4)))
 
 
-def tiny_cfg(tmp_path) -> RunConfig:
-    return RunConfig.model_validate(tiny_config_dict(tmp_path))
+def tiny_cfg(tmp_path, **heads) -> RunConfig:
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"][0].update(heads)
+    return RunConfig.model_validate(raw)
 
 
-def persistence_model(cfg: RunConfig) -> keras.Model:
-    """A real Keras model whose forecast is the last input step, repeated over the horizon."""
+def windows_of(frame, cfg: RunConfig, model: keras.Model):
+    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+
+
+def zero_model(cfg: RunConfig) -> keras.Model:
+    """A real Keras model whose every output is 0: framed relative to the last close, "no change"."""
     inputs = keras.Input((cfg.window.lookback, len(cfg.features.columns)))
-    outputs = {}
-    for head in cfg.heads:
-        positions = [cfg.features.columns.index(c) for c in head.columns]
-        last = keras.layers.Lambda(lambda x, p=positions: keras.ops.take(x[:, -1, :], p, axis=-1))(inputs)
-        outputs[head.name] = keras.layers.RepeatVector(cfg.window.horizon)(last)
+    outputs = {head.name: keras.layers.RepeatVector(cfg.window.horizon)(
+        keras.layers.Dense(len(head.columns), kernel_initializer="zeros")(keras.layers.Flatten()(inputs)))
+        for head in cfg.heads}
     return keras.Model(inputs, outputs)
 
 
-def test_predicting_persistence_has_zero_skill(tmp_path):
+def test_an_all_zero_output_is_persistence_of_the_close_with_zero_skill(tmp_path):
     cfg = tiny_cfg(tmp_path)
-    model = persistence_model(cfg)
+    model = zero_model(cfg)
     frame = feature_frame()
     close = frame.columns.get_loc("close")
     for row in range(341, 400, 2):  # flat candles in the test split: no move is a direction too
         frame.iloc[row, close] = frame.iloc[row - 1, close]
-    windows = make_windows(frame, cfg, output_shapes(model))
-    report = evaluate(predict_prices(model, windows.test, windows, cfg.heads), windows, cfg)
+    windows = windows_of(frame, cfg, model)
+    predicted = predict_prices(model, windows.test, windows.preprocessing)
+    report = evaluate(predicted, windows)
     rows = positions(frame, windows.test.target_times)
     closes = frame["close"].to_numpy()
-    flat = np.stack([closes[rows + step] == closes[rows - 1] for step in range(cfg.window.horizon)])
-    assert report["heads"]["ohlc"]["persistence"]["direction_accuracy"] == pytest.approx(flat.mean())
-    assert flat.mean() > 0.1
-    assert report["n_test"] == len(windows.test.x)
-    for head in cfg.heads:
-        scores = report["heads"][head.name]
-        for name in ("mae", "rmse", "mape"):
-            assert scores["model"][name] == pytest.approx(scores["persistence"][name], rel=1e-6)
-        assert scores["persistence"]["mae"] > 0
-        assert scores["skill"] == pytest.approx(0, abs=1e-6)
+    np.testing.assert_array_equal(predicted["ohlc"][..., 3], np.repeat(closes[rows - 1, None], 3, axis=1))
+    moves = np.sign(np.stack([closes[rows + step] - closes[rows - 1] for step in range(3)], axis=1))
+    assert report["n_test"] == len(windows.test)
+    scores = report["heads"]["ohlc"]["close"]
+    assert scores["mae"] == pytest.approx(scores["persistence_mae"], rel=1e-12) and scores["persistence_mae"] > 0
+    assert scores["skill"] == pytest.approx(0, abs=1e-12)
+    assert scores["skill_by_step"] == pytest.approx([0, 0, 0], abs=1e-12)
+    # "No change" is right exactly where the close stayed flat; the majority class is the commonest move.
+    assert scores["direction_accuracy"] == pytest.approx(np.mean(moves == 0)) and np.mean(moves == 0) > 0.1
+    assert (scores["up_move_rate"], scores["down_move_rate"]) == pytest.approx((np.mean(moves > 0), np.mean(moves < 0)))
+    assert scores["majority_rate"] == pytest.approx(max(np.mean(moves > 0), np.mean(moves < 0), np.mean(moves == 0)))
+    assert report["headline"] == {"head": "ohlc", "column": "close", **{k: scores[k] for k in (
+        "skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
+    assert report["heads"]["ohlc"]["persistence"]["direction_accuracy"] is None  # not a forecast of moves
 
 
-def test_evaluate_a_trained_model_in_price_units(tmp_path):
+def test_inconsistent_candles_are_counted(tmp_path):
     cfg = tiny_cfg(tmp_path)
+    model = zero_model(cfg)
+    windows = windows_of(feature_frame(), cfg, model)
+    predicted = predict_prices(model, windows.test, windows.preprocessing)
+    predicted["ohlc"][:10, 0, 1] = predicted["ohlc"][:10, 0, 3] - 1  # high below the close
+    predicted["ohlc"][10:15, 2, 2] = predicted["ohlc"][10:15, 2, 0] + 1  # low above the open
+    report = evaluate(predicted, windows)
+    share = 15 / predicted["ohlc"][..., 0].size
+    assert report["heads"]["ohlc"]["inconsistent_candles"] == {"model": pytest.approx(share), "actual": 0.0}
+    assert "inconsistent_candles" not in report["heads"]["bb"]
+
+
+@pytest.mark.parametrize("relative_to", ["last_close", None])
+def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
+    raw = tiny_config_dict(tmp_path)
+    raw["window"]["relative_to"] = relative_to
+    raw["heads"][0]["candle"] = relative_to is not None
+    cfg = RunConfig.model_validate(raw)
     frame = feature_frame()
     model = build_model(cfg, len(cfg.features.columns))
-    windows = make_windows(frame, cfg, output_shapes(model))
-    history = model.fit(np.asarray(windows.train.x), windows.train.y, batch_size=64, epochs=1, verbose=0)
+    windows = windows_of(frame, cfg, model)
+    history = model.fit(windows.train.x, windows.train.y, batch_size=64, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
 
-    report = evaluate(predict_prices(model, windows.test, windows, cfg.heads), windows, cfg)
-    predicted = predict_prices(model, windows.test, windows.scaler, cfg.heads)
+    predicted = predict_prices(model, windows.test, windows.preprocessing)
+    report = evaluate(predicted, windows)
     test_rows = positions(frame, windows.test.target_times)
-    for head in cfg.heads:
-        scaled = model.predict(np.asarray(windows.test.x), verbose=0)[head.name]
-        offset = frame[head.columns].iloc[:280].mean().to_numpy()  # the train split: 70 % of 400 rows
-        scale = frame[head.columns].iloc[:280].std(ddof=0).to_numpy()
-        np.testing.assert_allclose(predicted[head.name], scaled * scale + offset, rtol=1e-9)
+    last_close = frame["close"].to_numpy()[test_rows - 1]
+    for head in windows.heads:
+        scaled = model.predict(windows.test.x, verbose=0)[head.name]
+        framed = scaled * head.scaler.scale + head.scaler.offset
+        expected = np.exp(framed) * last_close[:, None, None] if relative_to else framed  # tiny heads: price levels
+        np.testing.assert_allclose(predicted[head.name], expected, rtol=1e-9)
         # Actual and last-input values straight from the frame, independent of the windows' scaling.
-        values = frame[head.columns].to_numpy()
+        values = frame[list(head.columns)].to_numpy()
         actual = np.stack([values[row:row + cfg.window.horizon] for row in test_rows])
         last = values[test_rows - 1]
         close = head.columns.index("close") if "close" in head.columns else None
@@ -122,5 +149,13 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path):
         for name in ("mae", "rmse", "mape"):
             assert scores["persistence"][name] == pytest.approx(expected_persistence[name], rel=1e-6)
         assert scores["skill"] == pytest.approx(1 - expected_model["mae"] / expected_persistence["mae"], rel=1e-6)
+    close_error = np.abs(predicted["ohlc"][..., 3] - frame["close"].to_numpy()[test_rows[:, None] + np.arange(3)])
+    persistence_error = np.abs(last_close[:, None] - frame["close"].to_numpy()[test_rows[:, None] + np.arange(3)])
+    assert report["headline"]["skill"] == pytest.approx(1 - close_error.mean() / persistence_error.mean(), rel=1e-9)
     assert 0 <= report["heads"]["ohlc"]["model"]["direction_accuracy"] <= 1
     assert report["heads"]["bb"]["model"]["direction_accuracy"] is None  # bb has no close column
+
+
+def test_non_finite_predictions_never_count(tmp_path):
+    with pytest.raises(JobError, match="not all finite"):
+        metrics(np.array([[1.0, np.inf]]), np.array([[1.0, 2.0]]))

@@ -52,7 +52,8 @@ def run_dir(tmp_path):
     return run
 
 
-def make_job(run, name, cfg, seed):
+def make_job(run, name, cfg, seed, headline=None):
+    """A finished job's files; `headline`: metrics.json's (jobs of earlier versions have none)."""
     symbol, timeframe = name.split("_")
     rng = np.random.default_rng(seed)
     stage = staging_dir(run, name)
@@ -73,7 +74,8 @@ def make_job(run, name, cfg, seed):
                  "first": "2024-01-01T00:00:00+00:00", "last": "2024-01-26T00:00:00+00:00", "rows": 600, "gaps": 0},
         "epochs_run": 2, "best_epoch": 2, "best_val_loss": 0.7, "seconds": 3.5, "n_test": 20,
         "test_range": ["2024-01-22T00:00:00.000000000", "2024-01-26T00:00:00.000000000"],
-        "heads": {"ohlc": {"model": scores, "persistence": {**scores, "mae": 120.0}, "skill": 0.154}}})
+        "heads": {"ohlc": {"model": scores, "persistence": {**scores, "mae": 120.0}, "skill": 0.154}},
+        **({"headline": headline} if headline else {})})
     commit(stage, jobs_dir(run) / name)
 
 
@@ -129,6 +131,21 @@ def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
     assert yaml.safe_load(run_card.split("---\n")[1])["library_name"] == "keras"
     assert "| BTCUSDT_1h | [BTCUSDT/1h](./BTCUSDT/1h) |" in run_card
     assert "| ETHUSDT_1h | [ETHUSDT/1h](./ETHUSDT/1h) |" in run_card
+
+
+def test_a_card_says_plainly_when_the_model_is_worse_than_persistence(hub, run_dir):
+    make_job(run_dir, "BTCUSDT_1h", tiny_config_dict(run_dir.parent), seed=0, headline={
+        "head": "ohlc", "column": "close", "skill": -0.0817, "mae": 130.0, "persistence_mae": 120.2,
+        "direction_accuracy": 0.481, "majority_rate": 0.523})
+    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    files = hub.files(REPO)
+    card = files["BTCUSDT/1h/README.md"].decode()
+    assert "**Test skill vs persistence: -0.0817** for `ohlc` close (every step of the horizon)" in card
+    assert "**This model is worse than persistence**" in card
+    assert "Direction of the close: 0.481 correct, against 0.523 for always answering the most frequent move" in card
+    assert "worse than persistence" not in files["ETHUSDT/1h/README.md"].decode()  # skill 0.154
+    assert "| BTCUSDT_1h | [BTCUSDT/1h](./BTCUSDT/1h) | 2 | ohlc.close | 130 | 120.2 | -0.0817 |" in \
+        files["README.md"].decode()
 
 
 def test_push_jobs_one_commit_per_call_and_the_run_card_accumulates(hub, run_dir):

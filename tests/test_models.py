@@ -86,8 +86,9 @@ def test_family_models_match_their_specification(family):
                                     for h in cfg.heads}
     for head in cfg.heads:
         layer = model.get_layer(head.name)
-        assert type(layer).__name__ == ("TimeDistributed" if per_step else "Dense")
+        assert type(layer).__name__ == ("Concatenate" if head.candle else "TimeDistributed" if per_step else "Dense")
         assert layer.dtype_policy.compute_dtype == "float32"
+    assert cfg.heads[0].candle and cfg.window.relative_to == "last_close"  # the families' defaults
     compiled = model.get_compile_config()
     assert compiled["loss"] == {h.name: h.loss for h in cfg.heads}
     assert compiled["loss_weights"] == {h.name: h.weight for h in cfg.heads}
@@ -96,7 +97,8 @@ def test_family_models_match_their_specification(family):
     assert float(model.optimizer.learning_rate) == pytest.approx(cfg.train.learning_rate)
 
     # Targets come out with exactly the output shapes: (N, 4) for V8-stable, (N, 10, 4) seq2seq.
-    windows = make_windows(random_frame(cfg.features.columns, 300), cfg, output_shapes(model))
+    windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
+                           output_shapes(model))
     outputs = model(np.asarray(windows.test.x[:2]), training=False)
     for head in cfg.heads:
         assert tuple(outputs[head.name].shape) == windows.test.y[head.name][:2].shape
@@ -151,3 +153,37 @@ def test_config_choices_reach_the_keras_layers_and_optimizer(tmp_path):
 def test_a_trunk_that_does_not_fit_the_horizon_is_a_user_error(tmp_path, layers, message):
     with pytest.raises(UserError, match=message):
         build_model(tiny(tmp_path, layers), 8)
+
+
+@pytest.mark.parametrize("horizon", [3, 1])
+def test_candle_heads_give_consistent_candles_whatever_the_weights(tmp_path, horizon):
+    """high >= max(open, close) and low <= min(open, close) by construction: random weights, random inputs,
+    and the inversion to prices keep it so."""
+    raw = tiny_config_dict(tmp_path)
+    raw["window"]["horizon"] = horizon
+    raw["heads"][0]["candle"] = True
+    raw["heads"][0]["columns"] = ["close", "low", "open", "high"]  # any order
+    if horizon == 1:
+        raw["model"]["layers"] = [{"kind": "lstm", "units": 8}]
+    cfg = RunConfig.model_validate(raw)
+    model = build_model(cfg, len(cfg.features.columns))
+    rng = np.random.default_rng(0)
+    model.set_weights([rng.normal(scale=3.0, size=w.shape) for w in model.get_weights()])
+    windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
+                           output_shapes(model))
+    x = rng.normal(scale=3.0, size=(500, *windows.test.x.shape[1:])).astype("float32")
+    outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
+    prices = windows.preprocessing.to_prices(outputs, rng.uniform(1, 1000, size=500))["ohlc"]
+    close, low, open_, high = (prices[..., i] for i in range(4))
+    assert np.all(high >= np.maximum(open_, close)) and np.all(low <= np.minimum(open_, close))
+    assert np.mean(high > np.maximum(open_, close)) > 0.5  # the wicks are real, not all zero
+    assert np.ptp(open_) > 0 and np.ptp(close) > 0
+
+
+def test_relative_heads_start_at_no_change(tmp_path):
+    """Framed relative to the last close, an untrained model's outputs are 0, "no change" (a candle head's
+    open and close; its wicks start at softplus(0))."""
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
+    model = build_model(cfg, len(cfg.features.columns))
+    outputs = model(np.random.default_rng(0).normal(size=(4, 16, len(cfg.features.columns))), training=False)
+    assert np.all(np.asarray(outputs["ohlc"])[..., [0, 3]] == 0) and np.all(np.asarray(outputs["bb"]) == 0)

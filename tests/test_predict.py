@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 
+import keras
 import numpy as np
 import pandas as pd
 import pytest
@@ -12,13 +13,16 @@ import yaml
 from conftest import SHARED_OHLCV, tiny_config_dict
 from hub_server import serve_hub
 
+from trainer import artifacts
 from trainer.config import RunConfig
 from trainer.data import load_candles
 from trainer.errors import UserError
+from trainer.features import compute_features
 from trainer.hub import push_run
 from trainer.jobs import make_jobs
 from trainer.predict import predict_command, predict_next
 from trainer.runner import run_config
+from trainer.windows import Scaler
 
 TOKEN = "hf_PredictTestToken0123456789abcdef"
 DATA_FILE = SHARED_OHLCV / "BTCUSDT_1h.csv.gz"
@@ -134,3 +138,108 @@ def test_bad_model_references(run, job_dir, model_ref, symbol, message):
     ref = {"RUN": str(run.run_dir), "JOB": str(job_dir)}.get(model_ref, model_ref)
     with pytest.raises(UserError, match=message):
         predict_command(ref, symbol=symbol, timeframe="1h", data_path=DATA_FILE, config_path=None, as_json=True)
+
+
+def recommit(job_dir, change) -> None:
+    """Change a finished job's files (change(stage_dir)), then commit them with a new manifest."""
+    stage = artifacts.staging_dir(job_dir.parent.parent, job_dir.name)
+    for path in job_dir.iterdir():
+        if path.name != artifacts.MANIFEST:
+            shutil.copy(path, stage)
+    change(stage)
+    artifacts.commit(stage, job_dir)
+
+
+def _zero_weights(stage) -> None:
+    model = keras.saving.load_model(stage / "model.keras", compile=False)
+    model.set_weights([np.zeros_like(w) for w in model.get_weights()])
+    model.save(stage / "model.keras")
+
+
+def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a_hub_round_trip(
+        run, capsys, monkeypatch, tmp_path):
+    """Relative to the last close, an all-zero output is "no change": the forecast close (and open, and the
+    bands) is the last close exactly, through predict and after a push and download."""
+    run_dir = tmp_path / "zero-run"
+    shutil.copytree(run.run_dir, run_dir)
+    job_dir = run_dir / "jobs" / "BTCUSDT_1h"
+    recommit(job_dir, _zero_weights)
+    candles = load_candles(run, "BTCUSDT", "1h")
+    last_close = candles["close"].iloc[-1]
+
+    forecast = predict_next(job_dir, candles)
+    for column in ("open", "close", "bb_upper", "bb_lower"):
+        np.testing.assert_array_equal(forecast[column], np.full(3, last_close))
+    assert (forecast["high"] > last_close).all() and (forecast["low"] < last_close).all()  # wicks, never inside
+
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
+        push_run(run_dir, repo_id="tester/zero", private=True, overwrite_cards=False, only=())
+        capsys.readouterr()
+        predict_command("hf://tester/zero/BTCUSDT/1h", symbol=None, timeframe=None, data_path=DATA_FILE,
+                        config_path=None, as_json=True)
+        remote = json.loads(capsys.readouterr().out)
+    assert [row["close"] for row in remote["forecast"]] == [pd.read_csv(DATA_FILE)["close"].iloc[-1]] * 3
+
+
+def _headline_skill(value: float):
+    def change(stage) -> None:
+        metrics = json.loads((stage / "metrics.json").read_text())
+        metrics["headline"]["skill"] = value
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+    return change
+
+
+@pytest.mark.parametrize("skill, worse", [(-0.25, True), (0.03, False)])
+def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, capsys, tmp_path, skill, worse):
+    copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    shutil.copytree(job_dir, copy)
+    recommit(copy, _headline_skill(skill))
+
+    predict_command(str(copy), None, None, data_path=DATA_FILE, config_path=None, as_json=False)
+    out = capsys.readouterr().out
+    assert f"skill {skill:+.3f}" in out
+    assert ("WORSE than persistence" in out) is worse
+    predict_command(str(copy), None, None, data_path=DATA_FILE, config_path=None, as_json=True)
+    record = json.loads(capsys.readouterr().out)["test_skill"]
+    assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
+
+
+def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predicts(tmp_path):
+    """Run directories made before framing: no relative_to, targets scaled with the inputs' scaler, no
+    headline in metrics.json, no candle heads in config.yaml."""
+    raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
+    raw["data"]["symbols"] = ["BTCUSDT"]
+    raw["window"]["relative_to"] = None
+    raw["heads"][0]["candle"] = False
+    raw["train"]["epochs"] = 1
+    cfg = RunConfig.model_validate(raw)
+    assert run_config(cfg, make_jobs(cfg)).exit_code == 0
+    job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
+
+    def as_before(stage) -> None:
+        prep = json.loads((stage / "preprocessing.json").read_text())
+        del prep["relative_to"]
+        for head in prep["heads"]:
+            del head["scaler"], head["candle"]
+        (stage / "preprocessing.json").write_text(json.dumps(prep))
+        metrics = json.loads((stage / "metrics.json").read_text())
+        del metrics["headline"]
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+        config = yaml.safe_load((stage / "config.yaml").read_text())
+        del config["window"]["relative_to"]
+        for head in config["heads"]:
+            del head["candle"]
+        (stage / "config.yaml").write_text(yaml.safe_dump(config))
+    recommit(job_dir, as_before)
+
+    candles = load_candles(cfg, "BTCUSDT", "1h")
+    forecast = predict_next(job_dir, candles)
+    prep = json.loads((job_dir / "preprocessing.json").read_text())
+    scaler = Scaler.from_dict(prep["scaler"])  # the old way, spelled out: one scaler, absolute levels
+    frame = compute_features(candles, cfg.features).iloc[-16:]
+    x = scaler.transform(frame, cfg.features.columns)[None]
+    outputs = keras.saving.load_model(job_dir / "model.keras", compile=False)(x, training=False)
+    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]],
+                               scaler.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
+                               rtol=1e-6)
+    predict_command(str(job_dir), None, None, data_path=DATA_FILE, config_path=None, as_json=True)

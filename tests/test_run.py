@@ -25,7 +25,7 @@ from trainer.data import read_candles_file
 from trainer.features import compute_features
 from trainer.jobs import Job
 from trainer.reporting import JobProgress, summary_line
-from trainer.windows import Scaler, make_inputs
+from trainer.windows import Preprocessing
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
              "predictions.npz", "manifest.json"}
@@ -76,6 +76,7 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(fini
     run_dir, _, _ = finished_run
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
     preprocessing = json.loads((job_dir / "preprocessing.json").read_text())
+    prep = Preprocessing.from_dict(preprocessing)
     data = json.loads((job_dir / "metrics.json").read_text())["data"]  # which candles the job was trained on
     model = keras.models.load_model(job_dir / "model.keras")
     recorded = np.load(job_dir / "predictions.npz")
@@ -86,10 +87,10 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(fini
     times = recorded["target_times"]
     for i in (0, len(times) // 2, len(times) - 1):
         history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
-        outputs = model.predict(make_inputs(history, preprocessing), verbose=0)
+        x, last_close = prep.make_inputs(history)
+        prices = prep.to_prices(model.predict(x, verbose=0), last_close)
         for head in preprocessing["heads"]:
-            prices = Scaler.from_dict(preprocessing["scaler"]).inverse(outputs[head["name"]][0], head["columns"])
-            np.testing.assert_allclose(prices, recorded[head["name"]][i], rtol=1e-4)
+            np.testing.assert_allclose(prices[head["name"]][0], recorded[head["name"]][i], rtol=1e-4)
 
 
 def test_same_config_and_data_give_the_same_metrics(finished_run, tmp_path):
@@ -177,8 +178,16 @@ def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
 
 def test_a_job_without_skill_is_summarised_without_one():
     # persistence was exact on the test split (MAE 0): there is no skill to give
-    summary = {"epochs": 2, "test_mae": 0.5, "persistence_mae": 0.0, "skill": None}
-    assert summary_line(summary) == "done in 2 epochs, test MAE 0.5 vs persistence 0 (skill -)"
+    summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.0, "skill": None}
+    assert summary_line(summary) == "done in 2 epochs, test MAE (ohlc.close) 0.5 vs persistence 0: skill -"
+
+
+@pytest.mark.parametrize("skill, said", [(-0.0123, "skill -0.012 (WORSE than persistence: repeating the last close "
+                                                  "forecasts better)"),
+                                         (0.0456, "skill +0.046 (better than persistence)")])
+def test_a_jobs_line_says_plainly_whether_it_beats_persistence(skill, said):
+    summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.6, "skill": skill}
+    assert summary_line(summary).endswith(said)
 
 
 def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):

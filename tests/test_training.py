@@ -32,7 +32,7 @@ def cfg(request, tmp_path):
 def _windows(cfg, symbol, model):
     candles = load_candles(cfg, symbol, "1h")
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    return make_windows(frame, cfg, output_shapes(model))
+    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
 
 
 def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model(cfg, tmp_path, monkeypatch):
@@ -91,20 +91,22 @@ def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(c
     feed = DeviceFeed.of(model, btc)
     np.testing.assert_array_equal(feed.rows.numpy(), btc.rows)
     assert feed.rows.device == model.trainable_variables[0].value.device  # where the model trains
-    for split in (btc.train, btc.val):  # exactly the windows and targets make_windows describes
+    for split in (btc.train, btc.val):  # the windows and targets make_windows describes, framed in float32 here
         x, y = feed.gather(tf.constant(split.first_target_rows))
-        np.testing.assert_array_equal(x.numpy(), split.x)
+        np.testing.assert_allclose(x.numpy(), split.x, atol=2e-4)
         assert y.keys() == split.y.keys()
         for head, targets in y.items():
-            np.testing.assert_array_equal(targets.numpy(), split.y[head])
+            np.testing.assert_allclose(targets.numpy(), split.y[head], atol=2e-4)
 
     batch = next(iter(feed.batches(btc.train, 64, shuffle_seed=1)))
     assert (batch.dtype, batch.shape) == (tf.int32, (64,))  # only sample numbers go through tf.data
     assert not np.array_equal(batch.numpy(), btc.train.first_target_rows[:64])  # shuffled
 
     eth = _windows(cfg, "ETHUSDT", model)
-    assert DeviceFeed.of(model, eth) is feed  # the next job: same feed, its rows replaced
+    assert DeviceFeed.of(model, eth) is feed  # the next job: same feed, its rows and scalers replaced
     np.testing.assert_array_equal(feed.rows.numpy(), eth.rows)
+    x, _ = feed.gather(tf.constant(eth.val.first_target_rows))
+    np.testing.assert_allclose(x.numpy(), eth.val.x, atol=2e-4)
 
 
 def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):

@@ -1,5 +1,6 @@
-"""Windows: chronological split, scaling fit on the train rows only, sliding windows shaped exactly like
-the model heads, and the saved preprocessing that `predict` replays."""
+"""Windows: chronological split, framing relative to each window's last close (or absolute levels), scaling
+fit on the train samples only, sliding windows shaped exactly like the model heads, the saved preprocessing
+that `predict` replays, and the one inversion back to prices."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pytest
 from tests.conftest import SHARED_OHLCV, tiny_config_dict
 from trainer.config import RunConfig
 from trainer.errors import JobError, UserError
-from trainer.windows import Scaler, make_inputs, make_windows
+from trainer.windows import PRICE_DIFFERENCES, PRICE_LEVELS, Preprocessing, Scaler, make_windows
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
 
@@ -33,7 +34,23 @@ def feature_frame(rows: int = 400) -> pd.DataFrame:
 def tiny_cfg(tmp_path, **window) -> RunConfig:
     raw = tiny_config_dict(tmp_path)
     raw["window"].update(window)
+    raw["heads"][0]["candle"] = raw["window"].get("relative_to", "last_close") is not None
     return RunConfig.model_validate(raw)
+
+
+def windows_of(frame: pd.DataFrame, cfg: RunConfig, shapes: dict = SEQ_SHAPES):
+    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, shapes)
+
+
+def framed(values: pd.DataFrame, last_close: float, relative: bool) -> np.ndarray:
+    """The framing spelled out column by column, independently of trainer.windows."""
+    if not relative:
+        return values.to_numpy()
+    return np.stack([np.log(values[c] / last_close) if c in PRICE_LEVELS else
+                     values[c] / last_close if c in PRICE_DIFFERENCES else values[c] for c in values.columns], axis=-1)
+
+
+FRAMINGS = pytest.mark.parametrize("relative_to", ["last_close", None])
 
 
 def positions(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
@@ -44,17 +61,19 @@ def positions(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     return found
 
 
-def test_windows_are_chronological_and_line_up_with_the_frame(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+@FRAMINGS
+def test_windows_are_chronological_and_line_up_with_the_frame(tmp_path, relative_to):
+    cfg = tiny_cfg(tmp_path, relative_to=relative_to)
     frame = feature_frame()
     original = frame.copy()
-    windows = make_windows(frame, cfg, SEQ_SHAPES)
-    pd.testing.assert_frame_equal(frame, original)  # scaled in a copy, never in the caller's frame
+    windows = windows_of(frame, cfg)
+    pd.testing.assert_frame_equal(frame, original)  # framed and scaled in copies, never in the caller's frame
+    prep = windows.preprocessing
     columns = cfg.features.columns
-    heads = {head.name: head.columns for head in cfg.heads}
+    heads = {head.name: head for head in prep.heads}
     previous_last_target = -1
     for split in (windows.train, windows.val, windows.test):
-        n = len(split.x)
+        n = len(split)
         assert split.x.shape == (n, 16, len(columns)) and split.x.dtype == np.float32
         assert {name: y.shape for name, y in split.y.items()} == {"ohlc": (n, 3, 4), "bb": (n, 3, 2)}
         assert split.target_times.dtype == np.dtype("datetime64[ns]") and split.target_times.shape == (n,)
@@ -63,76 +82,123 @@ def test_windows_are_chronological_and_line_up_with_the_frame(tmp_path):
         previous_last_target = rows[-1] + 2
         for sample in sorted({0, n - 1, *range(0, n, 7)}):  # a spread of samples, both ends included
             row = rows[sample]
-            expected_x = windows.scaler.transform(frame.iloc[row - 16:row])
-            np.testing.assert_array_equal(split.x[sample], expected_x)
-            for name, head_columns in heads.items():
-                target_rows = frame.iloc[row:row + 3]
-                np.testing.assert_array_equal(split.y[name][sample],
-                                              windows.scaler.transform(target_rows, head_columns))
-                np.testing.assert_array_equal(split.y_raw[name][sample], target_rows[head_columns])
+            last_close = frame["close"].iloc[row - 1]
+            expected_x = (framed(frame[columns].iloc[row - 16:row], last_close, relative_to is not None)
+                          - prep.scaler.offset) / prep.scaler.scale
+            np.testing.assert_allclose(split.x[sample], expected_x, rtol=1e-5, atol=1e-5)
+            for name, head in heads.items():
+                target_rows = frame[list(head.columns)].iloc[row:row + 3]
+                expected_y = (framed(target_rows, last_close, relative_to is not None) - head.scaler.offset) \
+                    / head.scaler.scale
+                np.testing.assert_allclose(split.y[name][sample], expected_y, rtol=1e-5, atol=1e-5)
+                np.testing.assert_array_equal(split.y_raw[name][sample], target_rows)
                 np.testing.assert_array_equal(split.last_inputs[name][sample],
-                                              frame[head_columns].iloc[row - 1].to_numpy())
-    splits = windows.preprocessing()["splits"]
+                                              frame[list(head.columns)].iloc[row - 1].to_numpy())
+    splits = prep.splits
     assert [splits[s]["rows"] for s in ("train", "val", "test")] == [280, 60, 60]
     assert pd.Timestamp(splits["train"]["last"]) < pd.Timestamp(splits["val"]["first"])
     assert pd.Timestamp(splits["test"]["last"]) == frame.index[-1]
 
 
+def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_path):
+    """Price levels' targets are log returns from the last close, scaled without an offset: an all-zero model
+    output is "no change"; unitless columns keep an ordinary scaler."""
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"] = [{"name": "ohlc", "columns": ["open", "high", "low", "close"], "candle": True},
+                    {"name": "momentum", "columns": ["rsi", "atr"]}]
+    cfg = RunConfig.model_validate(raw)
+    prep = windows_of(feature_frame(), cfg, {"ohlc": (3, 4), "momentum": (3, 2)}).preprocessing
+    ohlc, momentum = prep.heads
+    assert np.all(ohlc.scaler.offset == 0) and len(set(ohlc.scaler.scale)) == 1  # one scale: a candle stays one
+    assert np.all(momentum.scaler.offset != 0)
+
+
+@FRAMINGS
 @pytest.mark.parametrize("kind", ["standard", "minmax"])
-def test_scaler_is_fit_on_the_train_rows_only(tmp_path, kind):
-    cfg = tiny_cfg(tmp_path, scaler=kind)
+def test_scaler_is_fit_on_the_train_samples_only(tmp_path, kind, relative_to):
+    cfg = tiny_cfg(tmp_path, scaler=kind, relative_to=relative_to)
     frame = feature_frame()
-    windows = make_windows(frame, cfg, SEQ_SHAPES)
-    train_rows = frame[cfg.features.columns].iloc[:windows.preprocessing()["splits"]["train"]["rows"]]
+    windows = windows_of(frame, cfg)
+    columns = cfg.features.columns
+    train_end = windows.preprocessing.splits["train"]["rows"]
+    # Every train sample's inputs (first target rows 16 .. train_end - 3), framed as the model sees them.
+    seen = np.concatenate([framed(frame[columns].iloc[row - 16:row], frame["close"].iloc[row - 1],
+                                  relative_to is not None) for row in range(16, train_end - 3 + 1)])
+    scaler = windows.preprocessing.scaler
     if kind == "standard":
-        np.testing.assert_allclose(windows.scaler.offset, train_rows.mean(), rtol=1e-12)
-        np.testing.assert_allclose(windows.scaler.scale, train_rows.std(ddof=0), rtol=1e-12)
+        np.testing.assert_allclose(scaler.offset, seen.mean(axis=0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(scaler.scale, seen.std(axis=0), rtol=1e-9)
     else:
-        np.testing.assert_allclose(windows.scaler.offset, train_rows.min(), rtol=1e-12)
-        np.testing.assert_allclose(windows.scaler.scale, train_rows.max() - train_rows.min(), rtol=1e-12)
-        assert windows.train.x.min() >= 0 and windows.train.x.max() <= 1
+        np.testing.assert_allclose(scaler.offset, seen.min(axis=0), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(scaler.scale, np.ptp(seen, axis=0), rtol=1e-9)
+        assert windows.train.x.min() >= -1e-6 and windows.train.x.max() <= 1 + 1e-6
 
 
+def _fitted(windows) -> dict:
+    """The scalers, as saved."""
+    saved = windows.preprocessing.to_dict()
+    return {"scaler": saved["scaler"], "heads": saved["heads"]}
+
+
+@FRAMINGS
 @pytest.mark.parametrize("changed", ["first row after the train split", "every row after the train split"])
-def test_no_leakage_from_rows_after_the_train_split(tmp_path, changed):
-    cfg = tiny_cfg(tmp_path)
+def test_no_leakage_from_rows_after_the_train_split(tmp_path, changed, relative_to):
+    cfg = tiny_cfg(tmp_path, relative_to=relative_to)
     frame = feature_frame()
-    before = make_windows(frame, cfg, SEQ_SHAPES)
-    train_end = before.preprocessing()["splits"]["train"]["rows"]
+    before = windows_of(frame, cfg)
+    train_end = before.preprocessing.splits["train"]["rows"]
     end = train_end + 1 if changed.startswith("first") else len(frame)
     altered = frame.copy()
     altered.iloc[train_end:end] *= np.random.default_rng(0).uniform(0.5, 2.0, size=(end - train_end, 1))
-    after = make_windows(altered, cfg, SEQ_SHAPES)
+    after = windows_of(altered, cfg)
 
     np.testing.assert_array_equal(after.train.x, before.train.x)
     for name in SEQ_SHAPES:
         np.testing.assert_array_equal(after.train.y[name], before.train.y[name])
-    assert after.scaler.to_dict() == before.scaler.to_dict()
+    assert _fitted(after) == _fitted(before)
     # The change did reach the later splits, so the test would see a leak if there were one.
     assert not np.array_equal(after.val.x, before.val.x)
 
 
-def test_changing_a_train_row_changes_the_scaler(tmp_path):
+def test_a_window_uses_nothing_after_its_last_input_row(tmp_path):
+    """Relative framing reads each window's anchor at its own last input row: later rows (its targets and
+    everything after) cannot change its inputs; its last input row does."""
+    cfg = tiny_cfg(tmp_path)
+    frame = feature_frame()
+    before = windows_of(frame, cfg)
+    sample = 20
+    first_target = positions(frame, before.test.target_times[sample:sample + 1])[0]
+    later = frame.copy()
+    later.iloc[first_target:] *= 1.3
+    after = windows_of(later, cfg)
+    np.testing.assert_array_equal(after.test.x[sample], before.test.x[sample])
+    assert after.test.anchor[sample] == before.test.anchor[sample]
+    last_input = frame.copy()
+    last_input.iloc[first_target - 1] *= 1.3
+    assert not np.array_equal(windows_of(last_input, cfg).test.x[sample], before.test.x[sample])
+
+
+def test_changing_a_train_row_changes_the_scalers(tmp_path):
     """The counterpart of the leakage test: the comparison it relies on does detect a change."""
     cfg = tiny_cfg(tmp_path)
     frame = feature_frame()
-    before = make_windows(frame, cfg, SEQ_SHAPES)
+    before = windows_of(frame, cfg)
     altered = frame.copy()
-    altered.iloc[before.preprocessing()["splits"]["train"]["rows"] - 1] *= 1.5
-    assert make_windows(altered, cfg, SEQ_SHAPES).scaler.to_dict() != before.scaler.to_dict()
+    altered.iloc[before.preprocessing.splits["train"]["rows"] // 2] *= 1.5
+    assert _fitted(windows_of(altered, cfg)) != _fitted(before)
 
 
 def test_single_step_targets_take_the_exact_output_shape(tmp_path):
     cfg = tiny_cfg(tmp_path, horizon=1)
     frame = feature_frame()
-    dense = make_windows(frame, cfg, {"ohlc": (4,), "bb": (2,)})
-    per_step = make_windows(frame, cfg, {"ohlc": (1, 4), "bb": (1, 2)})
-    n = len(dense.train.x)
+    dense = windows_of(frame, cfg, {"ohlc": (4,), "bb": (2,)})
+    per_step = windows_of(frame, cfg, {"ohlc": (1, 4), "bb": (1, 2)})
+    n = len(dense.train)
     assert dense.train.y["ohlc"].shape == dense.train.y_raw["ohlc"].shape == (n, 4)
     assert per_step.train.y["ohlc"].shape == per_step.train.y_raw["ohlc"].shape == (n, 1, 4)
     np.testing.assert_array_equal(dense.train.y["ohlc"], per_step.train.y["ohlc"][:, 0])
-    assert dense.preprocessing()["heads"][0] == {"name": "ohlc", "columns": ["open", "high", "low", "close"],
-                                                 "target_shape": [4]}
+    saved = dense.preprocessing.to_dict()["heads"][0]
+    assert (saved["name"], saved["columns"], saved["target_shape"]) == ("ohlc", ["open", "high", "low", "close"], [4])
 
 
 @pytest.mark.parametrize("shapes, named", [
@@ -142,19 +208,28 @@ def test_single_step_targets_take_the_exact_output_shape(tmp_path):
 ])
 def test_a_target_shape_that_does_not_fit_the_head_is_a_user_error(tmp_path, shapes, named):
     with pytest.raises(UserError, match="^" + re.escape(named) + ": model output"):
-        make_windows(feature_frame(), tiny_cfg(tmp_path), shapes)
+        windows_of(feature_frame(), tiny_cfg(tmp_path), shapes)
 
 
 def test_too_few_rows_fail_the_job(tmp_path):
     with pytest.raises(JobError, match=r"too few .* the train split \(56 rows\) holds no complete window"):
-        make_windows(feature_frame(80), tiny_cfg(tmp_path, lookback=60), SEQ_SHAPES)
+        windows_of(feature_frame(80), tiny_cfg(tmp_path, lookback=60))
 
 
 def test_a_non_finite_feature_fails_the_job_naming_column_and_time(tmp_path):
     frame = feature_frame()
     frame.iloc[100, frame.columns.get_loc("atr")] = np.inf
     with pytest.raises(JobError, match=re.escape(f"atr is not finite at {frame.index[100]}")):
-        make_windows(frame, tiny_cfg(tmp_path), SEQ_SHAPES)
+        windows_of(frame, tiny_cfg(tmp_path))
+
+
+def test_a_price_level_that_is_not_positive_fails_the_job_when_framed_relative(tmp_path):
+    frame = feature_frame()
+    frame.iloc[100, frame.columns.get_loc("bb_lower")] = -3.0
+    with pytest.raises(JobError, match=re.escape(f"bb_lower is -3 at {frame.index[100]}; a price level must be "
+                                                 "positive")):
+        windows_of(frame, tiny_cfg(tmp_path))
+    windows_of(frame, tiny_cfg(tmp_path, relative_to=None))  # absolute levels may be anything finite
 
 
 @pytest.mark.parametrize("kind", ["standard", "minmax"])
@@ -176,19 +251,55 @@ def test_scaler_round_trips_exactly_through_json(kind):
         restored.transform(frame, ["close", "nope"])
 
 
-def test_make_inputs_replays_the_saved_preprocessing(tmp_path):
-    cfg = tiny_cfg(tmp_path)
+@FRAMINGS
+def test_make_inputs_replays_the_saved_preprocessing(tmp_path, relative_to):
+    cfg = tiny_cfg(tmp_path, relative_to=relative_to)
     frame = feature_frame()
-    windows = make_windows(frame, cfg, SEQ_SHAPES)
-    preprocessing = json.loads(json.dumps(windows.preprocessing()))
-    assert (preprocessing["lookback"], preprocessing["horizon"]) == (16, 3)
-    assert preprocessing["input_columns"] == cfg.features.columns
-    # The frame up to the last test sample's inputs gives exactly that sample's x.
+    windows = windows_of(frame, cfg)
+    prep = Preprocessing.from_dict(json.loads(json.dumps(windows.preprocessing.to_dict())))
+    assert (prep.lookback, prep.horizon, prep.relative_to) == (16, 3, relative_to)
+    assert list(prep.input_columns) == cfg.features.columns
+    # The frame up to the last test sample's inputs gives exactly that sample's x and anchor.
     last_input_row = positions(frame, windows.test.target_times[-1:])[0]
-    inputs = make_inputs(frame.iloc[:last_input_row], preprocessing)
+    inputs, last_close = prep.make_inputs(frame.iloc[:last_input_row])
     assert inputs.shape == (1, 16, len(cfg.features.columns))
     np.testing.assert_array_equal(inputs[0], windows.test.x[-1])
+    np.testing.assert_array_equal(last_close, windows.test.last_close[-1:])
     with pytest.raises(UserError, match="needs the last 16 feature rows; the data gives 10"):
-        make_inputs(frame.iloc[:10], preprocessing)
+        prep.make_inputs(frame.iloc[:10])
     with pytest.raises(UserError, match="no column atr"):
-        make_inputs(frame.drop(columns="atr"), preprocessing)
+        prep.make_inputs(frame.drop(columns="atr"))
+
+
+def test_an_all_zero_output_is_no_change_from_the_last_close_exactly(tmp_path):
+    """The inversion: zeros -> every price at its sample's last close, to float precision; the last close is
+    persistence's forecast of the close."""
+    windows = windows_of(feature_frame(), tiny_cfg(tmp_path))
+    test = windows.test
+    zeros = {name: np.zeros_like(y) for name, y in test.y.items()}
+    prices = windows.preprocessing.to_prices(zeros, test.last_close)
+    last_close = test.last_inputs["ohlc"][:, 3]
+    for name in SEQ_SHAPES:
+        np.testing.assert_array_equal(prices[name], np.broadcast_to(last_close[:, None, None], prices[name].shape))
+
+
+@FRAMINGS
+def test_the_scaled_targets_invert_to_the_actual_prices(tmp_path, relative_to):
+    windows = windows_of(feature_frame(), tiny_cfg(tmp_path, relative_to=relative_to))
+    test = windows.test
+    prices = windows.preprocessing.to_prices(test.y, test.last_close)
+    for name in SEQ_SHAPES:
+        np.testing.assert_allclose(prices[name], test.y_raw[name], rtol=1e-6)  # the targets are float32
+
+
+def test_a_preprocessing_file_of_an_earlier_version_reads_as_absolute_levels():
+    """Run directories made before framing existed: one scaler for inputs and targets, no relative_to."""
+    scaler = Scaler.fit("standard", ["open", "high", "low", "close", "rsi"], feature_frame(100)[
+        ["open", "high", "low", "close", "rsi"]].to_numpy())
+    old = {"input_columns": list(scaler.columns), "scaler": scaler.to_dict(), "lookback": 16, "horizon": 3,
+           "heads": [{"name": "close", "columns": ["close"], "target_shape": [3, 1]}], "splits": {}}
+    prep = Preprocessing.from_dict(old)
+    assert prep.relative_to is None and not prep.heads[0].candle
+    outputs = np.random.default_rng(0).normal(size=(5, 3, 1))
+    np.testing.assert_allclose(prep.to_prices({"close": outputs}, np.ones(5))["close"],
+                               scaler.inverse(outputs, ["close"]), rtol=1e-15)

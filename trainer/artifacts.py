@@ -75,6 +75,16 @@ def remove_abandoned_staging(run_dir: Path) -> list[Path]:
     return removed
 
 
+def headline(metrics: dict) -> dict:
+    """What a job is judged by (metrics.json's headline, see evaluate.headline). Jobs written before
+    headlines existed: their first head's skill over its columns, with no direction baseline."""
+    if "headline" in metrics:
+        return metrics["headline"]
+    head, scores = next(iter(metrics["heads"].items()))
+    return {"head": head, "column": None, "skill": scores["skill"], "mae": scores["model"]["mae"],
+            "persistence_mae": scores["persistence"]["mae"], "direction_accuracy": None, "majority_rate": None}
+
+
 def write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=1, default=_json_default))
 

@@ -19,6 +19,8 @@ import pandas as pd
 import yaml
 from huggingface_hub import ModelCardData
 
+from .artifacts import headline
+
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
 BASE_TAGS = ["keras", "lstm", "time-series-forecasting", "cryptocurrency", "cryptotrain"]
@@ -54,7 +56,7 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str) -> str:
         f"{lookback} candles of {', '.join(prep['input_columns'])}. Heads: {heads}. Trained with "
         "[cryptotrain](https://pypi.org/project/cryptotrain/).",
         "## Data\n\n" + _data_text(data, metrics["n_test"], test_range),
-        "## Metrics\n\n" + _metrics_table(metrics),
+        "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics),
         "## Training\n\n" + _training_text(metrics),
         "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo)),
         "## Config\n\n```yaml\n" + _public_config(job_dir / "config.yaml") + "```",
@@ -65,10 +67,11 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str) -> str:
 def job_row(job_dir: Path, path_in_repo: str) -> dict:
     """One line of the run card's table: the job's first head, which the config lists as its main one."""
     metrics = _read_json(job_dir / "metrics.json")
-    head, scores = next(iter(metrics["heads"].items()))
+    line = headline(metrics)
+    head = line["head"] + (f".{line['column']}" if line["column"] else "")
     return {"job": metrics["job"], "path": path_in_repo, "head": head, "epochs": metrics["epochs_run"],
-            "mae": scores["model"]["mae"], "persistence_mae": scores["persistence"]["mae"],
-            "skill": scores["skill"], "synthetic": metrics["data"]["synthetic"]}
+            "mae": line["mae"], "persistence_mae": line["persistence_mae"],
+            "skill": line["skill"], "synthetic": metrics["data"]["synthetic"]}
 
 
 def run_card(run_name: str, repo_id: str, rows: list[dict]) -> str:
@@ -141,17 +144,35 @@ def _data_text(data: dict, n_test: int, test_range: list[str]) -> str:
     return text
 
 
+def _headline_text(metrics: dict) -> str:
+    """The one sentence a reader needs: better or worse than repeating the last candle, on unseen data."""
+    line = headline(metrics)
+    what = f"`{line['head']}` {line['column']} (every step of the horizon)" if line["column"] else f"`{line['head']}`"
+    text = (f"**Test skill vs persistence: {_num(line['skill'])}** for {what}: MAE {_num(line['mae'])} against "
+            f"{_num(line['persistence_mae'])} for repeating the last candle.")
+    if line["skill"] is not None and line["skill"] < 0:
+        text += (" **This model is worse than persistence**: on the test split, repeating the last candle "
+                 "forecast better than it does.")
+    if line["direction_accuracy"] is not None:
+        text += (f" Direction of the close: {_num(line['direction_accuracy'])} correct, against "
+                 f"{_num(line['majority_rate'])} for always answering the most frequent move.")
+    return text
+
+
 def _metrics_table(metrics: dict) -> str:
     lines = ["On the held-out test split, in price units. Persistence repeats the last known candle; "
              "skill compares the model's error with persistence's (> 0: the model is better).", "",
-             "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill |",
-             "|---|---|---|---|---|---|---|"]
+             "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill | inconsistent candles |",
+             "|---|---|---|---|---|---|---|---|"]
     for head, scores in metrics["heads"].items():
+        candles = scores.get("inconsistent_candles", {})
         for who in ("model", "persistence"):
             m = scores[who]
             skill = _num(scores["skill"]) if who == "model" else ""
+            direction = _num(m["direction_accuracy"]) if who == "model" else ""
+            inconsistent = _num(candles.get("model")) if who == "model" else ""
             lines.append(f"| {head} | {who} | {_num(m['mae'])} | {_num(m['rmse'])} | {_num(m['mape'])} | "
-                         f"{_num(m['direction_accuracy'])} | {skill} |")
+                         f"{direction} | {skill} | {inconsistent} |")
     return "\n".join(lines)
 
 
@@ -166,9 +187,11 @@ def _usage_text(repo_id: str, folder: str, uri: str) -> str:
         "Forecast the next candles from the latest ones (a CSV/Parquet file of "
         "`timestamp,open,high,low,close,volume`):\n\n"
         f"```bash\npip install cryptotrain\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
-        "Or load the model yourself: inputs are the last `lookback` rows of `input_columns`, scaled as "
-        "`(x - offset) / scale` with `preprocessing.json`'s scaler; outputs are a dict of heads, in scaled "
-        "units (invert with the same scaler).\n\n"
+        "Or load the model yourself: inputs are the last `lookback` rows of `input_columns`, framed relative "
+        "to the window's last close when `relative_to` is `last_close` (price levels as log ratios to it, "
+        "macd/signal/atr divided by it) and scaled as `(x - offset) / scale` with `preprocessing.json`'s "
+        "scaler; outputs are a dict of heads, scaled by each head's own scaler (log returns from the last close "
+        "for prices). `trainer.windows.Preprocessing` does both ways.\n\n"
         "```python\nimport keras\nfrom huggingface_hub import snapshot_download\n\n"
         f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}*"])\n'
         f'model = keras.saving.load_model(f"{{local}}/{folder}model.keras")\n```'

@@ -266,6 +266,14 @@ class WindowConfig(Strict):
     horizon: int = Field(gt=0)
     split: Split = Split()
     scaler: Literal["standard", "minmax"] = "standard"
+    # last_close: every window is seen relative to its last close (price levels as log ratios to it, price
+    # differences divided by it; targets are log returns from it), so an all-zero output is "no change".
+    # null: absolute price levels, as the old scripts did (their models cannot reach prices outside the
+    # train split's range).
+    relative_to: Literal["last_close"] | None = "last_close"
+
+
+CANDLE = ("open", "high", "low", "close")
 
 
 class HeadConfig(Strict):
@@ -273,6 +281,16 @@ class HeadConfig(Strict):
     columns: list[str] = Field(min_length=1)
     loss: Literal["mse", "mae", "huber"] = "mse"
     weight: float = Field(1.0, gt=0)
+    # A candle-shaped head over open, high, low, close: high >= max(open, close) >= min(open, close) >= low
+    # by construction (open and close, plus two non-negative wicks).
+    candle: bool = False
+
+    @model_validator(mode="after")
+    def _candle_columns(self) -> HeadConfig:
+        if self.candle and sorted(self.columns) != sorted(CANDLE):
+            raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
+                             f"(got {', '.join(self.columns)})")
+        return self
 
 
 # ----------------------------------------------------------------------------- model layers
@@ -427,6 +445,10 @@ class RunConfig(Strict):
                     f"heads[{i}].columns: head '{head.name}' targets {', '.join(missing)}, which is not a "
                     f"feature column (features are: {', '.join(columns)})"
                 )
+            if head.candle and self.window.relative_to is None:
+                raise ValueError(f"heads[{i}].candle: a candle head needs window.relative_to: last_close")
+        if self.window.relative_to == "last_close" and "close" not in columns:
+            raise ValueError("window.relative_to: last_close needs close among features.base")
         return self
 
     @property

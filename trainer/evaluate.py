@@ -1,30 +1,29 @@
-"""Test-split predictions in price units -> metrics per head, next to the persistence baseline.
+"""Test-split predictions in price units -> metrics per head, next to baselines that mean something.
 
 Persistence repeats the last input candle over the horizon; skill = 1 - MAE_model / MAE_persistence,
-so a positive skill is a model that beats "nothing changes".
+so a positive skill is a model that beats "nothing changes". Direction accuracy (did the close move the
+way the model said?) is set beside the majority-class rate: the accuracy of always answering the most
+frequent of up / down / flat in the test split (persistence would score the share of flat closes only).
+The headline of a job is the close: its skill over every horizon step, per step too.
 """
 from __future__ import annotations
-
-from collections.abc import Sequence
 
 import keras
 import numpy as np
 
-from .config import HeadConfig, RunConfig
+from .config import CANDLE
 from .errors import JobError
-from .windows import HeadTarget, Scaler, SplitWindows, Windows
+from .windows import HeadTarget, Preprocessing, SplitWindows, Windows
 
-Head = HeadConfig | HeadTarget  # anything with a name and the columns it predicts
 # Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
 # memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
 INFERENCE_BATCH_SIZE = 1024
 
 
-def predict_prices(model: keras.Model, split: SplitWindows, windows_or_scaler: Windows | Scaler,
-                   heads: Sequence[Head], batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
+def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
+                   batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
     """Head -> predictions in price units, shaped like that head's targets in `split.y`."""
-    scaler = windows_or_scaler.scaler if isinstance(windows_or_scaler, Windows) else windows_or_scaler
-    return to_prices(predict_fixed_batches(model, split.x, batch_size), scaler, heads)
+    return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last_close)
 
 
 def predict_fixed_batches(model: keras.Model, x: np.ndarray,
@@ -39,29 +38,72 @@ def predict_fixed_batches(model: keras.Model, x: np.ndarray,
     return {name: np.concatenate([b[name] for b in batches])[:len(x)] for name in batches[0]}
 
 
-def to_prices(outputs: dict[str, np.ndarray], scaler: Scaler, heads: Sequence[Head]) -> dict[str, np.ndarray]:
-    """Scaled model outputs (head -> array, last axis = the head's columns) -> price units."""
-    return {head.name: scaler.inverse(outputs[head.name], head.columns) for head in heads}
-
-
-def evaluate(predicted: dict[str, np.ndarray], windows: Windows, cfg: RunConfig) -> dict:
+def evaluate(predicted: dict[str, np.ndarray], windows: Windows) -> dict:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
-    split) and for persistence."""
+    split) and for persistence; and the job's headline (see headline())."""
     test = windows.test
     heads = {}
-    for head in cfg.heads:
+    for head in windows.heads:
         actual = test.y_raw[head.name]
         last = test.last_inputs[head.name]  # (N, C)
         # (N, C) -> (N, 1, C) for per-step targets, so that it repeats over the horizon.
         persistence = np.broadcast_to(last.reshape(len(last), *[1] * (actual.ndim - 2), -1), actual.shape)
         close = head.columns.index("close") if "close" in head.columns else None
         last_close = last[:, close] if close is not None else None
-        scores = {"model": metrics(predicted[head.name], actual, last_close, close),
-                  "persistence": metrics(persistence, actual, last_close, close)}
-        baseline_mae = scores["persistence"]["mae"]
-        scores["skill"] = 1 - scores["model"]["mae"] / baseline_mae if baseline_mae > 0 else None
+        model = metrics(predicted[head.name], actual, last_close, close)
+        baseline = metrics(persistence, actual)
+        scores = {"model": model, "persistence": baseline, "skill": skill(model["mae"], baseline["mae"])}
+        if close is not None:
+            scores["close"] = close_scores(predicted[head.name][..., close], actual[..., close], last_close)
+        if set(CANDLE) <= set(head.columns):
+            scores["inconsistent_candles"] = {"model": inconsistent_share(predicted[head.name], head),
+                                              "actual": inconsistent_share(actual, head)}
         heads[head.name] = scores
-    return {"heads": heads, "n_test": len(test.x)}
+    return {"heads": heads, "headline": headline(heads, windows.heads), "n_test": len(test)}
+
+
+def headline(heads: dict[str, dict], order: tuple[HeadTarget, ...]) -> dict:
+    """What a job is judged by: the close of the first head that predicts it (its skill over every step,
+    direction accuracy next to the majority-class rate), else the first head's skill over its columns."""
+    with_close = [h.name for h in order if "close" in heads[h.name]]
+    if not with_close:
+        name = order[0].name
+        scores = heads[name]
+        return {"head": name, "column": None, "skill": scores["skill"], "mae": scores["model"]["mae"],
+                "persistence_mae": scores["persistence"]["mae"], "direction_accuracy": None, "majority_rate": None}
+    name = with_close[0]
+    close = heads[name]["close"]
+    return {"head": name, "column": "close", **{k: close[k] for k in ("skill", "mae", "persistence_mae",
+                                                                        "direction_accuracy", "majority_rate")}}
+
+
+def skill(mae: float, persistence_mae: float) -> float | None:
+    """1 - MAE / MAE of persistence; None where persistence is exact (nothing moved)."""
+    return 1 - mae / persistence_mae if persistence_mae > 0 else None
+
+
+def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -> dict:
+    """The close against persistence (the last close), over every horizon step and per step; direction
+    accuracy next to the rates of up / down moves and the majority-class rate. Arrays (N,) or (N, horizon)."""
+    pred, actual = pred.reshape(len(pred), -1), actual.reshape(len(actual), -1)  # (N, steps)
+    last = last_close[:, None]
+    model_error, persistence_error = np.abs(pred - actual), np.abs(last - actual)
+    moves = np.sign(actual - last)
+    rates = {"up_move_rate": float(np.mean(moves > 0)), "down_move_rate": float(np.mean(moves < 0))}
+    return {
+        "mae": float(model_error.mean()), "persistence_mae": float(persistence_error.mean()),
+        "skill": skill(float(model_error.mean()), float(persistence_error.mean())),
+        "skill_by_step": [skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
+                                                                    persistence_error.mean(axis=0))],
+        "direction_accuracy": float(np.mean(np.sign(pred - last) == moves)),
+        **rates, "majority_rate": max(*rates.values(), 1 - sum(rates.values())),
+    }
+
+
+def inconsistent_share(candles: np.ndarray, head: HeadTarget) -> float:
+    """The share of candles (samples x steps) with high < max(open, close) or low > min(open, close)."""
+    o, h, low, c = (candles[..., head.columns.index(column)] for column in CANDLE)
+    return float(np.mean((h < np.maximum(o, c)) | (low > np.minimum(o, c))))
 
 
 def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None = None,
@@ -74,6 +116,8 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
     """
     if pred.shape != actual.shape:
         raise JobError(f"evaluation: predictions of shape {pred.shape} against targets of shape {actual.shape}")
+    if not np.isfinite(pred).all():
+        raise JobError("evaluation: the model's test predictions are not all finite (in price units)")
     error = pred - actual
     result = {
         "mae": float(np.mean(np.abs(error))),

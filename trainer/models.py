@@ -90,7 +90,8 @@ def _assemble(cfg: RunConfig, n_features: int) -> keras.Model:
         except ValueError as exc:  # e.g. an LSTM after a layer that outputs no sequence
             raise cfg.error(f"model.layers[{i}] ({spec.kind}): {str(exc).strip().splitlines()[0]}") from None
     per_step = _ends_in_sequence(tuple(x.shape), cfg)
-    outputs = {head.name: _head(head, per_step)(x) for head in cfg.heads}
+    relative = cfg.window.relative_to is not None
+    outputs = {head.name: _head(head, x, per_step, relative) for head in cfg.heads}
     return keras.Model(inputs, outputs, name=cfg.name)
 
 
@@ -113,10 +114,33 @@ def _ends_in_sequence(trunk_shape: tuple, cfg: RunConfig) -> bool:
     return True
 
 
-def _head(head: HeadConfig, per_step: bool) -> keras.layers.Layer:
-    """A linear Dense per head; float32 so that its output stays float32 under mixed precision."""
-    dense = keras.layers.Dense(len(head.columns), dtype="float32", name=head.name)
-    return keras.layers.TimeDistributed(dense, dtype="float32", name=head.name) if per_step else dense
+def _head(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, relative: bool) -> keras.KerasTensor:
+    """A head's output: linear Dense units, one per column (per time step if the trunk ends in a sequence),
+    float32 so that it stays float32 under mixed precision.
+
+    Framed relative to the last close, a head starts at zero, i.e. at "no change" (its targets are scaled
+    with offset 0, see windows.py): the network learns deviations from the last close, as in NLinear.
+    A candle head outputs open and close, and two wicks through softplus (never negative):
+    high = max(open, close) + upper wick, low = min(open, close) - lower wick; the target scaler shares one
+    scale between the four, so the candle is consistent in prices too."""
+    init = "zeros" if relative else "glorot_uniform"
+
+    def dense(units: int, name: str, activation: str | None = None) -> keras.KerasTensor:
+        layer = keras.layers.Dense(units, activation=activation, kernel_initializer=init, dtype="float32",
+                                   name=name)
+        return (keras.layers.TimeDistributed(layer, dtype="float32", name=name) if per_step else layer)(trunk)
+
+    if not head.candle:
+        return dense(len(head.columns), head.name)
+    f32 = {"dtype": "float32"}
+    open_, close = dense(1, f"{head.name}_open"), dense(1, f"{head.name}_close")
+    upper, lower = dense(1, f"{head.name}_upper_wick", "softplus"), dense(1, f"{head.name}_lower_wick", "softplus")
+    parts = {
+        "open": open_, "close": close,
+        "high": keras.layers.Add(**f32)([keras.layers.Maximum(**f32)([open_, close]), upper]),
+        "low": keras.layers.Subtract(**f32)([keras.layers.Minimum(**f32)([open_, close]), lower]),
+    }
+    return keras.layers.Concatenate(name=head.name, **f32)([parts[column] for column in head.columns])
 
 
 def _optimizer(train: TrainConfig) -> keras.optimizers.Optimizer:

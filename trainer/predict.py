@@ -11,16 +11,16 @@ from pathlib import Path
 import keras
 import numpy as np
 import pandas as pd
+import yaml
 
-from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
-from .config import load_config
+from .artifacts import MANIFEST, STAGING_PREFIX, headline, jobs_dir, verify
+from .config import FeaturesConfig, TrainConfig, load_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
 from .device import setup
 from .errors import UserError
-from .evaluate import to_prices
 from .features import compute_features
-from .windows import HeadTarget, Scaler, make_inputs
+from .windows import Preprocessing
 
 PREPROCESSING = "preprocessing.json"
 
@@ -40,11 +40,13 @@ def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, d
     candles = _candles(job_dir, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles)
     last = candles.index[-1]
+    track_record = test_skill(job_dir)
     if as_json:
         print(json.dumps({
             "symbol": prep["symbol"], "timeframe": prep["timeframe"], "model": model_ref,
             "last_candle": last.isoformat(), "source": candles.attrs.get("source"),
             "synthetic": bool(candles.attrs.get("synthetic")),
+            "test_skill": track_record,
             "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(forecast.index,
                                                                                forecast.to_dict("records"))],
         }, indent=1))
@@ -52,20 +54,42 @@ def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, d
         synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if candles.attrs.get("synthetic") else ""
         _print_table(forecast, f"{prep['symbol']} {prep['timeframe']}: the next {len(forecast)} candle(s) after "
                                f"{last:%Y-%m-%d %H:%M} UTC, from {candles.attrs.get('source')}{synthetic}")
+        print(_track_record_text(track_record))
+
+
+def test_skill(job_dir: Path) -> dict:
+    """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
+    worse than persistence: what a forecast is worth."""
+    metrics = json.loads((job_dir / "metrics.json").read_text())
+    line = headline(metrics)
+    return {"head": line["head"], "column": line["column"], "skill": line["skill"], "mae": line["mae"],
+            "persistence_mae": line["persistence_mae"], "test_range": metrics["test_range"],
+            "worse_than_persistence": line["skill"] is not None and line["skill"] < 0}
+
+
+def _track_record_text(record: dict) -> str:
+    what = f"{record['head']}.{record['column']}" if record["column"] else record["head"]
+    skill = "n/a" if record["skill"] is None else f"{record['skill']:+.3f}"
+    text = (f"On its test split ({record['test_range'][0][:10]} to {record['test_range'][1][:10]}) this model's "
+            f"{what} MAE was {record['mae']:.6g} against persistence's {record['persistence_mae']:.6g}: skill {skill}.")
+    if record["worse_than_persistence"]:
+        text += " It was WORSE than persistence: repeating the last candle forecast better than this model."
+    return text
 
 
 def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column)."""
-    prep = _preprocessing(job_dir)
-    cfg = load_config(job_dir / "config.yaml")
-    x = make_inputs(compute_features(candles, cfg.features), prep)
-    setup(cfg.train)  # before TensorFlow touches a GPU: memory growth, threads
+    saved = _preprocessing(job_dir)
+    prep = Preprocessing.from_dict(saved)
+    # Only the sections predicting needs: a job saved by an earlier version need not pass today's whole schema.
+    saved_config = yaml.safe_load((job_dir / "config.yaml").read_text())
+    x, last_close = prep.make_inputs(compute_features(candles, FeaturesConfig.model_validate(saved_config["features"])))
+    setup(TrainConfig.model_validate(saved_config["train"]))  # before TensorFlow touches a GPU: memory growth, threads
     model = keras.saving.load_model(job_dir / "model.keras", compile=False)
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
-    heads = [HeadTarget(h["name"], tuple(h["columns"]), tuple(h["target_shape"])) for h in prep["heads"]]
-    prices = to_prices(outputs, Scaler.from_dict(prep["scaler"]), heads)
-    horizon = prep["horizon"]
+    prices = prep.to_prices(outputs, last_close)
+    horizon, heads = prep.horizon, prep.heads
     all_columns = [c for head in heads for c in head.columns]
     shared = len(set(all_columns)) < len(all_columns)
     columns = {}
@@ -73,7 +97,7 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
         steps = prices[head.name].reshape(horizon, len(head.columns))  # (1, horizon, C) or (1, C)
         for i, column in enumerate(head.columns):
             columns[f"{head.name}.{column}" if shared else column] = steps[:, i]
-    step = timeframe_delta(prep["timeframe"])
+    step = timeframe_delta(saved["timeframe"])
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 

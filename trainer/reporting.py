@@ -7,6 +7,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -66,7 +67,7 @@ class JobProgress:
 
 # ----------------------------------------------------------------------------- summary and status
 SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
-                   "direction_accuracy", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
+                   "direction_accuracy", "majority_rate", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
 
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
@@ -78,26 +79,39 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
 
 
 def summary_line(summary: dict) -> str:
-    return (f"done in {summary['epochs']} epochs, test MAE {summary['test_mae']:.4g} vs persistence "
-            f"{summary['persistence_mae']:.4g} (skill {_fmt(summary['skill'], '+.3f')})")
+    return (f"done in {summary['epochs']} epochs, test MAE ({summary['head']}) {summary['test_mae']:.4g} vs "
+            f"persistence {summary['persistence_mae']:.4g}: skill {_fmt(summary['skill'], '+.3f')}"
+            f"{verdict(summary['skill'])}")
+
+
+def verdict(skill: float | None) -> str:
+    """What a skill means, said plainly."""
+    if skill is None:
+        return ""
+    return " (better than persistence)" if skill > 0 else " (WORSE than persistence: repeating the last close " \
+        "forecasts better)" if skill < 0 else " (no better than persistence)"
 
 
 def print_summary_table(records) -> None:
-    """The run's table (first head, test split, price units), then one line per failed job."""
-    table = Table(title="summary: test split, price units, first head")
+    """The run's table (the close, test split, price units), then one line per failed job."""
+    table = Table(title="summary: the close on the test split, every horizon step, price units", box=box.SIMPLE_HEAD,
+                  padding=(0, 1), collapse_padding=True, pad_edge=False)
     table.add_column("job", no_wrap=True, min_width=max((len(r.name) for r in records), default=3))
     table.add_column("status", no_wrap=True)
-    for column in ("epochs", "val loss", "MAE", "persist MAE", "skill", "secs"):
-        table.add_column(column, justify="right")
+    for column in ("epochs", "MAE", "persist.", "skill", "dir", "major."):
+        table.add_column(column, justify="right", no_wrap=True, min_width=5)
     synthetic = False
     for record in records:
         s = record.summary or {}
         synthetic |= bool(s.get("synthetic"))
         table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), _fmt(s.get("epochs")),
-                      _fmt(s.get("best_val_loss")), _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")),
-                      _fmt(s.get("skill"), "+.3f"), _fmt(record.seconds, ".1f"))
+                      _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")),
+                      _fmt(s.get("skill"), "+.3f"), _fmt(s.get("direction_accuracy"), ".3f"),
+                      _fmt(s.get("majority_rate"), ".3f"))
+    table.caption = "skill = 1 - MAE / persistence MAE (< 0: worse than repeating the last close)\n" \
+        "dir: direction accuracy of the close; major.: the majority-class rate"
     if synthetic:
-        table.caption = "* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
+        table.caption += "\n* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
     out = Console()  # stdout, unlike the progress console
     out.print(table)
     for record in records:

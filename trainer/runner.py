@@ -186,9 +186,9 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
     _warn_collinear_once(frame, cfg)
     model = cache.model_for(cfg, len(cfg.features.columns))
-    windows = make_windows(frame, cfg, output_shapes(model))
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
     result = fit(model, windows, cfg, backup, callbacks=[ReportProgress(progress)])
-    predictions = predict_prices(model, windows.test, windows.scaler, cfg.heads)
+    predictions = predict_prices(model, windows.test, windows.preprocessing)
     release_free_memory()
     metrics = {
         "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
@@ -199,7 +199,7 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
         "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
         "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
         "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-        **evaluate(predictions, windows, cfg),
+        **evaluate(predictions, windows),
     }
     metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
     stage = artifacts.staging_dir(run_dir, job.name)
@@ -212,7 +212,7 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
 def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, windows: Windows,
                     result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
     model.save(stage / "model.keras")
-    preprocessing = {**windows.preprocessing(), "symbol": job.symbol, "timeframe": job.timeframe,
+    preprocessing = {**windows.preprocessing.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
                      "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
     artifacts.write_json(stage / "preprocessing.json", preprocessing)
     artifacts.write_json(stage / "metrics.json", metrics)
@@ -231,13 +231,15 @@ def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, w
 
 
 def _job_summary(metrics: dict) -> dict:
-    """The row of the run's summary table: the first head's test metrics next to persistence."""
-    head_name, head = next(iter(metrics["heads"].items()))
+    """The row of the run's summary table: the job's headline test metrics (evaluate.headline) next to
+    persistence's."""
+    line = metrics["headline"]
     return {
         "job": metrics["job"], "epochs": metrics["epochs_run"], "best_epoch": metrics["best_epoch"],
-        "best_val_loss": metrics["best_val_loss"], "head": head_name,
-        "test_mae": head["model"]["mae"], "persistence_mae": head["persistence"]["mae"],
-        "skill": head["skill"], "direction_accuracy": head["model"]["direction_accuracy"],
+        "best_val_loss": metrics["best_val_loss"],
+        "head": line["head"] + (f".{line['column']}" if line["column"] else ""),
+        "test_mae": line["mae"], "persistence_mae": line["persistence_mae"], "skill": line["skill"],
+        "direction_accuracy": line["direction_accuracy"], "majority_rate": line["majority_rate"],
         "seconds": metrics["seconds"], "train_step_seconds": metrics["train_step_seconds"],
         "rss_mb": metrics["rss_mb"], "synthetic": metrics["data"]["synthetic"],
     }

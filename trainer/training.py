@@ -82,7 +82,8 @@ def model_signature(cfg: RunConfig, n_features: int) -> str:
     return json.dumps({
         "model": cfg.model.model_dump(mode="json"),
         "heads": [h.model_dump(mode="json") for h in cfg.heads],
-        "window": [cfg.window.lookback, cfg.window.horizon],
+        "window": [cfg.window.lookback, cfg.window.horizon, cfg.window.relative_to],
+        "columns": cfg.features.columns,  # their framing is traced into the train step (DeviceFeed)
         "train": train,
         "n_features": n_features,
     }, sort_keys=True)
@@ -152,46 +153,61 @@ def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> 
 class DeviceFeed:
     """Training input without materialised windows, placed on the training device once per job.
 
-    A job's scaled rows (Windows.rows, a few hundred KB) are written into one variable on the device that
-    trains (the GPU when there is one). tf.data carries only batches of sample numbers (each sample's first
-    target row); the model's train and test steps gather each batch's input windows and targets from that
-    variable, on the device. So per batch only a few bytes of indices cross to the device, and no
-    (N, lookback, F) copy of the data is made for training.
+    A job's encoded rows (Windows.rows, a few hundred KB) and its scalers are written into variables on the
+    device that trains (the GPU when there is one). tf.data carries only batches of sample numbers (each
+    sample's first target row); the model's train and test steps gather each batch's input windows and
+    targets from those variables, then frame and scale them, on the device, as make_windows does on the host.
+    So per batch only a few bytes of indices cross to the device, and no (N, lookback, F) copy of the data
+    is made for training.
 
     One per model, made at its first fit: its gather is traced into the model's train step once and a
-    reused model only gets the next job's rows.
+    reused model only gets the next job's rows and scalers.
     """
 
     _of_model: weakref.WeakKeyDictionary[keras.Model, DeviceFeed] = weakref.WeakKeyDictionary()
 
     @classmethod
     def of(cls, model: keras.Model, windows: Windows) -> DeviceFeed:
-        """The model's feed, loaded with this job's rows."""
+        """The model's feed, loaded with this job's rows and scalers."""
         feed = cls._of_model.get(model)
         if feed is None:
             feed = cls._of_model[model] = cls(model, windows)
+        prep = windows.preprocessing
         feed.rows.assign(windows.rows)
+        for (offset, scale), scaler in zip(feed.scalers, [prep.scaler, *(h.scaler for h in prep.heads)]):
+            offset.assign(scaler.offset.astype(np.float32))
+            scale.assign(scaler.scale.astype(np.float32))
         return feed
 
     def __init__(self, model: keras.Model, windows: Windows) -> None:
+        prep = windows.preprocessing
         n_features = windows.rows.shape[1]
         self.rows = tf.Variable(tf.zeros((0, n_features)), shape=tf.TensorShape([None, n_features]),
                                 trainable=False, name="device_feed_rows")
-        self.lookback, self.horizon = windows.lookback, windows.horizon
-        # A model's heads and window are part of its signature (model_signature), so they stay as traced.
-        self.heads = [(h.name, [windows.scaler.columns.index(c) for c in h.columns], h.shape) for h in windows.heads]
+        self.scalers = [(tf.Variable(tf.zeros(len(scaler.columns)), trainable=False),
+                         tf.Variable(tf.ones(len(scaler.columns)), trainable=False))
+                        for scaler in [prep.scaler, *(h.scaler for h in prep.heads)]]
+        # The window, the feature columns, their framing and the heads are part of the model's signature
+        # (model_signature), so they stay as traced.
+        self.lookback, self.horizon, self.framing = prep.lookback, prep.horizon, prep.framing
+        self.heads = [(h.name, prep.head_positions(h), h.shape) for h in prep.heads]
         train_step, test_step = model.train_step, model.test_step
         model.train_step = lambda first_target_rows: train_step(self.gather(first_target_rows))
         model.test_step = lambda first_target_rows: test_step(self.gather(first_target_rows))
 
     def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """(inputs, targets per head) of the samples whose first target rows are given, as make_windows
-        shapes them."""
+        frames, scales and shapes them (in float32 here, float64 there)."""
         first = first_target_rows[:, tf.newaxis]
-        x = tf.gather(self.rows, first + tf.range(-self.lookback, 0))
+        window = tf.gather(self.rows, first + tf.range(-self.lookback, 0))  # (batch, lookback, F)
+        anchor = window[:, -1:, self.framing.anchor_column][:, :, tf.newaxis]  # (batch, 1, 1)
+        (in_offset, in_scale), *head_scalers = self.scalers
+        x = (self.framing.apply(window, anchor, tf.exp) - in_offset) / in_scale
         ahead = tf.gather(self.rows, first + tf.range(self.horizon))  # (batch, horizon, F)
-        y = {name: tf.reshape(tf.gather(ahead, positions, axis=2), (-1, *shape))
-             for name, positions, shape in self.heads}
+        y = {}
+        for (name, positions, shape), (offset, scale) in zip(self.heads, head_scalers):
+            framed = self.framing.apply(tf.gather(ahead, positions, axis=2), anchor, tf.exp, columns=positions)
+            y[name] = tf.reshape((framed - offset) / scale, (-1, *shape))
         return x, y
 
     @staticmethod

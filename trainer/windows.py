@@ -1,23 +1,41 @@
-"""Feature frame -> chronological train/val/test windows, scaled with statistics of the train split only.
+"""Feature frame -> chronological train/val/test windows, framed and scaled with statistics of the train
+split only; and back: model outputs -> prices, in one place (Preprocessing.to_prices).
 
 A sample is `lookback` input rows followed by `horizon` target rows. It belongs to the split that holds
 all of its target rows; its inputs may reach back into the previous split (that past is known when
 predicting), never forward. So the train samples read train rows only: nothing after the train split
-can change them, nor the scaler, which is fit on the train rows.
+can change them, nor the scalers, which are fit on the train samples.
+
+Framing (`window.relative_to`). With `last_close`, each window is seen relative to the close of its own
+last input row (NLinear, Zeng et al. 2023; RevIN, Kim et al. 2022): a model of levels cannot forecast a
+price outside the range it was trained on, a model of changes can.
+- price levels (PRICE_LEVELS) enter as log(value / last close); targets are the log return from the last
+  close to each target candle. Their target scalers keep offset 0, so an all-zero model output is the
+  "no change" forecast: every price at the last close.
+- price differences (PRICE_DIFFERENCES: macd, signal, atr) enter divided by the last close.
+- every other column (rsi, roc, bb_width_pct, bb_position, volatility, volume_norm, volume) is unitless or
+  not a price, and enters as it is.
+With `relative_to: null` every column enters as it is: absolute levels, as the old scripts did.
+Either way the framed values are then scaled per column (`window.scaler`), with statistics of the train
+samples only. Framing uses nothing after a window's last input row.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .config import RunConfig, Split
+from .config import HeadConfig as HeadSpec
+from .config import Split, WindowConfig
 from .errors import JobError, UserError
 
 SPLITS = ("train", "val", "test")
+PRICE_LEVELS = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
+PRICE_DIFFERENCES = frozenset({"macd", "signal", "atr"})
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,14 +47,28 @@ class Scaler:
     scale: np.ndarray
 
     @classmethod
-    def fit(cls, kind: str, columns: Sequence[str], values: np.ndarray) -> Scaler:
-        """Fit on `values` (rows x columns), e.g. the train split's rows only."""
+    def fit(cls, kind: str, columns: Sequence[str], values: np.ndarray, anchored: Sequence[bool] = (),
+            shared: bool = False) -> Scaler:
+        """Fit on `values` (..., columns), e.g. the train samples only.
+
+        `anchored` columns (a flag per column) keep offset 0, so that 0 stays 0 ("no change" for a value
+        relative to the last close): their scale is the root mean square (standard) or the largest
+        magnitude (minmax, to [-1, 1]). `shared`: the anchored columns get one scale, so that an order
+        between them (a candle's high above its close) holds in scaled units too."""
+        values = np.asarray(values, dtype=np.float64).reshape(-1, len(columns))
         if kind == "standard":
             offset, spread = values.mean(axis=0), values.std(axis=0)
+            from_zero = np.sqrt(np.mean(values**2, axis=0))
         elif kind == "minmax":
             offset, spread = values.min(axis=0), np.ptp(values, axis=0)
+            from_zero = np.abs(values).max(axis=0)
         else:
             raise UserError(f"window.scaler: unknown scaler '{kind}' (standard or minmax)")
+        anchored = np.zeros(len(columns), bool) if len(anchored) == 0 else np.asarray(anchored, dtype=bool)
+        if shared and anchored.any():
+            from_zero[anchored] = np.sqrt(np.mean(from_zero[anchored] ** 2)) if kind == "standard" \
+                else from_zero[anchored].max()
+        offset, spread = np.where(anchored, 0.0, offset), np.where(anchored, from_zero, spread)
         # A constant column has no spread; scale 1 keeps it finite instead of dividing by zero.
         return cls(kind, tuple(columns), offset, np.where(spread == 0, 1.0, spread))
 
@@ -74,26 +106,219 @@ class Scaler:
         return [self.columns.index(c) for c in columns]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
+class Framing:
+    """Which columns are framed relative to the last close, and how (see the module's docstring).
+
+    Windows are cut from *encoded* rows: log(value) for price levels when relative, else the value. Then,
+    with `anchor` = the encoded close of the window's last input row (log of the last close),
+        framed = (encoded - anchor * level) * exp(-anchor * difference)
+    i.e. log(value / last close) for levels, value / last close for differences, the value otherwise.
+    With relative_to null both masks are 0 and framing is the identity."""
+    relative_to: str | None
+    columns: tuple[str, ...]
+
+    @cached_property
+    def level(self) -> np.ndarray:
+        """1.0 for each column framed as a log ratio to the last close, else 0.0 (float32: for the device too)."""
+        return np.asarray([self.relative_to is not None and c in PRICE_LEVELS for c in self.columns], np.float32)
+
+    @cached_property
+    def difference(self) -> np.ndarray:
+        """1.0 for each column framed as a ratio to the last close, else 0.0."""
+        return np.asarray([self.relative_to is not None and c in PRICE_DIFFERENCES for c in self.columns],
+                          np.float32)
+
+    @property
+    def anchor_column(self) -> int:
+        """Where the last close is read in the rows (any column when nothing is framed)."""
+        return self.columns.index("close") if self.relative_to is not None else 0
+
+    def encode(self, raw: np.ndarray, where: pd.Index) -> np.ndarray:
+        """Raw rows (T, F) float64 -> encoded rows, in place."""
+        levels = self.level.astype(bool)
+        if levels.any():
+            values = raw[:, levels]
+            if not (values > 0).all():
+                row, col = np.argwhere(~(values > 0))[0]
+                raise JobError(f"feature frame: {np.asarray(self.columns)[levels][col]} is {values[row, col]:g} at "
+                               f"{where[row]}; a price level must be positive to be framed relative to the last "
+                               "close (window.relative_to)")
+            raw[:, levels] = np.log(values)
+        return raw
+
+    def apply(self, encoded, anchor, exp: Callable = np.exp, columns: Sequence[int] | None = None):
+        """Frame encoded values (..., C) against `anchor` (broadcastable to them); numpy or TensorFlow alike
+        (`exp` = np.exp or tf.exp). `columns`: positions of the C columns, default all."""
+        level, difference = (self.level, self.difference) if columns is None else \
+            (self.level[list(columns)], self.difference[list(columns)])
+        return (encoded - anchor * level) * exp(-anchor * difference)
+
+    def invert(self, framed: np.ndarray, last_close: np.ndarray, columns: Sequence[int]) -> np.ndarray:
+        """Framed values (..., C) of `columns` back to raw units, float64; the inverse of apply, given the
+        last close (broadcastable to them). Levels are last_close * exp(framed): a framed 0 is the last close
+        exactly."""
+        level, difference = self.level[list(columns)] > 0, self.difference[list(columns)] > 0
+        framed = np.asarray(framed, dtype=np.float64)
+        raw = np.where(difference, framed * last_close, framed)
+        raw[..., level] = last_close * np.exp(framed[..., level])
+        return raw
+
+
+@dataclass(frozen=True, eq=False)
 class HeadTarget:
-    """What one model head predicts: its columns, and its output shape without the batch axis."""
+    """What one model head predicts: its columns, its output shape without the batch axis, whether it is
+    candle-shaped, and how its framed targets are scaled."""
     name: str
     columns: tuple[str, ...]
     shape: tuple[int, ...]
+    scaler: Scaler
+    candle: bool = False
+
+
+@dataclass(frozen=True, eq=False)
+class Preprocessing:
+    """Everything needed to turn raw feature rows into model inputs, and model outputs into prices.
+    Saved as preprocessing.json (to_dict / from_dict, which also reads the files of earlier versions)."""
+    input_columns: tuple[str, ...]
+    lookback: int
+    horizon: int
+    relative_to: str | None
+    scaler: Scaler  # of the framed inputs
+    heads: tuple[HeadTarget, ...]
+    splits: dict[str, dict]  # split -> {"first", "last": ISO timestamps of its rows, "rows": count}
+
+    @cached_property
+    def framing(self) -> Framing:
+        return Framing(self.relative_to, self.input_columns)
+
+    def head_positions(self, head: HeadTarget) -> list[int]:
+        return [self.input_columns.index(c) for c in head.columns]
+
+    def inputs(self, encoded_windows: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        """Encoded input windows (N, lookback, F) and their anchors (N,) -> the model input, float32."""
+        framed = self.framing.apply(encoded_windows, anchor[:, None, None])  # a new float64 array
+        return self.scaler.transform(framed, out=framed)
+
+    def targets(self, head: HeadTarget, encoded_ahead: np.ndarray, anchor: np.ndarray) -> np.ndarray:
+        """Encoded target rows (N, horizon, C) of a head's columns -> scaled targets in its output shape."""
+        positions = self.head_positions(head)
+        framed = self.framing.apply(encoded_ahead, anchor[:, None, None], columns=positions)
+        return head.scaler.transform(framed).reshape(len(framed), *head.shape)
+
+    def to_prices(self, outputs: dict[str, np.ndarray], last_close: np.ndarray) -> dict[str, np.ndarray]:
+        """Model outputs (head -> (N, *head shape)) -> the same in raw units (prices), float64.
+        `last_close`: (N,) each sample's last input close (unused when relative_to is null).
+        The one place where outputs become prices: evaluation, predict, cards and the Hub all use it."""
+        prices = {}
+        for head in self.heads:
+            framed = head.scaler.inverse(outputs[head.name], head.columns)
+            close = np.reshape(last_close, (len(last_close), *[1] * (framed.ndim - 1)))
+            prices[head.name] = self.framing.invert(framed, close, self.head_positions(head))
+        return prices
+
+    def make_inputs(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        """The model input (1, lookback, F) for forecasting after the LAST row of `frame`, and its last
+        close (1,) for to_prices."""
+        if len(frame) < self.lookback:
+            raise UserError(f"predicting needs the last {self.lookback} feature rows; the data gives {len(frame)}")
+        window = frame.iloc[-self.lookback:]
+        raw = _finite_values(window, self.input_columns, UserError)
+        last_close = raw[-1:, self.framing.anchor_column].copy()
+        encoded = self.framing.encode(raw, window.index)
+        return self.inputs(encoded[np.newaxis], encoded[-1:, self.framing.anchor_column]), last_close
+
+    def to_dict(self) -> dict:
+        return {
+            "input_columns": list(self.input_columns),
+            "relative_to": self.relative_to,
+            "scaler": self.scaler.to_dict(),
+            "lookback": self.lookback,
+            "horizon": self.horizon,
+            "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
+                       "candle": h.candle, "scaler": h.scaler.to_dict()} for h in self.heads],
+            "splits": self.splits,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Preprocessing:
+        """Also the preprocessing.json of runs made before framing existed: absolute levels, and targets
+        scaled with the inputs' scaler."""
+        scaler = Scaler.from_dict(d["scaler"])
+        heads = []
+        for h in d["heads"]:
+            columns = tuple(h["columns"])
+            if "scaler" in h:
+                head_scaler = Scaler.from_dict(h["scaler"])
+            else:
+                positions = scaler._positions(columns)
+                head_scaler = Scaler(scaler.kind, columns, scaler.offset[positions], scaler.scale[positions])
+            heads.append(HeadTarget(h["name"], columns, tuple(h["target_shape"]), head_scaler,
+                                    bool(h.get("candle", False))))
+        return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d.get("relative_to"), scaler,
+                   tuple(heads), d.get("splits", {}))
+
+
+@dataclass(frozen=True, eq=False)
+class _Rows:
+    """One job's rows, which every split's windows are views of."""
+    raw: np.ndarray  # (T, F) float64, the feature values
+    encoded: np.ndarray  # (T, F) float64, see Framing
+    preprocessing: Preprocessing
 
 
 @dataclass(frozen=True, eq=False)
 class SplitWindows:
-    x: np.ndarray  # (N, lookback, F) float32, scaled; a read-only view into one scaled array
-    y: dict[str, np.ndarray]  # head -> (N, *head output shape) float32, scaled
-    # The same targets in raw (price) units, float64: metrics must not inherit float32 rounding
-    # (a flat candle must stay exactly flat for direction accuracy).
-    y_raw: dict[str, np.ndarray]
-    last_inputs: dict[str, np.ndarray]  # head -> (N, C) raw values of its columns at the last input step
+    """The samples of one split. Sample i is rows first_target_rows[i] - lookback .. - 1 as input, then
+    `horizon` rows of the heads' columns as targets. Arrays are computed when first asked for."""
+    rows: _Rows
+    first_target_rows: np.ndarray  # (N,) int32
     target_times: np.ndarray  # (N,) datetime64[ns] (UTC) of each sample's first target step
-    # (N,) int32: the row of Windows.rows holding each sample's first target step. Sample i is rows
-    # first_target_rows[i] - lookback .. - 1 as input, then `horizon` rows of the heads' columns.
-    first_target_rows: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.first_target_rows)
+
+    @cached_property
+    def anchor(self) -> np.ndarray:
+        """(N,) each sample's encoded anchor: the log of its last input close when relative."""
+        return self.rows.encoded[self.first_target_rows - 1, self.rows.preprocessing.framing.anchor_column]
+
+    @cached_property
+    def last_close(self) -> np.ndarray:
+        """(N,) each sample's last input close (raw), which to_prices turns framed outputs into prices with."""
+        return self.rows.raw[self.first_target_rows - 1, self.rows.preprocessing.framing.anchor_column]
+
+    @cached_property
+    def x(self) -> np.ndarray:
+        """(N, lookback, F) float32: the model inputs."""
+        prep = self.rows.preprocessing
+        windows = sliding_window_view(self.rows.encoded, prep.lookback, axis=0).transpose(0, 2, 1)
+        return prep.inputs(windows[self.first_target_rows - prep.lookback], self.anchor)
+
+    @cached_property
+    def y(self) -> dict[str, np.ndarray]:
+        """Head -> (N, *head output shape) float32: the scaled targets."""
+        prep = self.rows.preprocessing
+        return {h.name: prep.targets(h, self._ahead(self.rows.encoded, h), self.anchor) for h in prep.heads}
+
+    @cached_property
+    def y_raw(self) -> dict[str, np.ndarray]:
+        """The same targets in raw (price) units, float64: metrics must not inherit float32 rounding (a flat
+        candle must stay exactly flat for direction accuracy)."""
+        prep = self.rows.preprocessing
+        return {h.name: self._ahead(self.rows.raw, h).reshape(len(self), *h.shape) for h in prep.heads}
+
+    @cached_property
+    def last_inputs(self) -> dict[str, np.ndarray]:
+        """Head -> (N, C) raw values of its columns at the last input step (persistence's forecast)."""
+        prep = self.rows.preprocessing
+        return {h.name: self.rows.raw[self.first_target_rows - 1][:, prep.head_positions(h)] for h in prep.heads}
+
+    def _ahead(self, values: np.ndarray, head: HeadTarget) -> np.ndarray:
+        """(N, horizon, C): each sample's target rows of the head's columns."""
+        prep = self.rows.preprocessing
+        steps = self.first_target_rows[:, None] + np.arange(prep.horizon)
+        return values[steps][:, :, prep.head_positions(head)]
 
 
 @dataclass(frozen=True, eq=False)
@@ -101,44 +326,35 @@ class Windows:
     train: SplitWindows
     val: SplitWindows
     test: SplitWindows
-    scaler: Scaler
-    lookback: int
-    horizon: int
-    heads: tuple[HeadTarget, ...]
-    split_rows: dict[str, dict]  # split -> {"first", "last": ISO timestamps of its rows, "rows": count}
-    rows: np.ndarray  # (T, F) float32: every row, scaled; each split's x and y are windows of it
+    preprocessing: Preprocessing
+    rows: np.ndarray  # (T, F) float32: every encoded row, which the training device gathers windows from
 
-    def preprocessing(self) -> dict:
-        """Everything needed to predict from a raw feature frame (see make_inputs); JSON-serialisable."""
-        return {
-            "input_columns": list(self.scaler.columns),
-            "scaler": self.scaler.to_dict(),
-            "lookback": self.lookback,
-            "horizon": self.horizon,
-            "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape)}
-                      for h in self.heads],
-            "splits": self.split_rows,
-        }
+    @property
+    def lookback(self) -> int:
+        return self.preprocessing.lookback
+
+    @property
+    def horizon(self) -> int:
+        return self.preprocessing.horizon
+
+    @property
+    def heads(self) -> tuple[HeadTarget, ...]:
+        return self.preprocessing.heads
 
 
-def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, tuple[int, ...]]) -> Windows:
-    """Split, scale and window a feature frame; each head's targets get exactly `target_shapes[head]`
+def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadSpec],
+                 target_shapes: dict[str, tuple[int, ...]]) -> Windows:
+    """Split, frame, scale and window a feature frame; each head's targets get exactly `target_shapes[head]`
     (the model's output shape without the batch axis)."""
-    lookback, horizon = cfg.window.lookback, cfg.window.horizon
-    columns = cfg.features.columns
-    heads = _head_targets(cfg, target_shapes)
+    lookback, horizon, columns = window.lookback, window.horizon, tuple(columns)
+    shapes = _head_shapes(heads, horizon, target_shapes)
+    framing = Framing(window.relative_to, columns)
     raw = _finite_values(frame, columns, JobError)
-    bounds = _split_bounds(len(frame), cfg.window.split)
-    scaler = Scaler.fit(cfg.window.scaler, columns, raw[:bounds[1]])  # the train rows only
-    head_positions = {h.name: [columns.index(c) for c in h.columns] for h in heads}
-    head_raw = {name: raw[:, positions] for name, positions in head_positions.items()}  # copies
-    scaled = scaler.transform(raw, out=raw)  # raw is not needed any more: scale in its memory
-
-    inputs = sliding_window_view(scaled, lookback, axis=0).transpose(0, 2, 1)  # [i]: rows i .. i+lookback-1
-    head_scaled = {name: scaled[:, positions] for name, positions in head_positions.items()}
+    encoded = framing.encode(raw.copy(), frame.index)
+    bounds = _split_bounds(len(frame), window.split)
     times = np.asarray(frame.index.values, dtype="datetime64[ns]")
 
-    splits = {}
+    first_target_rows = {}
     for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:]):
         first, last = max(start, lookback), end - horizon  # the first target row of its first/last sample
         if last < first:
@@ -146,38 +362,40 @@ def make_windows(frame: pd.DataFrame, cfg: RunConfig, target_shapes: dict[str, t
                 f"{len(frame)} feature rows are too few for lookback {lookback} + horizon {horizon}: the "
                 f"{split} split ({end - start} rows) holds no complete window; use more rows or a shorter window"
             )
-        rows = slice(first, last + 1)
-        splits[split] = SplitWindows(
-            x=inputs[first - lookback:last - lookback + 1],
-            y={h.name: _targets(head_scaled[h.name], horizon, rows, h.shape) for h in heads},
-            y_raw={h.name: _targets(head_raw[h.name], horizon, rows, h.shape) for h in heads},
-            last_inputs={h.name: head_raw[h.name][first - 1:last] for h in heads},
-            target_times=times[rows],
-            first_target_rows=np.arange(first, last + 1, dtype=np.int32),
-        )
+        first_target_rows[split] = np.arange(first, last + 1, dtype=np.int32)
+
+    # The scalers are fit on what the model sees of the train samples: their framed inputs and targets.
+    train = first_target_rows["train"]
+    anchor = encoded[train - 1, framing.anchor_column][:, None, None]
+    inputs = sliding_window_view(encoded, lookback, axis=0).transpose(0, 2, 1)[train - lookback]
+    scaler = Scaler.fit(window.scaler, columns, framing.apply(inputs, anchor))
+    ahead = encoded[train[:, None] + np.arange(horizon)]  # (n, horizon, F)
+    targets = []
+    for head in heads:
+        positions = [columns.index(c) for c in head.columns]
+        anchored = framing.level[positions] > 0
+        head_scaler = Scaler.fit(window.scaler, head.columns, framing.apply(ahead[..., positions], anchor,
+                                                                            columns=positions),
+                                 anchored=anchored, shared=head.candle)
+        targets.append(HeadTarget(head.name, tuple(head.columns), shapes[head.name], head_scaler, head.candle))
+
     split_rows = {
         split: {"first": frame.index[start].isoformat(), "last": frame.index[end - 1].isoformat(),
                 "rows": end - start}
         for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:])
     }
-    return Windows(**splits, scaler=scaler, lookback=lookback, horizon=horizon, heads=heads,
-                   split_rows=split_rows, rows=scaled)
+    prep = Preprocessing(columns, lookback, horizon, window.relative_to, scaler, tuple(targets), split_rows)
+    rows = _Rows(raw, encoded, prep)
+    splits = {split: SplitWindows(rows, first_target_rows[split], times[first_target_rows[split]])
+              for split in SPLITS}
+    return Windows(**splits, preprocessing=prep, rows=encoded.astype(np.float32))
 
 
-def make_inputs(frame: pd.DataFrame, preprocessing: dict) -> np.ndarray:
-    """The model input (1, lookback, F) for forecasting after the LAST row of `frame`."""
-    lookback, columns = preprocessing["lookback"], preprocessing["input_columns"]
-    if len(frame) < lookback:
-        raise UserError(f"predicting needs the last {lookback} feature rows; the data gives {len(frame)}")
-    raw = _finite_values(frame.iloc[-lookback:], columns, UserError)
-    return Scaler.from_dict(preprocessing["scaler"]).transform(raw, columns)[np.newaxis]
-
-
-def _head_targets(cfg: RunConfig, target_shapes: dict[str, tuple[int, ...]]) -> tuple[HeadTarget, ...]:
+def _head_shapes(heads: Sequence[HeadSpec], horizon: int,
+                 target_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Each head's target shape: (horizon, C) per step, or (C,) when horizon is 1; nothing else fits."""
-    horizon = cfg.window.horizon
-    heads = []
-    for i, head in enumerate(cfg.heads):
+    shapes = {}
+    for i, head in enumerate(heads):
         shape = tuple(target_shapes.get(head.name, ()))
         n = len(head.columns)
         fitting = [(horizon, n)] + ([(n,)] if horizon == 1 else [])
@@ -186,15 +404,8 @@ def _head_targets(cfg: RunConfig, target_shapes: dict[str, tuple[int, ...]]) -> 
                 f"heads[{i}] '{head.name}': model output shape {shape or 'missing'} does not fit window.horizon "
                 f"{horizon} x {n} column(s); expected {' or '.join(map(str, fitting))}"
             )
-        heads.append(HeadTarget(head.name, tuple(head.columns), shape))
-    return tuple(heads)
-
-
-def _targets(values: np.ndarray, horizon: int, rows: slice, shape: tuple[int, ...]) -> np.ndarray:
-    """For each sample whose first target row is in `rows`: that row and the next horizon - 1 rows of
-    `values` (T, C), in the head's output shape."""
-    windows = sliding_window_view(values, horizon, axis=0).transpose(0, 2, 1)[rows]  # (n, horizon, C)
-    return np.ascontiguousarray(windows).reshape(len(windows), *shape)
+        shapes[head.name] = shape
+    return shapes
 
 
 def _split_bounds(rows: int, split: Split) -> list[int]:
