@@ -12,7 +12,7 @@ from tests.conftest import tiny_config_dict
 from tests.test_windows import feature_frame, positions
 from trainer.config import RunConfig
 from trainer.errors import JobError
-from trainer.evaluate import evaluate, metrics, predict_prices
+from trainer.evaluate import choose_shrink, evaluate, metrics, predict_prices
 from trainer.models import build_model, output_shapes
 from trainer.windows import make_windows
 
@@ -83,7 +83,7 @@ def test_an_all_zero_output_is_persistence_of_the_close_with_zero_skill(tmp_path
         frame.iloc[row, close] = frame.iloc[row - 1, close]
     windows = windows_of(frame, cfg, model)
     predicted = predict_prices(model, windows.test, windows.preprocessing)
-    report = evaluate(predicted, windows)
+    report = evaluate(predicted, windows.test, windows.preprocessing)
     rows = positions(frame, windows.test.target_times)
     closes = frame["close"].to_numpy()
     np.testing.assert_array_equal(predicted["ohlc"][..., 3], np.repeat(closes[rows - 1, None], 3, axis=1))
@@ -97,7 +97,7 @@ def test_an_all_zero_output_is_persistence_of_the_close_with_zero_skill(tmp_path
     assert scores["direction_accuracy"] == pytest.approx(np.mean(moves == 0)) and np.mean(moves == 0) > 0.1
     assert (scores["up_move_rate"], scores["down_move_rate"]) == pytest.approx((np.mean(moves > 0), np.mean(moves < 0)))
     assert scores["majority_rate"] == pytest.approx(max(np.mean(moves > 0), np.mean(moves < 0), np.mean(moves == 0)))
-    assert report["headline"] == {"head": "ohlc", "column": "close", **{k: scores[k] for k in (
+    assert report["headline"] == {"head": "ohlc", "column": "close", "shrink": 1.0, **{k: scores[k] for k in (
         "skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
     assert report["heads"]["ohlc"]["persistence"]["direction_accuracy"] is None  # not a forecast of moves
 
@@ -109,7 +109,7 @@ def test_inconsistent_candles_are_counted(tmp_path):
     predicted = predict_prices(model, windows.test, windows.preprocessing)
     predicted["ohlc"][:10, 0, 1] = predicted["ohlc"][:10, 0, 3] - 1  # high below the close
     predicted["ohlc"][10:15, 2, 2] = predicted["ohlc"][10:15, 2, 0] + 1  # low above the open
-    report = evaluate(predicted, windows)
+    report = evaluate(predicted, windows.test, windows.preprocessing)
     share = 15 / predicted["ohlc"][..., 0].size
     assert report["heads"]["ohlc"]["inconsistent_candles"] == {"model": pytest.approx(share), "actual": 0.0}
     assert "inconsistent_candles" not in report["heads"]["bb"]
@@ -128,7 +128,7 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
     assert np.isfinite(history.history["loss"][0])
 
     predicted = predict_prices(model, windows.test, windows.preprocessing)
-    report = evaluate(predicted, windows)
+    report = evaluate(predicted, windows.test, windows.preprocessing)
     test_rows = positions(frame, windows.test.target_times)
     last_close = frame["close"].to_numpy()[test_rows - 1]
     for head in windows.heads:
@@ -159,3 +159,21 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
 def test_non_finite_predictions_never_count(tmp_path):
     with pytest.raises(JobError, match="not all finite"):
         metrics(np.array([[1.0, np.inf]]), np.array([[1.0, 2.0]]))
+
+
+def test_the_shrink_factor_is_chosen_on_the_validation_split(tmp_path):
+    """A perfect forecast keeps its whole deviation from "no change" (1), noise keeps none (0); heads
+    without framed price levels keep 1."""
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"].append({"name": "rsi", "columns": ["rsi"]})
+    cfg = RunConfig.model_validate(raw)
+    windows = make_windows(feature_frame(), cfg.window, cfg.features.columns, cfg.heads,
+                           {"ohlc": (3, 4), "bb": (3, 2), "rsi": (3, 1)})
+    val = windows.val
+    perfect = choose_shrink(val.y, val, windows.preprocessing)
+    assert [h.shrink for h in perfect.heads] == [1.0, 1.0, 1.0]
+    rng = np.random.default_rng(0)
+    noise = {name: rng.normal(size=y.shape).astype(np.float32) for name, y in val.y.items()}
+    noise["ohlc"][..., 1] = noise["ohlc"][..., [0, 3]].max(-1) + 0.1  # candles, as a candle head makes them
+    noise["ohlc"][..., 2] = noise["ohlc"][..., [0, 3]].min(-1) - 0.1
+    assert [h.shrink for h in choose_shrink(noise, val, windows.preprocessing).heads] == [0.0, 0.0, 1.0]

@@ -135,13 +135,14 @@ def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
 
 def test_a_card_says_plainly_when_the_model_is_worse_than_persistence(hub, run_dir):
     make_job(run_dir, "BTCUSDT_1h", tiny_config_dict(run_dir.parent), seed=0, headline={
-        "head": "ohlc", "column": "close", "skill": -0.0817, "mae": 130.0, "persistence_mae": 120.2,
+        "head": "ohlc", "column": "close", "shrink": 0.35, "skill": -0.0817, "mae": 130.0, "persistence_mae": 120.2,
         "direction_accuracy": 0.481, "majority_rate": 0.523})
     push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     files = hub.files(REPO)
     card = files["BTCUSDT/1h/README.md"].decode()
     assert "**Test skill vs persistence: -0.0817** for `ohlc` close (every step of the horizon)" in card
     assert "**This model is worse than persistence**" in card
+    assert "deviation from \"no change\" is weighted 0.35, a factor chosen on the validation split" in card
     assert "Direction of the close: 0.481 correct, against 0.523 for always answering the most frequent move" in card
     assert "worse than persistence" not in files["ETHUSDT/1h/README.md"].decode()  # skill 0.154
     assert "| BTCUSDT_1h | [BTCUSDT/1h](./BTCUSDT/1h) | 2 | ohlc.close | 130 | 120.2 | -0.0817 |" in \

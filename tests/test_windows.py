@@ -303,3 +303,33 @@ def test_a_preprocessing_file_of_an_earlier_version_reads_as_absolute_levels():
     outputs = np.random.default_rng(0).normal(size=(5, 3, 1))
     np.testing.assert_allclose(prep.to_prices({"close": outputs}, np.ones(5))["close"],
                                scaler.inverse(outputs, ["close"]), rtol=1e-15)
+
+
+@pytest.mark.parametrize("factor", [0.0, 0.35, 1.0])
+def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
+    """A candle head's body (open, close) is weighted toward "no change", its wicks kept: random outputs stay
+    consistent candles; factor 0 puts open and close at the last close exactly, factor 1 changes nothing."""
+    windows = windows_of(feature_frame(), tiny_cfg(tmp_path))
+    test = windows.test
+    prep = windows.preprocessing.with_shrink({"ohlc": factor, "bb": factor})
+    rng = np.random.default_rng(1)
+    body = rng.normal(size=(len(test), 3, 2))
+    wicks = np.abs(rng.normal(size=(len(test), 3, 2)))
+    outputs = {"ohlc": np.stack([body[..., 0], body.max(-1) + wicks[..., 0], body.min(-1) - wicks[..., 1],
+                                 body[..., 1]], axis=-1).astype(np.float32),
+               "bb": rng.normal(size=(len(test), 3, 2)).astype(np.float32)}
+    prices = prep.to_prices(outputs, test.last_close)
+    unshrunk = windows.preprocessing.to_prices(outputs, test.last_close)
+    o, h, low, c = (prices["ohlc"][..., i] for i in range(4))
+    assert np.all(h >= np.maximum(o, c)) and np.all(low <= np.minimum(o, c))
+    if factor == 1.0:
+        np.testing.assert_array_equal(prices["ohlc"], unshrunk["ohlc"])
+    if factor == 0.0:
+        np.testing.assert_array_equal(c, np.broadcast_to(test.last_close[:, None], c.shape))
+        np.testing.assert_array_equal(o, c)
+        np.testing.assert_array_equal(prices["bb"], np.broadcast_to(test.last_close[:, None, None], (len(test), 3, 2)))
+    # The wicks, in log returns, are the model's whatever the factor.
+    np.testing.assert_allclose(np.log(h / np.maximum(o, c)), np.log(unshrunk["ohlc"][..., 1] / np.maximum(
+        unshrunk["ohlc"][..., 0], unshrunk["ohlc"][..., 3])), atol=1e-12)
+    saved = Preprocessing.from_dict(json.loads(json.dumps(prep.to_dict())))
+    assert [h.shrink for h in saved.heads] == [factor, factor]

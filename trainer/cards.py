@@ -153,6 +153,13 @@ def _headline_text(metrics: dict) -> str:
     if line["skill"] is not None and line["skill"] < 0:
         text += (" **This model is worse than persistence**: on the test split, repeating the last candle "
                  "forecast better than it does.")
+    shrink = line.get("shrink", 1.0)
+    if shrink == 0:
+        text += (" Validation found no deviation from \"no change\" worth keeping, so this model forecasts the "
+                 "close as the last close (its wicks and other heads are still its own).")
+    elif shrink < 1:
+        text += (f" The forecast's deviation from \"no change\" is weighted {shrink:.2f}, a factor chosen on the "
+                 "validation split.")
     if line["direction_accuracy"] is not None:
         text += (f" Direction of the close: {_num(line['direction_accuracy'])} correct, against "
                  f"{_num(line['majority_rate'])} for always answering the most frequent move.")

@@ -271,6 +271,10 @@ class WindowConfig(Strict):
     # null: absolute price levels, as the old scripts did (their models cannot reach prices outside the
     # train split's range).
     relative_to: Literal["last_close"] | None = "last_close"
+    # Relative framing only: each head's forecast deviation from "no change" is weighted by a factor in
+    # [0, 1] chosen on the validation split (forecast combination with the no-change forecast), so that a
+    # model's noise is not shipped where validation finds no signal. false: the network's output as it is.
+    shrink: bool = True
 
 
 CANDLE = ("open", "high", "low", "close")

@@ -8,12 +8,14 @@ The headline of a job is the close: its skill over every horizon step, per step 
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import keras
 import numpy as np
 
 from .config import CANDLE
 from .errors import JobError
-from .windows import HeadTarget, Preprocessing, SplitWindows, Windows
+from .windows import HeadTarget, Preprocessing, SplitWindows
 
 # Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
 # memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
@@ -38,12 +40,39 @@ def predict_fixed_batches(model: keras.Model, x: np.ndarray,
     return {name: np.concatenate([b[name] for b in batches])[:len(x)] for name in batches[0]}
 
 
-def evaluate(predicted: dict[str, np.ndarray], windows: Windows) -> dict:
+SHRINK_GRID = np.linspace(0.0, 1.0, 21)
+
+
+def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preprocessing: Preprocessing) -> Preprocessing:
+    """The preprocessing with each head's shrink factor (Preprocessing.shrunk) chosen on `split`, the
+    validation split: the factor of SHRINK_GRID whose forecasts of the head's price levels (a candle's body:
+    open and close) have the lowest MAE in price units. 0 where validation finds no deviation from "no
+    change" worth keeping. Heads without framed price levels keep 1."""
+    factors = {}
+    for head in preprocessing.heads:
+        positions = preprocessing.head_positions(head)
+        judged = [head.columns.index(c) for c in ("open", "close")] if head.candle else \
+            [i for i, p in enumerate(positions) if preprocessing.framing.level[p] > 0]
+        if not judged:
+            continue
+        actual = split.y_raw[head.name][..., judged]
+
+        def mae(factor: float, head: HeadTarget = head, judged: list[int] = judged, actual: np.ndarray = actual):
+            trial = replace(head, shrink=float(factor))
+            prices = preprocessing.head_prices(trial, outputs[head.name], split.last_close)
+            return float(np.mean(np.abs(prices[..., judged] - actual)))
+
+        factors[head.name] = float(SHRINK_GRID[int(np.argmin([mae(f) for f in SHRINK_GRID]))])
+    return preprocessing.with_shrink(factors)
+
+
+def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
+             unshrunk: dict[str, np.ndarray] | None = None) -> dict:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
-    split) and for persistence; and the job's headline (see headline())."""
-    test = windows.test
+    split) and for persistence; and the job's headline (see headline()). `unshrunk`: the same predictions
+    with every shrink factor 1 (the network's output as it is), whose close skill is reported beside."""
     heads = {}
-    for head in windows.heads:
+    for head in preprocessing.heads:
         actual = test.y_raw[head.name]
         last = test.last_inputs[head.name]  # (N, C)
         # (N, C) -> (N, 1, C) for per-step targets, so that it repeats over the horizon.
@@ -53,13 +82,17 @@ def evaluate(predicted: dict[str, np.ndarray], windows: Windows) -> dict:
         model = metrics(predicted[head.name], actual, last_close, close)
         baseline = metrics(persistence, actual)
         scores = {"model": model, "persistence": baseline, "skill": skill(model["mae"], baseline["mae"])}
+        scores["shrink"] = head.shrink
         if close is not None:
             scores["close"] = close_scores(predicted[head.name][..., close], actual[..., close], last_close)
+            if unshrunk is not None:
+                scores["close"]["skill_unshrunk"] = close_scores(unshrunk[head.name][..., close],
+                                                                 actual[..., close], last_close)["skill"]
         if set(CANDLE) <= set(head.columns):
             scores["inconsistent_candles"] = {"model": inconsistent_share(predicted[head.name], head),
                                               "actual": inconsistent_share(actual, head)}
         heads[head.name] = scores
-    return {"heads": heads, "headline": headline(heads, windows.heads), "n_test": len(test)}
+    return {"heads": heads, "headline": headline(heads, preprocessing.heads), "n_test": len(test)}
 
 
 def headline(heads: dict[str, dict], order: tuple[HeadTarget, ...]) -> dict:
@@ -69,12 +102,13 @@ def headline(heads: dict[str, dict], order: tuple[HeadTarget, ...]) -> dict:
     if not with_close:
         name = order[0].name
         scores = heads[name]
-        return {"head": name, "column": None, "skill": scores["skill"], "mae": scores["model"]["mae"],
-                "persistence_mae": scores["persistence"]["mae"], "direction_accuracy": None, "majority_rate": None}
+        return {"head": name, "column": None, "shrink": scores["shrink"], "skill": scores["skill"],
+                "mae": scores["model"]["mae"], "persistence_mae": scores["persistence"]["mae"],
+                "direction_accuracy": None, "majority_rate": None}
     name = with_close[0]
     close = heads[name]["close"]
-    return {"head": name, "column": "close", **{k: close[k] for k in ("skill", "mae", "persistence_mae",
-                                                                        "direction_accuracy", "majority_rate")}}
+    return {"head": name, "column": "close", "shrink": heads[name]["shrink"],
+            **{k: close[k] for k in ("skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
 
 
 def skill(mae: float, persistence_mae: float) -> float | None:

@@ -31,7 +31,7 @@ from .config import HubConfig, RunConfig
 from .data import load_candles
 from .device import cudnn_report, setup
 from .errors import JobError, UserError
-from .evaluate import evaluate, predict_prices
+from .evaluate import choose_shrink, evaluate, predict_fixed_batches
 from .features import collinear_columns, load_features
 from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
@@ -39,7 +39,7 @@ from .ledger import JobRecord, Ledger, LostClaim
 from .models import output_shapes
 from .reporting import JobProgress, console, print_summary_table, summary_line, write_summary
 from .training import FitResult, ModelCache, ReportProgress, fit
-from .windows import Windows, make_windows
+from .windows import Preprocessing, Windows, make_windows
 
 log = logging.getLogger("cryptotrain")
 
@@ -188,7 +188,12 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     model = cache.model_for(cfg, len(cfg.features.columns))
     windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
     result = fit(model, windows, cfg, backup, callbacks=[ReportProgress(progress)])
-    predictions = predict_prices(model, windows.test, windows.preprocessing)
+    prep = windows.preprocessing
+    if cfg.window.shrink:
+        prep = choose_shrink(predict_fixed_batches(model, windows.val.x), windows.val, prep)
+    outputs = predict_fixed_batches(model, windows.test.x)
+    predictions = prep.to_prices(outputs, windows.test.last_close)
+    unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
     release_free_memory()
     metrics = {
         "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
@@ -199,20 +204,20 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
         "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
         "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
         "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-        **evaluate(predictions, windows),
+        **evaluate(predictions, windows.test, prep, unshrunk),
     }
     metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
     stage = artifacts.staging_dir(run_dir, job.name)
-    write_job_files(stage, cfg, job, model, windows, result, metrics, predictions)
+    write_job_files(stage, cfg, job, model, prep, windows, result, metrics, predictions)
     manifest_sha = artifacts.commit(stage, final)
     shutil.rmtree(backup, ignore_errors=True)
     return manifest_sha, _job_summary(metrics)
 
 
-def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, windows: Windows,
-                    result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
+def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
+                    windows: Windows, result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
     model.save(stage / "model.keras")
-    preprocessing = {**windows.preprocessing.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
+    preprocessing = {**prep.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
                      "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
     artifacts.write_json(stage / "preprocessing.json", preprocessing)
     artifacts.write_json(stage / "metrics.json", metrics)

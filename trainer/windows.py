@@ -22,15 +22,15 @@ samples only. Framing uses nothing after a window's last input row.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
+from .config import CANDLE, Split, WindowConfig
 from .config import HeadConfig as HeadSpec
-from .config import Split, WindowConfig
 from .errors import JobError, UserError
 
 SPLITS = ("train", "val", "test")
@@ -174,6 +174,8 @@ class HeadTarget:
     shape: tuple[int, ...]
     scaler: Scaler
     candle: bool = False
+    # The weight of the forecast's deviation from "no change" (see Preprocessing.shrunk); 1: as the model says.
+    shrink: float = 1.0
 
 
 @dataclass(frozen=True, eq=False)
@@ -210,12 +212,36 @@ class Preprocessing:
         """Model outputs (head -> (N, *head shape)) -> the same in raw units (prices), float64.
         `last_close`: (N,) each sample's last input close (unused when relative_to is null).
         The one place where outputs become prices: evaluation, predict, cards and the Hub all use it."""
-        prices = {}
-        for head in self.heads:
-            framed = head.scaler.inverse(outputs[head.name], head.columns)
-            close = np.reshape(last_close, (len(last_close), *[1] * (framed.ndim - 1)))
-            prices[head.name] = self.framing.invert(framed, close, self.head_positions(head))
-        return prices
+        return {head.name: self.head_prices(head, outputs[head.name], last_close) for head in self.heads}
+
+    def head_prices(self, head: HeadTarget, outputs: np.ndarray, last_close: np.ndarray) -> np.ndarray:
+        """One head's outputs in raw units (see to_prices)."""
+        framed = head.scaler.inverse(self.shrunk(head, outputs), head.columns)
+        close = np.reshape(last_close, (len(last_close), *[1] * (framed.ndim - 1)))
+        return self.framing.invert(framed, close, self.head_positions(head))
+
+    def shrunk(self, head: HeadTarget, outputs: np.ndarray) -> np.ndarray:
+        """A head's outputs with their deviation from "no change" weighted by head.shrink: its price levels
+        framed relative to the last close (scaled without an offset, so 0 is no change) times the weight.
+        A candle's body (open, close) is shrunk and its wicks kept, so it stays a candle."""
+        levels = self.framing.level[self.head_positions(head)] > 0
+        if head.shrink == 1.0 or not levels.any():
+            return outputs
+        out = np.array(outputs, dtype=np.float64)
+        if not head.candle:
+            out[..., levels] *= head.shrink
+            return out
+        o, h, low, c = (head.columns.index(column) for column in CANDLE)
+        upper = out[..., h] - np.maximum(out[..., o], out[..., c])  # >= 0: the model's candles are candles
+        lower = np.minimum(out[..., o], out[..., c]) - out[..., low]
+        out[..., [o, c]] *= head.shrink
+        out[..., h] = np.maximum(out[..., o], out[..., c]) + upper
+        out[..., low] = np.minimum(out[..., o], out[..., c]) - lower
+        return out
+
+    def with_shrink(self, factors: dict[str, float]) -> Preprocessing:
+        """The same preprocessing with these heads' shrink factors."""
+        return replace(self, heads=tuple(replace(h, shrink=factors.get(h.name, h.shrink)) for h in self.heads))
 
     def make_inputs(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
         """The model input (1, lookback, F) for forecasting after the LAST row of `frame`, and its last
@@ -236,7 +262,7 @@ class Preprocessing:
             "lookback": self.lookback,
             "horizon": self.horizon,
             "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
-                       "candle": h.candle, "scaler": h.scaler.to_dict()} for h in self.heads],
+                       "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict()} for h in self.heads],
             "splits": self.splits,
         }
 
@@ -254,7 +280,7 @@ class Preprocessing:
                 positions = scaler._positions(columns)
                 head_scaler = Scaler(scaler.kind, columns, scaler.offset[positions], scaler.scale[positions])
             heads.append(HeadTarget(h["name"], columns, tuple(h["target_shape"]), head_scaler,
-                                    bool(h.get("candle", False))))
+                                    bool(h.get("candle", False)), float(h.get("shrink", 1.0))))
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d.get("relative_to"), scaler,
                    tuple(heads), d.get("splits", {}))
 
