@@ -6,25 +6,31 @@ CLI     = $(VENV)/bin/cryptotrain
 # TensorFlow build: the GPU wheel where an NVIDIA driver is present, else the small CPU wheel.
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
 FAMILIES = v7 v8_stable v8_aligned
+# Made by a successful install; every target that runs the project depends on it, so `make demo` or `make test`
+# from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
+STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
 .PHONY: help install test demo train-all bench bench-features bench-run bench-throughput bench-skill lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
 
-install:         ## venv + dependencies + the package (editable), TF_EXTRA=cpu|gpu to force a build
+install: $(STAMP) ## venv + dependencies + the package (editable), TF_EXTRA=cpu|gpu to force a build
+
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),dev]"
 	@$(CLI) --version
+	@touch $@
 
-test:            ## the test suite (fast: tiny configs, real components)
+test: $(STAMP)   ## the test suite (fast: tiny configs, real components, the bundled candles)
 	$(PY) -m pytest -q
 
-demo:            ## train the quickstart config end to end (offline, synthetic candles, ~1-2 min on CPU)
+demo: $(STAMP)   ## train the quickstart config end to end (offline, real bundled candles, under a minute on CPU)
 	$(CLI) run --config configs/quickstart.yaml
 
-train-all:       ## train the three model families in turn (40 jobs each); ARGS="--only BTC*" to narrow
+train-all: $(STAMP) ## train the three model families in turn (40 jobs each); ARGS="--only BTC*" to narrow
 	@# Failed jobs in one family do not stop the next family (exit 1 at the end); bad input (2) stops at once.
 	@status=0; for family in $(FAMILIES); do \
 	  $(CLI) run --config configs/$$family.yaml $(ARGS) || { status=$$?; [ $$status -ne 2 ] || exit 2; }; \
@@ -32,19 +38,19 @@ train-all:       ## train the three model families in turn (40 jobs each); ARGS=
 
 bench: bench-features bench-run bench-throughput bench-skill  ## all benchmarks
 
-bench-features:  ## data preparation: old loop-based way vs ours cold vs ours cached
+bench-features: $(STAMP) ## data preparation: old loop-based way vs ours cold vs ours cached
 	$(PY) benchmarks/bench_features.py
 
-bench-run:       ## N tiny jobs: old per-job scripts vs `cryptotrain run`
+bench-run: $(STAMP) ## N tiny jobs: old per-job scripts vs `cryptotrain run`
 	$(PY) benchmarks/bench_run.py
 
-bench-throughput: ## training samples/s and achieved GFLOP/s per family shape
+bench-throughput: $(STAMP) ## training samples/s and achieved GFLOP/s per family shape
 	$(PY) benchmarks/bench_throughput.py
 
-bench-skill:     ## test skill vs persistence on every real series, absolute vs relative framing (~20 min)
+bench-skill: $(STAMP) ## test skill vs persistence on every real series, absolute vs relative framing (~20 min)
 	$(PY) benchmarks/bench_skill.py
 
-lint:            ## ruff
+lint: $(STAMP)   ## ruff
 	$(VENV)/bin/ruff check trainer tests benchmarks
 
 clean:           ## remove runs/ and caches (keeps the venv)

@@ -158,6 +158,9 @@ def main() -> None:
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
     args = parser.parse_args()
 
+    if not SHARED_OHLCV.is_dir():
+        sys.exit(f"bench-features runs over every series in {SHARED_OHLCV} (../shared beside the checkout); it is "
+                 "not there, so nothing was measured")
     paths = sorted(SHARED_OHLCV.glob(f"{args.only}.csv.gz"))
     if not paths:
         sys.exit(f"no series matching {args.only!r} in {SHARED_OHLCV}")

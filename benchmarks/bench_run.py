@@ -134,6 +134,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.old_job:
         return old_job(args.config, args.old_job, args.scratch)
+    if not SHARED_OHLCV.is_dir():
+        sys.exit(f"bench-run trains on series in {SHARED_OHLCV} (../shared beside the checkout); it is not there, "
+                 "so nothing was measured")
 
     jobs = SERIES[:args.jobs]
     with tempfile.TemporaryDirectory(prefix="bench-run-") as scratch:

@@ -9,7 +9,8 @@ once per framing, with the same epochs, batch size and seed:
   (a) absolute  window.relative_to: null - z-scored price levels, as the old scripts did
   (b) relative  window.relative_to: last_close, ohlc a candle head - the bundled families' default
 Per series, on the held-out chronological test split: skill of the close vs persistence over every horizon
-step (1 - MAE / MAE of repeating the last close), direction accuracy of the close next to the majority-class
+step (1 - MAE / MAE of repeating the last close) - for (b) also before the validation-chosen shrink toward
+"no change" (window.shrink) and its factor -, direction accuracy of the close next to the majority-class
 rate, and the share of consistent predicted candles (high >= max(open, close), low <= min(open, close)).
 Prints the table and the overall figures; writes JSON to benchmarks/results/skill.json.
 Targets for (b): median skill >= 0.00, no series below -0.05, 100 % consistent candles.
@@ -96,6 +97,7 @@ def row(metrics: dict | None) -> dict:
     head = metrics["headline"]["head"]
     scores = metrics["heads"][head]
     return {"skill": scores["close"]["skill"], "skill_by_step": scores["close"]["skill_by_step"],
+            "skill_unshrunk": scores["close"]["skill_unshrunk"], "shrink": scores["shrink"],
             "direction_accuracy": scores["close"]["direction_accuracy"],
             "majority_rate": scores["close"]["majority_rate"], "up_move_rate": scores["close"]["up_move_rate"],
             "consistent_candles": 1 - scores["inconsistent_candles"]["model"], "epochs": metrics["epochs_run"]}
@@ -109,6 +111,8 @@ def overall(rows: list[dict]) -> dict:
         "jobs": len(skills), "median_skill": statistics.median(skills), "mean_skill": statistics.fmean(skills),
         "worst_skill": min(skills), "best_skill": max(skills),
         "below_-0.05": sum(s < -0.05 for s in skills), "at_least_0": sum(s >= 0 for s in skills),
+        "median_skill_unshrunk": statistics.median(r["skill_unshrunk"] for r in rows if r["skill"] is not None),
+        "shrunk_to_no_change": sum(r["shrink"] == 0 for r in rows if r["skill"] is not None),
         "median_direction_accuracy": statistics.median(r["direction_accuracy"] for r in rows if r["skill"] is not None),
         "median_majority_rate": statistics.median(r["majority_rate"] for r in rows if r["skill"] is not None),
         "consistent_candles": statistics.fmean(r["consistent_candles"] for r in rows if r["skill"] is not None),
@@ -122,8 +126,8 @@ def main() -> int:
     args = parser.parse_args()
     console = Console(width=120)
     if not SHARED_OHLCV.is_dir():
-        console.print(f"bench-skill needs the real candles in {SHARED_OHLCV} (../shared beside the checkout); "
-                      "it is not there, so nothing was measured.")
+        console.print(f"bench-skill runs over every series in {SHARED_OHLCV} (../shared beside the checkout); "
+                      "it is not there, so nothing was measured")
         return 2
     series = series_of(args.only)
     if not series:
@@ -138,19 +142,22 @@ def main() -> int:
 
     rows = {framing: {s: row(results[framing].get(s)) for s in series} for framing in FRAMINGS}
     table = Table(title=f"test skill of the close vs persistence, every step of the horizon ({args.epochs} epochs)")
-    for column in ("series", "skill abs", "skill rel", "dir abs", "dir rel", "majority", "candles ok abs",
-                   "candles ok rel"):
+    for column in ("series", "skill abs", "skill rel", "unshrunk", "shrink", "dir abs", "dir rel", "majority",
+                   "candles ok abs", "candles ok rel"):
         table.add_column(column, justify="left" if column == "series" else "right")
     for s in series:
         a, r = rows["absolute"][s], rows["relative"][s]
-        table.add_row(s, _fmt(a["skill"], "+.3f"), _fmt(r["skill"], "+.3f"), _fmt(a.get("direction_accuracy")),
+        table.add_row(s, _fmt(a["skill"], "+.3f"), _fmt(r["skill"], "+.4f"), _fmt(r.get("skill_unshrunk"), "+.4f"),
+                      _fmt(r.get("shrink"), ".2f"), _fmt(a.get("direction_accuracy")),
                       _fmt(r.get("direction_accuracy")), _fmt(r.get("majority_rate")),
                       _fmt(a.get("consistent_candles"), ".1%"), _fmt(r.get("consistent_candles"), ".1%"))
     console.print(table)
     summary = {framing: overall(list(rows[framing].values())) for framing in FRAMINGS}
     for framing, figures in summary.items():
         if figures["jobs"]:
-            console.print(f"{framing:>9}: {figures['jobs']} series, median skill {figures['median_skill']:+.4f}, "
+            console.print(f"{framing:>9}: {figures['jobs']} series, median skill {figures['median_skill']:+.4f} "
+                          f"(unshrunk {figures['median_skill_unshrunk']:+.4f}; shrunk to no change: "
+                          f"{figures['shrunk_to_no_change']}), "
                           f"worst {figures['worst_skill']:+.4f}, best {figures['best_skill']:+.4f}, "
                           f"{figures['at_least_0']} >= 0, {figures['below_-0.05']} below -0.05; direction "
                           f"{figures['median_direction_accuracy']:.3f} vs majority "

@@ -1,4 +1,5 @@
-"""Shared fixtures: the real candles in ../shared and a tiny config that runs every code path fast."""
+"""Shared fixtures: the real candles bundled in data/ohlcv and a tiny config that runs every code path fast.
+Nothing here needs ../shared: a clone runs the suite on its own."""
 from __future__ import annotations
 
 import os
@@ -10,7 +11,7 @@ import yaml
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
+CANDLES_DIR = REPO / "data" / "ohlcv"  # real Binance candles, the last 3,000 rows of 8 series (its SOURCES.md)
 
 
 @pytest.fixture(autouse=True)
@@ -21,14 +22,14 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 def tiny_config_dict(tmp_path: Path, **sections) -> dict:
-    """A small V7-shaped config over the real candles in ../shared; sections replace top-level keys."""
+    """A small V7-shaped config over the bundled real candles; sections replace top-level keys."""
     cfg = {
         "name": "tiny",
         "output_dir": str(tmp_path / "run"),
         "cache_dir": str(tmp_path / "cache"),
         "data": {
             "source": "local",
-            "local": {"path": str(SHARED_OHLCV), "pattern": "{symbol}_{timeframe}.csv.gz"},
+            "local": {"path": str(CANDLES_DIR), "pattern": "{symbol}_{timeframe}.csv.gz"},
             "symbols": ["BTCUSDT", "ETHUSDT"],
             "timeframes": ["1h"],
             "max_rows": 600,

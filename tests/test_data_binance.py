@@ -1,4 +1,4 @@
-"""Binance klines against a local server that answers like the exchange (real candles from ../shared):
+"""Binance klines against a local server that answers like the exchange (real bundled candles):
 paging, storage for offline reuse, refresh of an open range, rate limits and errors."""
 from __future__ import annotations
 
@@ -14,14 +14,14 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import SHARED_OHLCV, tiny_config_dict
+from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
 from trainer.data import binance, load_candles, read_candles_file
 from trainer.errors import JobError
 
 HOUR_MS = 3_600_000
-REAL = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h")
+REAL = read_candles_file(CANDLES_DIR / "BTCUSDT_1h.csv.gz", "1h")
 START = REAL.index[24]  # 2024-12-30 12:00 UTC
 
 

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from huggingface_hub import constants
 
-from tests.conftest import SHARED_OHLCV, tiny_config_dict
+from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
 from trainer.data import hf as hf_source
@@ -28,7 +28,7 @@ PATTERN = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
 
 def old_layout_csv(symbol: str, timeframe: str) -> bytes:
     """A file as the old dataset has it: open_time / close_time in epoch milliseconds."""
-    table = pd.read_csv(SHARED_OHLCV / f"{symbol}_{timeframe}.csv.gz", nrows=700)
+    table = pd.read_csv(CANDLES_DIR / f"{symbol}_{timeframe}.csv.gz", nrows=700)
     open_ms = pd.to_datetime(table.pop("timestamp"), utc=True).astype("int64") // 1_000_000
     step_ms = pd.Timedelta(timeframe.replace("m", "min")).value // 1_000_000
     return pd.DataFrame({"open_time": open_ms, **table, "close_time": open_ms + step_ms - 1}).to_csv(
@@ -113,7 +113,7 @@ def hf_cfg(tmp_path, **hf) -> RunConfig:
 def test_download_then_offline_from_the_cache(tmp_path, hub, monkeypatch):
     cfg = hf_cfg(tmp_path)
     candles = load_candles(cfg, "BTCUSDT", "1h")
-    expected = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h").iloc[:700]
+    expected = read_candles_file(CANDLES_DIR / "BTCUSDT_1h.csv.gz", "1h").iloc[:700]
     np.testing.assert_array_equal(candles.to_numpy(), expected.to_numpy())
     assert candles.index.equals(expected.index) and list(candles.columns) == list(OHLCV)
     source = f"hf:{REPO_ID}@main/klines_binance_us/BTCUSDT/BTCUSDT_1h_binance_us.csv"

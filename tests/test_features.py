@@ -1,4 +1,4 @@
-"""Indicators against independent textbook computations on the real candles in ../shared, warm-up,
+"""Indicators against independent textbook computations on the real bundled candles, warm-up,
 configured parameters, and collinearity detection."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from ta.volatility import AverageTrueRange
 
-from tests.conftest import SHARED_OHLCV
+from tests.conftest import CANDLES_DIR
 from trainer.config import INDICATORS, OHLCV, FeaturesConfig
 from trainer.data import read_candles_file
 from trainer.errors import JobError
@@ -21,7 +21,7 @@ V8_STABLE = FeaturesConfig(indicators=[{"name": name} for name in INDICATORS])  
 @pytest.fixture(scope="module", params=SERIES)
 def candles(request) -> pd.DataFrame:
     symbol, timeframe = request.param.split("_")
-    return read_candles_file(SHARED_OHLCV / f"{request.param}.csv.gz", timeframe)
+    return read_candles_file(CANDLES_DIR / f"{request.param}.csv.gz", timeframe)
 
 
 # ----------------------------------------------------------------------------- references (loops are fine here)

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import SHARED_OHLCV
+from tests.conftest import CANDLES_DIR
 from trainer import features as features_module
 from trainer.config import FeaturesConfig
 from trainer.data import read_candles_file, store
@@ -23,7 +23,7 @@ SPEC = FeaturesConfig(indicators=[{"name": "rsi", "window": 14}, {"name": "bb_up
 
 @pytest.fixture(scope="module")
 def candles() -> pd.DataFrame:
-    return read_candles_file(SHARED_OHLCV / "ETHUSDT_1h.csv.gz", "1h").iloc[-800:]
+    return read_candles_file(CANDLES_DIR / "ETHUSDT_1h.csv.gz", "1h").iloc[-800:]
 
 
 def entries(cache: Path) -> list[Path]:

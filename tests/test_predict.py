@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
-from conftest import SHARED_OHLCV, tiny_config_dict
+from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer import artifacts
@@ -25,7 +25,7 @@ from trainer.runner import run_config
 from trainer.windows import Scaler
 
 TOKEN = "hf_PredictTestToken0123456789abcdef"
-DATA_FILE = SHARED_OHLCV / "BTCUSDT_1h.csv.gz"
+DATA_FILE = CANDLES_DIR / "BTCUSDT_1h.csv.gz"
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import CANDLES_DIR, REPO
 from trainer import artifacts
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
@@ -58,7 +58,7 @@ def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> 
 
 def _four_job_config(tiny_config) -> Path:
     return tiny_config(data={
-        "source": "local", "local": {"path": str(REPO.parent / "shared" / "data" / "ohlcv")},
+        "source": "local", "local": {"path": str(CANDLES_DIR)},
         "symbols": ["BTCUSDT", "ETHUSDT"], "timeframes": ["15m", "1h"], "max_rows": 500,
     }, train={"batch_size": 32, "epochs": 3, "learning_rate": 0.003, "seed": 1,
               "early_stopping": {"patience": 5}, "reduce_lr": {"patience": 2}})

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.conftest import SHARED_OHLCV, tiny_config_dict
+from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer import artifacts
 from trainer.cli import main
 from trainer.config import FeaturesConfig, load_config
@@ -80,7 +80,7 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(fini
     data = json.loads((job_dir / "metrics.json").read_text())["data"]  # which candles the job was trained on
     model = keras.models.load_model(job_dir / "model.keras")
     recorded = np.load(job_dir / "predictions.npz")
-    candles = read_candles_file(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", "1h").loc[data["first"]:data["last"]]
+    candles = read_candles_file(CANDLES_DIR / "BTCUSDT_1h.csv.gz", "1h").loc[data["first"]:data["last"]]
     indicators = [indicator["name"] for indicator in preprocessing["indicators"]]
     base = [column for column in preprocessing["input_columns"] if column not in indicators]
     frame = compute_features(candles, FeaturesConfig(base=base, indicators=preprocessing["indicators"]))
@@ -197,3 +197,32 @@ def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path)
     with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
         status, error = db.execute("SELECT status, error FROM jobs WHERE name = 'BTCUSDT_1h'").fetchone()
     assert status == "failed" and re.match(r"loss became (nan|inf|-inf) in epoch 1", error), error
+
+
+def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_config, tmp_path):
+    """One candle at 1e150 (a band far below zero, then infinite numbers): the job fails with one line naming
+    the file; nothing is recorded as done, and no file holds a bare NaN/Infinity token."""
+    table = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz")
+    table.loc[len(table) - 40, ["open", "high", "low", "close"]] = 1e150
+    data_dir = tmp_path / "absurd"
+    data_dir.mkdir()
+    table.to_csv(data_dir / "BTCUSDT_1h.csv", index=False)
+    config = tiny_config(data={"source": "local", "symbols": ["BTCUSDT"], "timeframes": ["1h"], "max_rows": 600,
+                               "local": {"path": str(data_dir), "pattern": "{symbol}_{timeframe}.csv"}})
+    result = _run("--config", str(config))
+    assert result.exit_code == 1, result.output
+    assert f"BTCUSDT_1h failed: local:{data_dir / 'BTCUSDT_1h.csv'}: " in result.output  # one line, the file
+    run_dir = tmp_path / "run"
+    assert not (run_dir / "jobs" / "BTCUSDT_1h").exists()
+    bare = []
+    for path in run_dir.rglob("*.json"):
+        json.loads(path.read_text(), parse_constant=bare.append)
+    assert bare == []
+
+
+def test_a_non_finite_number_is_found_by_its_key_path_and_never_written_as_json(tmp_path):
+    metrics = {"heads": {"ohlc": {"model": {"mae": 1.0, "rmse": float("inf")}}}, "skill_by_step": [0.1, float("nan")]}
+    assert artifacts.non_finite(metrics) == ("heads.ohlc.model.rmse", float("inf"))
+    assert artifacts.non_finite({"skill_by_step": [0.1, None, 0.2]}) is None
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        artifacts.write_json(tmp_path / "metrics.json", metrics)

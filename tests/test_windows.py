@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import SHARED_OHLCV, tiny_config_dict
+from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.config import RunConfig
 from trainer.errors import JobError, UserError
 from trainer.windows import PRICE_DIFFERENCES, PRICE_LEVELS, Preprocessing, Scaler, make_windows
@@ -21,7 +21,7 @@ SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads
 def feature_frame(rows: int = 400) -> pd.DataFrame:
     """Real BTCUSDT 1h candles plus simple rolling stand-ins for the tiny config's indicator columns
     (this module only needs columns of those names; trainer/features.py computes the real ones)."""
-    candles = pd.read_csv(SHARED_OHLCV / "BTCUSDT_1h.csv.gz", nrows=rows + 19)
+    candles = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz", nrows=rows + 19)
     frame = candles.set_index(pd.to_datetime(candles.pop("timestamp"), utc=True))
     close = frame["close"]
     mean, std = close.rolling(20).mean(), close.rolling(20).std()

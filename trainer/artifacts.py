@@ -86,7 +86,20 @@ def headline(metrics: dict) -> dict:
 
 
 def write_json(path: Path, data: dict) -> None:
-    path.write_text(json.dumps(data, indent=1, default=_json_default))
+    """Strict JSON: a NaN or infinity is an error here, never a bare NaN/Infinity token in the file."""
+    path.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
+
+
+def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
+    """The first number in `data` (nested dicts and lists) that is NaN or infinite, with its key path."""
+    if isinstance(data, float):
+        return None if np.isfinite(data) else (where, data)
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 def write_config(path: Path, config_data: dict) -> None:

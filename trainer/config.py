@@ -83,7 +83,7 @@ IsoDate = Annotated[str, AfterValidator(_date)]
 
 class LocalSource(Strict):
     """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
-    path: Path = Path("../shared/data/ohlcv")
+    path: Path = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
     pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
 
 

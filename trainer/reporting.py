@@ -73,7 +73,7 @@ SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
     # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
     rows = [{**j.summary, "seconds": round(j.seconds, 2)} for j in ledger.jobs() if j.status == "done" and j.summary]
-    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1)))
+    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1, allow_nan=False)))
     lines = [",".join(SUMMARY_COLUMNS)] + [",".join(str(row.get(c, "")) for c in SUMMARY_COLUMNS) for row in rows]
     atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
 

@@ -186,7 +186,9 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
     _warn_collinear_once(frame, cfg)
     model = cache.model_for(cfg, len(cfg.features.columns))
-    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+    source = candles.attrs["source"]
+    with _naming(source):
+        windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
     result = fit(model, windows, cfg, backup, callbacks=[ReportProgress(progress)])
     prep = windows.preprocessing
     if cfg.window.shrink:
@@ -195,6 +197,8 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
     predictions = prep.to_prices(outputs, windows.test.last_close)
     unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
     release_free_memory()
+    with _naming(source):
+        scores = evaluate(predictions, windows.test, prep, unshrunk)
     metrics = {
         "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
         "run": cfg.name, "fingerprint": cfg.fingerprint(),
@@ -204,14 +208,27 @@ def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
         "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
         "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
         "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-        **evaluate(predictions, windows.test, prep, unshrunk),
+        **scores,
     }
     metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
+    if (bad := artifacts.non_finite(metrics)) is not None:  # a number that means nothing never counts as done
+        raise JobError(f"{source}: the test metrics are not finite ({bad[0]} is {bad[1]}); "
+                       "check the candles for absurd values")
     stage = artifacts.staging_dir(run_dir, job.name)
     write_job_files(stage, cfg, job, model, prep, windows, result, metrics, predictions)
     manifest_sha = artifacts.commit(stage, final)
     shutil.rmtree(backup, ignore_errors=True)
     return manifest_sha, _job_summary(metrics)
+
+
+@contextlib.contextmanager
+def _naming(source: str):
+    """A job error raised inside (a value the windows cannot frame, predictions that are not finite) names the
+    candles it comes from."""
+    try:
+        yield
+    except JobError as exc:
+        raise JobError(f"{source}: {exc}") from None
 
 
 def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,

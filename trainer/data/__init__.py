@@ -85,6 +85,10 @@ def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     if data.source == "local":
         name = job_filename(data.local.pattern, symbol, timeframe)
         path = (data.local.path / name).resolve()
+        if not path.is_file():
+            holdings = _local_holdings(data.local.path, data.local.pattern, timeframe)
+            raise JobError(f"local:{path}: no such file; {holdings} (data.local.path, or --set data.source=hf or "
+                           "binance)")
         return path, f"local:{path}"
     if data.source == "hf":
         return hf_file(data.hf, symbol, timeframe), hf_label(data.hf, symbol, timeframe)
@@ -92,6 +96,16 @@ def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     if not path.exists():
         binance.update(data.binance, cfg.cache_path, symbol, timeframe)
     return path, f"binance:{path}"
+
+
+def _local_holdings(directory: Path, pattern: str, timeframe: str) -> str:
+    """What a local directory does hold for a timeframe, to say beside a missing file."""
+    if not directory.is_dir():
+        return f"there is no directory {directory}"
+    prefix, _, suffix = job_filename(pattern, "\0", timeframe).partition("\0")
+    symbols = sorted(p.name[len(prefix):len(p.name) - len(suffix)] for p in directory.glob(f"{prefix}*{suffix}")
+                     if p.name.startswith(prefix) and p.name.endswith(suffix))
+    return f"{directory} has {timeframe} candles for {', '.join(symbols) or 'no symbol'}"
 
 
 def _read_cached(path: Path, timeframe: str, label: str, cache: Path) -> pd.DataFrame:
