@@ -3,8 +3,9 @@
     python tests/kill_points.py POINT MARKER_FILE EPOCH_LOG cryptotrain-args...
 
 POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch
-of the first job, after one epoch was backed up), artifacts (the first job's files are staged but not
-yet committed), none (no pause). On reaching it the process writes MARKER_FILE and sleeps until killed.
+of the first job, after one epoch was backed up), checkpoint (writing the first job's second epoch
+checkpoint: half of it is on disk), artifacts (the first job's files are staged but not yet
+committed), none (no pause). On reaching it the process writes MARKER_FILE and sleeps until killed.
 Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
 a resumed job from one trained again from scratch.
 """
@@ -57,6 +58,17 @@ def install(point: str, marker: Path) -> None:
         training.StepTimer.on_epoch_begin = on_epoch_begin_noted
         training.StepTimer.on_train_batch_begin = pause_once(lambda self, batch, logs=None: None, marker,
                                                              when=in_second_epoch)
+    elif point == "checkpoint":
+        write = training.EpochCheckpoint._write
+
+        def half_written_then_paused(tmp, arrays):
+            write(tmp, arrays)
+            if int(arrays["epoch"]) == 2 and not marker.exists():
+                content = tmp.read_bytes()
+                tmp.write_bytes(content[:len(content) // 2])
+                marker.write_text("paused")
+                time.sleep(600)
+        training.EpochCheckpoint._write = staticmethod(half_written_then_paused)
     elif point == "artifacts":
         artifacts.commit = pause_once(artifacts.commit, marker)
     elif point != "none":

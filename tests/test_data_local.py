@@ -89,6 +89,15 @@ def test_a_bad_value_is_reported_with_file_row_and_values(tmp_path, column, valu
         read_candles_file(path, "1h")
 
 
+@pytest.mark.parametrize("stamp", ["-0001-01-01T00:00:00Z", "9999-12-31T00:00:00Z"])
+def test_a_timestamp_out_of_range_is_reported_with_file_and_row(tmp_path, stamp):
+    table = real_rows(40)
+    table.loc[7, "timestamp"] = stamp
+    path = write_csv(table, tmp_path / "bad.csv")
+    with pytest.raises(JobError, match=rf"^local:{path}: row 8: timestamp .* is out of range \(years 1678 to 2261\)"):
+        read_candles_file(path, "1h")
+
+
 def test_a_bad_timestamp_is_reported_with_file_and_row(tmp_path):
     table = real_rows(40)
     table.loc[[7, 9], "timestamp"] = ["yesterday", ""]

@@ -130,3 +130,25 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, candles, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         load_features(candles, SPEC, tmp_path)
     assert entries(tmp_path) == []  # neither a partial entry nor a temp file
+
+
+@pytest.mark.parametrize("obstacle", ["a file where the cache directory should be",
+                                      "a directory where an entry should be"])
+def test_a_cache_that_cannot_be_written_is_only_slower(tmp_path, candles, caplog, obstacle):
+    """The cache only saves time: unwritable, features are computed in memory with one warning."""
+    if obstacle.startswith("a file"):
+        cache = tmp_path / "cache-file"
+        cache.write_text("not a directory")
+    else:
+        cache = tmp_path / "cache"
+        load_features(candles, SPEC, cache)
+        entry = entries(cache)[0]
+        entry.unlink()
+        entry.mkdir()
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        frame, hit = load_features(candles, SPEC, cache)
+        again, _ = load_features(candles, SPEC, cache)
+    assert not hit
+    pd.testing.assert_frame_equal(frame, compute_features(candles, SPEC))
+    pd.testing.assert_frame_equal(again, frame)
+    assert sum("cannot be written" in r.getMessage() for r in caplog.records) == 1

@@ -279,3 +279,19 @@ def test_ledger_uses_wal_and_rejects_a_file_that_is_not_one(ledger, tmp_path):
     (broken / "ledger.sqlite").write_text("these are not the bytes of a database\n" * 100)
     with pytest.raises(UserError, match="broken/ledger.sqlite: cannot open the run ledger"):
         Ledger(broken)
+
+
+def test_a_ledger_of_an_earlier_version_gains_the_column_it_lacks(tmp_path):
+    """Schema 1 had no jobs.inputs: opened by this version, it is added and the jobs are kept."""
+    from trainer import ledger as ledger_module
+
+    old_schema = [statement.replace(",\n        inputs TEXT)", ")") for statement in ledger_module._SCHEMA]
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as db:
+        for statement in old_schema:
+            db.execute(statement)
+        db.execute("INSERT INTO jobs (name, position, status, attempts, error) VALUES ('BTCUSDT_1h', 0, 'failed', 2, "
+                   "'boom')")
+        db.execute("PRAGMA user_version=1")
+    records = Ledger(tmp_path).jobs()
+    assert [(r.name, r.status, r.attempts, r.error, r.inputs) for r in records] == [
+        ("BTCUSDT_1h", "failed", 2, "boom", None)]

@@ -84,6 +84,27 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
     assert history["epoch"].tolist() == [1, 2, 3]
 
 
+@pytest.mark.parametrize("stop, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130),
+                                        (signal.SIGTERM, 143)])
+def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, tmp_path, stop, code):
+    """Stopped with half of the second epoch's checkpoint on disk: the rerun goes on from the first epoch's,
+    and finishes. Ctrl-C and SIGTERM stop cleanly, saying how to resume."""
+    config = _four_job_config(tiny_config)
+    marker = tmp_path / "paused"
+    victim = _start_paused("checkpoint", marker, tmp_path / "epochs.log", config)
+    _wait_for(marker, victim)
+    victim.send_signal(stop)
+    assert victim.wait(timeout=60) == code
+    if stop != signal.SIGKILL:
+        assert "Resume with:" in victim.stderr.read().decode()
+
+    began = _rerun(tmp_path, config)
+    assert began["BTCUSDT_15m"] == [2, 3]
+    history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
+    assert history["epoch"].tolist() == [1, 2, 3]
+    assert not (tmp_path / "run" / ".backup").exists()
+
+
 # The epochs the rerun begins for the first job: all of them, those after the backed-up one, or none
 # (its training had finished; only its artifacts were not committed).
 @pytest.mark.parametrize("point,first_job_epochs", [("features", [1, 2, 3]), ("mid-epoch", [2, 3]),
@@ -134,3 +155,22 @@ def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twi
     assert len({pid for _, pid, _ in attempts}) == 2  # both took part
     for job in JOBS:
         assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]
+
+
+def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny_config, tmp_path):
+    config = _four_job_config(tiny_config)
+    marker = tmp_path / "paused"
+    victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
+    try:
+        _wait_for(marker, victim)
+        changed = subprocess.run(_cli("run", "--config", str(config), "--set", "train.epochs=4", "--new-run"),
+                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert changed.returncode == 2, changed.stderr[-2000:]
+        lines = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
+        assert len(lines) == 1 and "--new-run cannot move this run directory: another process is training in " \
+            f"it (BTCUSDT_15m (pid {victim.pid} on " in lines[0], changed.stderr[-2000:]
+        assert victim.poll() is None and (tmp_path / "run" / "ledger.sqlite").exists()
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith("run-")] == []  # nothing moved
+    finally:
+        victim.kill()
+        victim.wait()

@@ -188,6 +188,8 @@ def test_a_job_without_skill_is_summarised_without_one():
 def test_a_jobs_line_says_plainly_whether_it_beats_persistence(skill, said):
     summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.6, "skill": skill}
     assert summary_line(summary).endswith(said)
+    assert summary_line({**summary, "skill": 0.0, "shrink": 0.0}).endswith(
+        "skill +0.000 (no better than persistence); validation found no deviation from no change worth keeping")
 
 
 def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):
@@ -226,3 +228,59 @@ def test_a_non_finite_number_is_found_by_its_key_path_and_never_written_as_json(
     assert artifacts.non_finite({"skill_by_step": [0.1, None, 0.2]}) is None
     with pytest.raises(ValueError, match="not JSON compliant"):
         artifacts.write_json(tmp_path / "metrics.json", metrics)
+
+
+def test_a_failed_job_is_retried_once_its_candles_are_fixed_or_when_asked(tiny_config, tmp_path):
+    data_dir = tmp_path / "candles"
+    data_dir.mkdir()
+    shutil.copy(CANDLES_DIR / "BTCUSDT_1h.csv.gz", data_dir)
+    config = tiny_config(data={"source": "local", "local": {"path": str(data_dir)}, "symbols": ["BTCUSDT", "ETHUSDT"],
+                               "timeframes": ["1h"], "max_rows": 600})
+
+    def statuses():
+        with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+            return dict(db.execute("SELECT name, status || ':' || attempts FROM jobs"))
+
+    first = _run("--config", str(config), "--retries", "0")
+    assert first.exit_code == 1 and statuses() == {"BTCUSDT_1h": "done:1", "ETHUSDT_1h": "failed:1"}
+    assert "Failed jobs whose candles you fix are retried when you run the same command again; to retry the " \
+           "others as they are, add --retry-failed (or --retries 1)" in " ".join(first.output.split())
+    again = _run("--config", str(config), "--retries", "0")  # nothing changed: its retries are used up
+    assert again.exit_code == 1 and statuses()["ETHUSDT_1h"] == "failed:1"
+
+    asked = _run("--config", str(config), "--retries", "0", "--retry-failed")
+    assert asked.exit_code == 1 and statuses()["ETHUSDT_1h"] == "failed:1"  # tried again, failed again
+
+    shutil.copy(CANDLES_DIR / "ETHUSDT_1h.csv.gz", data_dir)  # the user fixes the input
+    fixed = _run("--config", str(config), "--retries", "0")
+    assert fixed.exit_code == 0, fixed.output
+    assert statuses() == {"BTCUSDT_1h": "done:1", "ETHUSDT_1h": "done:1"}
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 200 KB file system (tmpfs), enlarged later with grow(); skipped where mounting is not allowed."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("needs to mount a small tmpfs (root)")
+    try:
+        yield disk, lambda: subprocess.run(["mount", "-o", "remount,size=8m", str(disk)], check=True)
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def test_a_full_disk_stops_the_run_with_one_line_and_loses_nothing(tiny_config, small_disk):
+    disk, grow = small_disk
+    config = tiny_config(output_dir=str(disk / "run"))
+    full = _run("--config", str(config))
+    assert full.exit_code == 1
+    assert "BTCUSDT_1h: stopped: no space left on the device" in full.output and "Traceback" not in full.output
+    with sqlite3.connect(disk / "run" / "ledger.sqlite") as db:  # not failed: released, or reclaimed next time
+        statuses = dict(db.execute("SELECT name, status FROM jobs"))
+    assert statuses["BTCUSDT_1h"] in ("pending", "running") and statuses["ETHUSDT_1h"] == "pending"
+
+    grow()
+    again = _run("--config", str(config))
+    assert again.exit_code == 0, again.output
+    assert {p.name for p in (disk / "run" / "jobs").iterdir()} == {"BTCUSDT_1h", "ETHUSDT_1h"}

@@ -17,7 +17,7 @@ from trainer.data import load_candles
 from trainer.features import load_features
 from trainer.models import output_shapes
 from trainer.runner import release_free_memory
-from trainer.training import DeviceFeed, EpochBackup, ModelCache, fit
+from trainer.training import DeviceFeed, EpochCheckpoint, ModelCache, fit
 from trainer.windows import make_windows
 
 
@@ -123,21 +123,26 @@ class EpochsBegun(keras.callbacks.Callback):
         self.epochs.append(epoch + 1)
 
 
+def _interrupted(cfg, backup, monkeypatch, after_epoch: int) -> None:
+    """A fit stopped right after the checkpoint of `after_epoch` (1-based) was written, before the next epoch."""
+    save = EpochCheckpoint.on_epoch_end
+
+    def stopped_after_its_checkpoint(self, epoch, logs=None):
+        save(self, epoch, logs)
+        if epoch + 1 == after_epoch:
+            raise KeyboardInterrupt
+    with monkeypatch.context() as patch:
+        patch.setattr(EpochCheckpoint, "on_epoch_end", stopped_after_its_checkpoint)
+        with pytest.raises(KeyboardInterrupt):
+            _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
+
+
 def test_a_job_killed_right_after_an_epoch_was_backed_up_resumes_with_that_epoch_on_record(tmp_path, monkeypatch):
     data = tiny_config_dict(tmp_path)
     data["train"].update(epochs=3)
     cfg = RunConfig.model_validate(data)
     backup = tmp_path / "backup"
-    save = EpochBackup.on_epoch_end
-
-    def killed_after_the_second_backup(self, epoch, logs=None):
-        save(self, epoch, logs)
-        if epoch == 1:
-            raise KeyboardInterrupt  # as if killed between this epoch's backup and the next epoch
-    monkeypatch.setattr(EpochBackup, "on_epoch_end", killed_after_the_second_backup)
-    with pytest.raises(KeyboardInterrupt):
-        _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
-    monkeypatch.setattr(EpochBackup, "on_epoch_end", save)
+    _interrupted(cfg, backup, monkeypatch, after_epoch=2)
 
     begun = EpochsBegun()
     _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
@@ -176,3 +181,48 @@ def test_the_reported_epoch_is_the_one_whose_weights_the_model_ends_with(tmp_pat
     cfg = RunConfig.model_validate(data)
     _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "no-es")
     assert (result.best_epoch, result.best_val_loss) == (3, result.history.loc[2, "val_loss"])  # the last
+
+
+@pytest.mark.parametrize("damaged, resumes_at", [
+    (["checkpoint.npz"], [3]),  # the latest is unusable: go on from the one before it
+    (["checkpoint.npz", "checkpoint.previous.npz"], [1, 2, 3]),  # neither: from the first epoch, never a failure
+])
+def test_a_damaged_checkpoint_falls_back_and_never_fails_the_job(tmp_path, monkeypatch, caplog, damaged, resumes_at):
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=3)
+    cfg = RunConfig.model_validate(data)
+    backup = tmp_path / "backup"
+    _interrupted(cfg, backup, monkeypatch, after_epoch=3)
+    for name in damaged:  # truncated, as a write cut short by a crash without an atomic rename would leave it
+        content = (backup / name).read_bytes()
+        (backup / name).write_bytes(content[:len(content) // 2])
+
+    begun = EpochsBegun()
+    with caplog.at_level("WARNING", logger="cryptotrain"):
+        _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
+    assert begun.epochs == resumes_at
+    assert result.history["epoch"].tolist() == [1, 2, 3]
+    assert "checkpoint unusable" in caplog.text
+    assert ("training this job from its first epoch" in caplog.text) is (len(damaged) == 2)
+
+
+def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
+    """Resumed after its first epoch, a job's optimizer goes on from that epoch's state: its step count ends
+    at three epochs' worth of steps, and its moments are the checkpoint's, not zeros."""
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=3, early_stopping=None)
+    cfg = RunConfig.model_validate(data)
+    _interrupted(cfg, tmp_path / "backup", monkeypatch, after_epoch=1)
+    with np.load(tmp_path / "backup" / "checkpoint.npz") as saved:
+        saved_state = [saved[name] for name in sorted((n for n in saved.files if n.startswith("o")),
+                                                      key=lambda n: int(n[1:]))]
+
+    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    assert EpochCheckpoint(tmp_path / "backup").restore(model) == 1
+    for variable, value in zip(model.optimizer.variables, saved_state):
+        np.testing.assert_array_equal(variable.numpy(), value)
+    steps_per_epoch = int(model.optimizer.iterations.numpy())
+    assert steps_per_epoch > 0 and any(np.abs(v).sum() > 0 for v in saved_state[2:])
+    windows = _windows(cfg, "BTCUSDT", model)
+    fit(model, windows, cfg, tmp_path / "backup")
+    assert int(model.optimizer.iterations.numpy()) == 3 * steps_per_epoch

@@ -5,6 +5,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -15,7 +16,7 @@ import click
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
-from .errors import JobError, UserError
+from .errors import JobError, Terminated, UserError
 
 
 class _Cli(click.Group):
@@ -94,14 +95,16 @@ def plan(config_path, overrides, only, timeframes):
 @click.option("--new-run", is_flag=True, help="Start over in a fresh run directory when the config changed "
                                               "(the old one is kept, renamed with a timestamp).")
 @click.option("--retries", default=1, show_default=True, type=click.IntRange(0),
-              help="Retry each failed job this many times (in this and later invocations).")
+              help="Retry each failed job this many times (in this and later invocations). A failed job whose "
+                   "candle file changed since is retried anyway.")
+@click.option("--retry-failed", is_flag=True, help="Try every failed job again, however often it failed.")
 @click.option("--push", is_flag=True, help="Push jobs to the Hugging Face Hub (config hub.repo_id) as they "
                                            "finish: at most one commit a minute, the rest at the end.")
-def run(config_path, overrides, only, timeframes, new_run, retries, push):
+def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push):
     """Train and evaluate every job of a config, in one process; resumable.
 
-    Interrupt it at any moment (Ctrl-C, kill -9) and run the same command again: finished jobs
-    are kept, an interrupted job resumes from its last finished epoch.
+    Interrupt it at any moment (Ctrl-C, SIGTERM, kill -9) and run the same command again: finished
+    jobs are kept, an interrupted job resumes from its last finished epoch.
 
     \b
     Examples:
@@ -111,8 +114,13 @@ def run(config_path, overrides, only, timeframes, new_run, retries, push):
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .runner import run_config
 
-    outcome = run_config(cfg, jobs, new_run=new_run, retries=retries, push=push)
+    signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
+    outcome = run_config(cfg, jobs, new_run=new_run, retries=retries, push=push, retry_failed=retry_failed)
     sys.exit(outcome.exit_code)
+
+
+def _terminated(signum, frame):
+    raise Terminated()
 
 
 @main.command()

@@ -27,7 +27,7 @@ from .files import pid_alive
 
 STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: jobs.inputs
 STATUSES = ("pending", "running", "done", "failed")
 _MAX_LISTED_CHANGES = 5
 
@@ -55,7 +55,8 @@ _SCHEMA = (
         pushed_repo TEXT,
         pushed_commit TEXT,
         pushed_url TEXT,
-        pushed_at REAL)""",
+        pushed_at REAL,
+        inputs TEXT)""",
     """CREATE TABLE attempts (
         job TEXT NOT NULL REFERENCES jobs (name),
         attempt INTEGER NOT NULL,
@@ -92,6 +93,7 @@ class JobRecord:
     pid: int | None
     host: str | None
     heartbeat_at: float | None
+    inputs: str | None  # a digest of what a failed job was given (data.input_digest): changed, it is retried
 
 
 class Ledger:
@@ -138,6 +140,9 @@ class Ledger:
             if version == 0:
                 for statement in _SCHEMA:
                     conn.execute(statement)
+                conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            elif version == 1:  # a ledger of an earlier cryptotrain: the one column it lacks
+                conn.execute("ALTER TABLE jobs ADD COLUMN inputs TEXT")
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads "
@@ -217,6 +222,15 @@ class Ledger:
                     return row["name"]
         return None
 
+    def in_use(self) -> list[str]:
+        """The jobs that live processes are running now, as "JOB (pid P on HOST)"."""
+        with self._transaction() as conn:
+            rows = conn.execute("SELECT name, status, attempts, pid, host, heartbeat_at FROM jobs "
+                                "WHERE status = 'running' ORDER BY position").fetchall()
+        now = time.time()
+        return [f"{row['name']} (pid {row['pid']} on {row['host']})" for row in rows
+                if self._abandoned(row, now) is None]
+
     def _abandoned(self, row: sqlite3.Row, now: float) -> str | None:
         """Why a running job's process is presumed dead, or None while it looks alive."""
         silent = now - row["heartbeat_at"]
@@ -258,22 +272,25 @@ class Ledger:
                           "pushed_commit = NULL, pushed_url = NULL, pushed_at = NULL",
                           seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary))
 
-    def mark_failed(self, name: str, error: str, seconds: float) -> None:
+    def mark_failed(self, name: str, error: str, seconds: float, inputs: str | None = None) -> None:
+        """`inputs`: a digest of what the job was given, so that a later run can tell it was fixed."""
         self._end_attempt(name, "failed", error,
-                          "status = 'failed', finished_at = :now, seconds = :seconds, error = :error",
-                          seconds=seconds)
+                          "status = 'failed', finished_at = :now, seconds = :seconds, error = :error, "
+                          "inputs = :inputs", seconds=seconds, inputs=inputs)
 
     def release(self, name: str) -> None:
         """Interrupted (Ctrl-C): back to pending; this attempt does not count towards --retries."""
         self._end_attempt(name, "interrupted", None, "status = 'pending', attempts = attempts - 1")
 
     def _end_attempt(self, name: str, outcome: str, error: str | None, assignments: str, **values) -> None:
-        with self._transaction() as conn:
-            now = time.time()
-            self._update_owned(conn, name, assignments, now=now, error=error, **values)
-            conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, error = ? "
-                         "WHERE job = ? AND ended_at IS NULL", (now, outcome, error, name))
-        Ledger._held.discard(self._key(name))
+        try:
+            with self._transaction() as conn:
+                now = time.time()
+                self._update_owned(conn, name, assignments, now=now, error=error, **values)
+                conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, error = ? "
+                             "WHERE job = ? AND ended_at IS NULL", (now, outcome, error, name))
+        finally:  # this process has stopped working on it, even if that could not be recorded (a full disk):
+            Ledger._held.discard(self._key(name))  # a later claim in this process may reclaim it
 
     def _update_owned(self, conn: sqlite3.Connection, name: str, assignments: str, **values) -> None:
         """Apply `assignments` to the job only while this process holds it."""

@@ -67,7 +67,8 @@ class JobProgress:
 
 # ----------------------------------------------------------------------------- summary and status
 SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
-                   "direction_accuracy", "majority_rate", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
+                   "shrink", "direction_accuracy", "majority_rate", "seconds", "train_step_seconds", "rss_mb",
+                   "synthetic"]
 
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
@@ -81,7 +82,8 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
 def summary_line(summary: dict) -> str:
     return (f"done in {summary['epochs']} epochs, test MAE ({summary['head']}) {summary['test_mae']:.4g} vs "
             f"persistence {summary['persistence_mae']:.4g}: skill {_fmt(summary['skill'], '+.3f')}"
-            f"{verdict(summary['skill'])}")
+            f"{verdict(summary['skill'])}"
+            + ("; validation found no deviation from no change worth keeping" if summary.get("shrink") == 0 else ""))
 
 
 def verdict(skill: float | None) -> str:

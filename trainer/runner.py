@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import gc
 import json
 import logging
@@ -28,7 +29,7 @@ import pandas as pd
 
 from . import artifacts
 from .config import HubConfig, RunConfig
-from .data import load_candles
+from .data import input_digest, load_candles
 from .device import cudnn_report, setup
 from .errors import JobError, UserError
 from .evaluate import choose_shrink, evaluate, predict_fixed_batches
@@ -63,7 +64,7 @@ class Outcome:
 
 
 def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: int = 1,
-               push: bool = False) -> Outcome:
+               push: bool = False, retry_failed: bool = False) -> Outcome:
     if push and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     device = setup(cfg.train)
@@ -77,6 +78,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     artifacts.remove_abandoned_staging(run_dir)
     remove_abandoned_temp_files(run_dir)
     _recheck_done_jobs(run_dir, ledger, names)
+    _retry_failed_jobs(cfg, ledger, by_name, retries, retry_failed)
     _warn_cudnn(cfg, device)
 
     last_push = -math.inf
@@ -89,10 +91,10 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
                 with Heartbeat(ledger, name):
                     manifest_sha, summary = train_job(cfg, job, run_dir, cache, progress)
                 ledger.mark_done(name, manifest_sha, summary, time.perf_counter() - started)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (errors.Terminated)
                 ledger.release(name)
                 _print_resume_hint(name)
-                raise SystemExit(130) from None
+                raise SystemExit(getattr(stop, "exit_code", 130)) from None
             except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
                 ledger.release(name)
                 raise
@@ -100,8 +102,11 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
                 log.warning("%s: another process reclaimed this job; leaving it to that process", name)
                 continue
             except Exception as exc:
+                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                    _stop_on_full_disk(ledger, name, exc)
                 error = _describe_failure(exc, run_dir, name)
-                ledger.mark_failed(name, error, time.perf_counter() - started)
+                ledger.mark_failed(name, error, time.perf_counter() - started,
+                                   inputs=input_digest(cfg, job.symbol, job.timeframe))
                 progress.finish_job(job, f"[red]failed[/]: {error}")
                 if not isinstance(exc, JobError):
                     cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
@@ -128,6 +133,10 @@ def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: 
     notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
     console.print(f"{outcome.done}/{len(records)} jobs done, {outcome.failed} failed"
                   + "".join(f", {note}" for note in notes) + f"; run directory: {run_dir}", soft_wrap=True)
+    if outcome.failed:
+        console.print("Failed jobs whose candles you fix are retried when you run the same command again; to retry "
+                      f"the others as they are, add --retry-failed (or --retries {retries + 1})", soft_wrap=True,
+                      markup=False, highlight=False)
     return outcome
 
 
@@ -139,10 +148,13 @@ def _open_run(cfg: RunConfig, new_run: bool) -> Ledger:
     try:
         ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data())
     except UserError:
-        if not new_run:
-            ledger.close()
-            raise
+        busy = ledger.in_use() if new_run else []
         ledger.close()
+        if not new_run:
+            raise
+        if busy:  # moving it would pull the directory from under that process, which would go on writing there
+            raise UserError(f"{run_dir}: --new-run cannot move this run directory: another process is training in it "
+                            f"({', '.join(busy)}); stop it first, or give this config another output_dir") from None
         kept = run_dir.with_name(f"{run_dir.name}-{datetime.now():%Y%m%d-%H%M%S}")
         run_dir.rename(kept)
         console.print(f"Config changed: the previous run was moved to {kept}")
@@ -160,6 +172,21 @@ def _recheck_done_jobs(run_dir: Path, ledger: Ledger, names: list[str]) -> None:
         if artifacts.verify(artifacts.jobs_dir(run_dir) / record.name) != record.manifest_sha256:
             log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
             ledger.mark_pending(record.name, "artifacts failed verification")
+
+
+def _retry_failed_jobs(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int,
+                       retry_failed: bool) -> None:
+    """Failed jobs that used up their retries go back to pending when asked to (--retry-failed), or when
+    what they were given has changed since they failed (a fixed or added candle file)."""
+    for record in ledger.jobs():
+        job = jobs.get(record.name)
+        if job is None or record.status != "failed" or record.attempts <= retries:
+            continue
+        if retry_failed:
+            ledger.mark_pending(record.name, f"retried (--retry-failed) after: {record.error}")
+        elif record.inputs != input_digest(cfg, job.symbol, job.timeframe):
+            log.info("%s: its input changed since it failed; trying it again", record.name)
+            ledger.mark_pending(record.name, f"input changed since it failed with: {record.error}")
 
 
 def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
@@ -262,6 +289,7 @@ def _job_summary(metrics: dict) -> dict:
         "head": line["head"] + (f".{line['column']}" if line["column"] else ""),
         "test_mae": line["mae"], "persistence_mae": line["persistence_mae"], "skill": line["skill"],
         "direction_accuracy": line["direction_accuracy"], "majority_rate": line["majority_rate"],
+        "shrink": line["shrink"],
         "seconds": metrics["seconds"], "train_step_seconds": metrics["train_step_seconds"],
         "rss_mb": metrics["rss_mb"], "synthetic": metrics["data"]["synthetic"],
     }
@@ -314,12 +342,25 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     """One line for the ledger and the screen; the traceback of an unexpected error goes to a log file."""
     if isinstance(exc, JobError):
         return str(exc)
-    log_file = run_dir / "logs" / f"{name}.log"
-    log_file.parent.mkdir(exist_ok=True)
-    log_file.write_text("".join(traceback.format_exception(exc)))
     first_line = (str(exc).strip().splitlines() or [""])[0][:300]
     hint = "; out of memory: lower train.batch_size" if "ResourceExhausted" in type(exc).__name__ else ""
+    log_file = run_dir / "logs" / f"{name}.log"
+    try:
+        log_file.parent.mkdir(exist_ok=True)
+        log_file.write_text("".join(traceback.format_exception(exc)))
+    except OSError as unwritable:
+        return f"{type(exc).__name__}: {first_line}{hint} (no traceback log: {unwritable.strerror})"
     return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
+
+
+def _stop_on_full_disk(ledger: Ledger, name: str, exc: OSError) -> None:
+    """No job can be done on a full disk: leave this one resumable (not a failed attempt) and stop the run."""
+    with contextlib.suppress(Exception):  # the ledger may not be writable either; the job is then reclaimed
+        ledger.release(name)
+    where = f" writing {exc.filename}" if exc.filename else ""
+    console.print(f"{name}: stopped: no space left on the device{where}; free some space and run the same "
+                  "command again (finished epochs are kept)", soft_wrap=True, markup=False, highlight=False)
+    raise SystemExit(1)
 
 
 def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> list[str]:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import math
+import os
 import time
 import weakref
 from dataclasses import dataclass
@@ -23,6 +25,8 @@ from .evaluate import INFERENCE_BATCH_SIZE
 from .files import atomic_write
 from .models import build_model
 from .windows import SplitWindows, Windows
+
+log = logging.getLogger("cryptotrain")
 
 
 # ----------------------------------------------------------------------------- compiled-model reuse
@@ -64,9 +68,6 @@ class ModelCache:
         else:
             _assign(self._model.variables, self._initial_state)
             _assign(self._model.optimizer.variables, self._initial_optimizer_state)  # the learning rate too
-            # BackupAndRestore leaves the epoch it resumed from on the model, and fit() would start the
-            # next job there too; Keras itself never clears it.
-            self._model._initial_epoch = None
         return self._model
 
 
@@ -107,11 +108,12 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
     """
     train = cfg.train
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
-    state = ResumableState(backup_dir, None, None)
     finished = backup_dir / "finished_weights.npz"
     if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
         model.set_weights(load_weights(finished))
-        return _result(state, restores_best, step_seconds=0.0)
+        return _result(ResumableState(backup_dir, done_epochs=None), restores_best, step_seconds=0.0)
+    checkpoint = EpochCheckpoint(backup_dir)
+    state = ResumableState(backup_dir, checkpoint.restore(model))  # weights, optimizer state: the epoch to go on at
 
     feed = DeviceFeed.of(model, windows)
     train_data = feed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
@@ -126,14 +128,14 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
         reduce_lr = keras.callbacks.ReduceLROnPlateau(**train.reduce_lr.model_dump())
         standard.append(reduce_lr)
     state.early_stopping, state.reduce_lr = early_stopping, reduce_lr
-    # The backup of an epoch is written last, once everything the epoch changed is saved: a job killed at
-    # any moment resumes from a backed-up epoch whose history row and best weights are on disk too.
-    standard += [state, EpochBackup(str(backup_dir / "keras"), double_checkpoint=True, delete_checkpoint=False)]
+    # The checkpoint of an epoch is written last, once everything the epoch changed is saved: a job killed at
+    # any moment resumes from a checkpointed epoch whose history row and best weights are on disk too.
+    standard += [state, checkpoint]
     timer = StepTimer()
     # A job that early stopping had ended when it was killed trains no further epoch on resume.
     epochs = state.stopped_at() or train.epochs
-    model.fit(train_data, validation_data=val_data, epochs=epochs, verbose=0, shuffle=False,  # shuffled above
-              callbacks=[*standard, timer, *callbacks])
+    model.fit(train_data, validation_data=val_data, initial_epoch=state.done_epochs, epochs=epochs, verbose=0,
+              shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     save_weights(finished, model.get_weights())
     return _result(state, restores_best, step_seconds=timer.seconds)
 
@@ -225,13 +227,69 @@ class DeviceFeed:
 
 
 # ----------------------------------------------------------------------------- callbacks
-class EpochBackup(keras.callbacks.BackupAndRestore):
-    """BackupAndRestore, saving at each epoch's end.
+class EpochCheckpoint(keras.callbacks.Callback):
+    """Everything training needs to go on after an epoch — the model's weights, the optimizer's state (moments,
+    step count, learning rate) and the epoch — saved at the epoch's end in one file, written atomically, and
+    read back before it counts; the previous epoch's file is kept beside it.
 
-    Keras runs per-batch callbacks in step with the device unless each one is declared safe to run in
-    the background; BackupAndRestore's batch hook does nothing when it saves per epoch, so it is, and
-    the device never waits for a batch's loss to reach Python."""
+    Nothing a kill, a full disk or a damaged file leaves behind can stop a job: restore() falls back from the
+    latest checkpoint to the previous one, and from that to a fresh start, with a warning each time. (Keras's
+    BackupAndRestore writes its file in place and falls back only on OSError: a kill while it wrote left a
+    truncated file that failed every later run.)
+
+    Declared safe to run in the background: it does nothing per batch, so the device never waits for a batch's
+    loss to reach Python."""
     async_safe = True
+
+    def __init__(self, backup_dir: Path) -> None:
+        super().__init__()
+        self.latest, self.previous = backup_dir / "checkpoint.npz", backup_dir / "checkpoint.previous.npz"
+
+    def restore(self, model: keras.Model) -> int:
+        """Load the newest usable checkpoint into `model`; returns its epoch (0: none, start afresh)."""
+        for path in (self.latest, self.previous):
+            if not path.exists():
+                continue
+            try:
+                epoch, weights, optimizer_state = self._read(path, model)
+            except Exception as exc:  # whatever is wrong with the file, the job goes on without it
+                log.warning("%s: checkpoint unusable (%s: %s); falling back to the one before", path,
+                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+                continue
+            _assign(model.variables, weights)
+            _assign(model.optimizer.variables, optimizer_state)
+            return epoch
+        if self.latest.exists() or self.previous.exists():
+            log.warning("%s: no usable checkpoint; training this job from its first epoch", self.latest.parent)
+        return 0
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.latest.exists():
+            os.replace(self.latest, self.previous)  # killed right after this: the previous one is still there
+        model, optimizer = self.model, self.model.optimizer
+        arrays = {"epoch": np.asarray(epoch + 1),
+                  **{f"w{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.variables)},
+                  **{f"o{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(optimizer.variables)}}
+        atomic_write(self.latest, lambda tmp: self._write(tmp, arrays))
+        self._read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
+
+    @staticmethod
+    def _write(tmp: Path, arrays: dict[str, np.ndarray]) -> None:
+        np.savez(tmp, **arrays)
+
+    @staticmethod
+    def _read(path: Path, model: keras.Model) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
+        """The checkpoint's epoch, weights and optimizer state, checked against the model's variables."""
+        with np.load(path) as saved:
+            epoch = int(saved["epoch"])
+            weights = [saved[f"w{i}"] for i in range(len(model.variables))]
+            optimizer_state = [saved[f"o{i}"] for i in range(len(model.optimizer.variables))]
+        for kind, values, variables in (("weight", weights, model.variables),
+                                        ("optimizer", optimizer_state, model.optimizer.variables)):
+            for value, variable in zip(values, variables):
+                if tuple(value.shape) != tuple(variable.shape):
+                    raise ValueError(f"{kind} {variable.path}: shape {value.shape}, the model's {variable.shape}")
+        return epoch, weights, optimizer_state
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -287,26 +345,29 @@ class ReportProgress(keras.callbacks.Callback):
 class ResumableState(keras.callbacks.Callback):
     """Makes EarlyStopping, ReduceLROnPlateau and the epoch history survive a restart.
 
-    BackupAndRestore restores weights, optimizer state and the epoch counter, but not the other
+    EpochCheckpoint restores weights, optimizer state and the epoch counter, but not the other
     callbacks' counters nor the best weights seen so far: without them a resumed job would wait longer
     to stop and could restore a worse model than an uninterrupted one. Each epoch's row holds those
     counters, and whether early stopping ended training; on restart the row of the last backed-up epoch
     is applied (rows of epochs that will be re-run are dropped). The best weights are kept per epoch,
     so that the ones the last backed-up row names are still there whatever epoch was under way.
-    Must come after EarlyStopping and ReduceLROnPlateau, and before BackupAndRestore.
+    Must come after EarlyStopping and ReduceLROnPlateau, and before EpochCheckpoint.
     """
 
-    def __init__(self, backup_dir: Path, early_stopping, reduce_lr) -> None:
+    def __init__(self, backup_dir: Path, done_epochs: int | None) -> None:
         super().__init__()
         self.dir = backup_dir
         self.path = backup_dir / "state.json"
-        self.early_stopping, self.reduce_lr = early_stopping, reduce_lr
+        # The epochs of the checkpoint training goes on from (None: training had finished, every row counts).
+        self.done_epochs = done_epochs
+        self.early_stopping = self.reduce_lr = None  # set by fit, once it has made them
         self.rows: list[dict] = self._backed_up_rows()  # read once: fit needs them before training too
 
     def _backed_up_rows(self) -> list[dict]:
-        done_epochs = _backed_up_epochs(self.dir / "keras")
-        saved = json.loads(self.path.read_text()) if self.path.exists() and done_epochs else []
-        return [row for row in saved if row["epoch"] <= done_epochs]
+        if not self.path.exists() or self.done_epochs == 0:
+            return []
+        saved = json.loads(self.path.read_text())
+        return [row for row in saved if self.done_epochs is None or row["epoch"] <= self.done_epochs]
 
     def stopped_at(self) -> int | None:
         """The epoch early stopping ended training at, if the backed-up state says it did."""
@@ -365,7 +426,4 @@ def load_weights(path: Path) -> list[np.ndarray]:
         return [saved[f"arr_{i}"] for i in range(len(saved.files))]
 
 
-def _backed_up_epochs(keras_backup_dir: Path) -> int:
-    metadata = keras_backup_dir / "training_metadata.json"
-    return json.loads(metadata.read_text())["epoch"] if metadata.exists() else 0
 

@@ -80,6 +80,24 @@ def download(cfg: RunConfig, jobs: list[Job]) -> int:
     return 1 if failed else 0
 
 
+def input_digest(cfg: RunConfig, symbol: str, timeframe: str) -> str:
+    """What a job is given, as a digest: the run config, and the bytes of its candle file where that is a file
+    on this machine (a local file; Binance candles stored earlier). A failed job whose digest has changed
+    since (the file fixed or added) is worth another try."""
+    data = cfg.data
+    if data.source == "local":
+        path: Path | None = data.local.path / job_filename(data.local.pattern, symbol, timeframe)
+    elif data.source == "binance":
+        path = binance.stored_path(data.binance, cfg.cache_path, symbol, timeframe)
+    else:
+        path = None
+    try:
+        content = path.read_bytes() if path is not None and path.is_file() else b"absent"
+    except OSError as exc:
+        content = f"unreadable: {exc}".encode()
+    return store.make_key(cfg.fingerprint().encode(), content)
+
+
 def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     data = cfg.data
     if data.source == "local":

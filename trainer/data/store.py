@@ -13,6 +13,7 @@ removed and treated as a miss, so entries need no fsync.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -70,7 +71,7 @@ def load(directory: Path, key: str) -> pd.DataFrame | None:
         columns, rows, checksum = header["columns"], header["rows"], header["crc32"]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # a directory in the way, too: IsADirectoryError
         return _discard(path, f"unreadable: {exc}")
     if body.size != 8 * rows * (1 + len(columns)) or zlib.crc32(body) != checksum:
         return _discard(path, "its body does not match its header's size or checksum")
@@ -79,7 +80,22 @@ def load(directory: Path, key: str) -> pd.DataFrame | None:
 
 
 def save(directory: Path, key: str, frame: pd.DataFrame) -> None:
-    """Store `frame` (tz-aware UTC index, float64 columns) under `key`, atomically."""
+    """Store `frame` (tz-aware UTC index, float64 columns) under `key`, atomically. The cache only saves
+    time: where it cannot be written (a full disk, no permission, a file in the way), the frame is used
+    from memory and the cache is left alone, with one warning per directory."""
+    try:
+        _write(directory, key, frame)
+    except OSError as exc:
+        if directory not in _unwritable:
+            _unwritable.add(directory)
+            log.warning("cache %s cannot be written (%s): computing in memory instead", directory,
+                        exc.strerror or exc)
+
+
+_unwritable: set[Path] = set()  # cache directories found unwritable in this process (warned once)
+
+
+def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
     header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
@@ -96,4 +112,5 @@ def save(directory: Path, key: str, frame: pd.DataFrame) -> None:
 
 def _discard(path: Path, why: str) -> None:
     log.warning("cache entry %s is damaged (%s): recomputing it", path, why)
-    path.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):  # e.g. a directory: save() will find it in the way and warn
+        path.unlink(missing_ok=True)

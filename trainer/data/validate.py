@@ -58,6 +58,12 @@ def _utc_nanoseconds(times: np.ndarray, rows: np.ndarray, where: str) -> np.ndar
     if bad.size:
         raise JobError(f"{where}: row {rows[bad[0]]}: timestamp {_shown(times[bad[0]])} is not a date "
                        f"({bad.size} bad timestamps in all)")
+    # pandas parses years like -1 or 9999 at a coarser unit; nanoseconds hold only 1677-09-21 .. 2262-04-11.
+    outside = np.flatnonzero(np.asarray((parsed < pd.Timestamp.min.tz_localize(parsed.tz))
+                                        | (parsed > pd.Timestamp.max.tz_localize(parsed.tz))))
+    if outside.size:
+        raise JobError(f"{where}: row {rows[outside[0]]}: timestamp {_shown(times[outside[0]])} is out of range "
+                       f"(years 1678 to 2261) ({outside.size} such timestamps in all)")
     return parsed.as_unit("ns").asi8
 
 
