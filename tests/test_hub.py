@@ -409,9 +409,9 @@ def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tm
         ("BTCUSDT_1h", first.oid), ("ETHUSDT_1h", last.oid), ("SOLUSDT_1h", last.oid)}
     status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
     assert status.exit_code == 0, status.output
-    rows = {line.split()[1]: line for line in status.output.splitlines() if "USDT_1h" in line}
+    rows = {line.split()[0]: line for line in status.output.splitlines() if "USDT_1h" in line}
     for job, pushed in (("BTCUSDT_1h", first), ("ETHUSDT_1h", last), ("SOLUSDT_1h", last)):
-        assert pushed.oid[:8] in rows[job]
+        assert pushed.oid[:7] in rows[job]
     assert f"pushed to {REPO}" in status.output
     assert TOKEN not in result.output + status.output
 

@@ -33,11 +33,13 @@ def _start_paused(point: str, marker: Path, epoch_log: Path, config: Path) -> su
 
 
 def _rerun(tmp_path: Path, config: Path) -> dict[str, list[int]]:
-    """The same command again; returns the epochs it began, per job."""
+    """The same command again; returns the epochs it began, per job (and writes what it printed to
+    rerun.log)."""
     epoch_log = tmp_path / "rerun_epochs.log"
     rerun = subprocess.run(_through_kill_points("none", tmp_path / "unused", epoch_log, config), cwd=REPO,
                            capture_output=True, text=True, timeout=600)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
+    (tmp_path / "rerun.log").write_text(rerun.stderr)
     began: dict[str, list[int]] = {}
     for line in epoch_log.read_text().splitlines() if epoch_log.exists() else []:
         job, epoch = line.split()
@@ -80,6 +82,7 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
 
     began = _rerun(tmp_path, config)
     assert began["BTCUSDT_15m"] == [2, 3]  # resumed after its finished epoch, not trained again
+    assert "BTCUSDT_15m: resuming at epoch 2 of 3 (epoch 1 was saved)" in (tmp_path / "rerun.log").read_text()
     history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
     assert history["epoch"].tolist() == [1, 2, 3]
 

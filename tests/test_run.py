@@ -166,6 +166,29 @@ def test_status_answers_without_loading_tensorflow(finished_run):
     assert result.stdout.strip().endswith("tensorflow not loaded")
 
 
+def test_status_filters_like_run_and_keeps_each_job_on_one_line(tmp_path):
+    from trainer.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "run")
+    ledger.add_jobs(["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_1h"])
+    assert ledger.claim(retries=0) == "BTCUSDT_15m"
+    error = "ValueError: " + "a long reason " * 20 + "\n  and a second line\n  and a third"
+    ledger.mark_failed("BTCUSDT_15m", error, 1.0)
+    status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
+    assert status.exit_code == 0, status.output
+    lines = status.output.splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert len([line for line in lines if "BTCUSDT_15m" in line]) == 1 and "and a second line" not in status.output
+    assert lines[-1] == "2 pending, 0 running, 0 done, 1 failed"
+
+    narrowed = CliRunner().invoke(main, ["status", str(tmp_path / "run"), "--only", "btc*", "--timeframes", "1h"])
+    assert [line.split()[0] for line in narrowed.output.splitlines() if "USDT" in line] == ["BTCUSDT_1h"]
+    whole = CliRunner().invoke(main, ["status", str(tmp_path / "run"), "--json", "--only", "BTCUSDT_15m"])
+    assert [job["error"] for job in json.loads(whole.output)] == [error]
+    nothing = CliRunner().invoke(main, ["status", str(tmp_path / "run"), "--only", "DOGE*"])
+    assert nothing.exit_code == 2 and "no job matches DOGE*" in nothing.output
+
+
 def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
     progress = JobProgress(total=2, done=0)
     job = Job("NOSUCHUSDT", "1h")
@@ -284,3 +307,11 @@ def test_a_full_disk_stops_the_run_with_one_line_and_loses_nothing(tiny_config, 
     again = _run("--config", str(config))
     assert again.exit_code == 0, again.output
     assert {p.name for p in (disk / "run" / "jobs").iterdir()} == {"BTCUSDT_1h", "ETHUSDT_1h"}
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_of_bad_input(tiny_config, tmp_path):
+    (tmp_path / "taken").write_text("not a directory")
+    result = CliRunner().invoke(main, ["run", "--config", str(tiny_config(output_dir=str(tmp_path / "taken")))])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {tmp_path / 'taken'}: cannot be the run directory (File exists); set " \
+        "output_dir to a directory you can write"

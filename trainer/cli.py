@@ -85,6 +85,7 @@ def plan(config_path, overrides, only, timeframes):
       cryptotrain plan --config v8_stable
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
+    _import_tensorflow()
     from .planning import print_plan
 
     print_plan(cfg, jobs)
@@ -112,6 +113,7 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
       cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
+    _import_tensorflow()
     from .runner import run_config
 
     signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
@@ -123,19 +125,40 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
+def _import_tensorflow() -> None:
+    """Import TensorFlow with its native start-up lines (absl's "All log messages before absl::InitializeLog()",
+    the oneDNN notice) kept off the terminal: C++ writes them before any log level applies, and they would
+    tear the live progress display. A failed import still raises, and says why, after stderr is back."""
+    if "tensorflow" in sys.modules:
+        return
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
 @main.command()
 @click.argument("run_dir", type=click.Path(path_type=Path))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def status(run_dir, as_json):
-    """Show every job of a run: done, running, failed or pending, with metrics and pushes.
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output, errors whole.")
+@click.option("--only", "only", multiple=True, metavar="PATTERN",
+              help="Only symbols or jobs matching this shell pattern, e.g. --only 'BTC*'. Repeatable.")
+@click.option("--timeframes", default="", metavar="TF[,TF]", help="Only these timeframes, e.g. 15m or 15m,1h.")
+def status(run_dir, as_json, only, timeframes):
+    """Show the jobs of a run: done, running, failed or pending, with metrics and pushes; one line each.
 
     \b
-    Example:
+    Examples:
       cryptotrain status runs/v8_aligned
+      cryptotrain status runs/v8_aligned --only 'BTC*' --timeframes 1h --json
     """
     from .reporting import print_status
 
-    print_status(run_dir, as_json=as_json)
+    print_status(run_dir, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t))
 
 
 @main.command()
@@ -182,6 +205,7 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model runs/quickstart/jobs/BTCUSDT_15m
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
+    _import_tensorflow()
     from .predict import predict_command
 
     predict_command(model_ref, symbol=symbol, timeframe=timeframe, data_path=data_path,
@@ -200,6 +224,7 @@ def doctor(as_json):
     Example:
       cryptotrain doctor
     """
+    _import_tensorflow()
     from .device import doctor as run_doctor
 
     sys.exit(run_doctor(as_json=as_json))

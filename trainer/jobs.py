@@ -40,6 +40,12 @@ def make_jobs(cfg: RunConfig, only: tuple[str, ...] = (), timeframes: tuple[str,
     return jobs
 
 
+def selected(name: str, only: tuple[str, ...] = (), timeframes: tuple[str, ...] = ()) -> bool:
+    """Whether a job named SYMBOL_TIMEFRAME passes the --only / --timeframes filters, as in make_jobs."""
+    symbol, _, timeframe = name.rpartition("_")
+    return (not timeframes or timeframe in timeframes) and _matches(Job(symbol, timeframe), only)
+
+
 def _matches(job: Job, patterns: tuple[str, ...]) -> bool:
     if not patterns:
         return True

@@ -116,7 +116,11 @@ class Ledger:
         self.stale_after = stale_after
         self._host = socket.gethostname()
         self._lock = threading.Lock()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # e.g. output_dir names a file, or a directory this user cannot write
+            raise UserError(f"{self.run_dir}: cannot be the run directory ({exc.strerror}); set output_dir "
+                            "to a directory you can write") from None
         self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
                                      check_same_thread=False)
         self._conn.row_factory = sqlite3.Row

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -21,8 +22,8 @@ from rich.table import Table
 
 from .errors import UserError
 from .files import atomic_write
-from .jobs import Job
-from .ledger import Ledger
+from .jobs import Job, selected
+from .ledger import STATUSES, Ledger
 
 console = Console(stderr=True)  # progress and warnings; tables go to stdout
 
@@ -37,6 +38,7 @@ class JobProgress:
                                  console=console, transient=False)
         self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
         self.epoch_task = None
+        self._job = ""
         self._finished: set[str] = set()  # a job retried after a failure counts once
 
     def __enter__(self) -> JobProgress:
@@ -50,6 +52,7 @@ class JobProgress:
         if self.epoch_task is not None:
             self.progress.remove_task(self.epoch_task)
         self.epoch_task = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
+        self._job = job.name
 
     def finish_job(self, job: Job, line: str) -> None:
         if job.name not in self._finished:
@@ -57,8 +60,13 @@ class JobProgress:
             self.progress.advance(self.jobs_task)
         self.progress.console.print(f"{job.name}: {line}")
 
-    def training_started(self, epochs: int) -> None:
-        self.progress.update(self.epoch_task, total=epochs, info="training")
+    def training_started(self, epochs: int, done: int = 0) -> None:
+        """`done`: epochs an interrupted run of this job had finished, which training goes on after."""
+        self.progress.update(self.epoch_task, total=epochs, completed=done,
+                             info=f"resuming at epoch {done + 1}" if done else "training")
+        if done:
+            saved = "epoch 1 was" if done == 1 else f"epochs 1-{done} were"
+            self.progress.console.print(f"{self._job}: resuming at epoch {done + 1} of {epochs} ({saved} saved)")
 
     def epoch_ended(self, epoch: int, logs: dict) -> None:
         info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
@@ -127,27 +135,42 @@ def _fmt(value, spec: str = ".4g") -> str:
     return format(value, spec) if isinstance(value, float) else str(value)
 
 
-def print_status(run_dir: Path, as_json: bool = False) -> None:
+def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (),
+                 timeframes: tuple[str, ...] = ()) -> None:
+    """The run's jobs (those matching --only / --timeframes), one line each, errors cut to fit the line
+    (whole in --json)."""
     if not (run_dir / "ledger.sqlite").is_file():
         raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
     ledger = Ledger(run_dir)
-    records = ledger.jobs()
+    records = [r for r in ledger.jobs() if selected(r.name, only, timeframes)]
+    if (only or timeframes) and not records:
+        raise UserError(f"{run_dir}: no job matches {' '.join([*only, *timeframes])}")
     if as_json:
         print(json.dumps([vars(r) for r in records], indent=1, default=str))
         return
     repos = sorted({r.pushed_repo for r in records if r.pushed_commit})
-    table = Table(title=f"{run_dir}", caption=f"pushed to {', '.join(repos)}" if repos else None)
-    for column in ("job", "status", "attempts", "test MAE", "skill", "seconds", "pushed"):
-        table.add_column(column, no_wrap=column in ("job", "status", "pushed"))
-    table.add_column("error / owner", overflow="fold")
+    table = Table(title=f"{run_dir}", caption=f"pushed to {', '.join(repos)}" if repos else None,
+                  box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
+    rows = []
     for r in records:
         s = r.summary or {}
         owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
-        table.add_row(r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
-                      _fmt(r.seconds, ".1f"), (r.pushed_commit or "")[:8],
-                      r.error or owner)
-    Console().print(table)
-    print(", ".join(f"{n} {status}" for status, n in sorted(ledger.counts().items())))
+        error = " ".join((r.error or "").split())  # one line, however many the error had
+        rows.append((r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
+                     _fmt(r.seconds, ".0f"), (r.pushed_commit or "")[:7], error or owner))
+    # Every column keeps its width; the error is what is cut to fit the terminal (whole in --json).
+    out = Console()
+    widths = [max([len(column)] + [len(row[i]) for row in rows])
+              for i, column in enumerate(("job", "status", "tries", "MAE", "skill", "secs", "pushed"))]
+    room = max(20, out.width - sum(widths) - 2 * len(widths) - 1)
+    for i, column in enumerate(("job", "status", "tries", "MAE", "skill", "secs", "pushed")):
+        table.add_column(column, no_wrap=True, min_width=widths[i], justify="left" if i < 2 else "right")
+    table.add_column("error / owner", no_wrap=True, max_width=room)
+    for row in rows:
+        table.add_row(*row[:-1], row[-1] if len(row[-1]) <= room else row[-1][:room - 1] + "…")
+    out.print(table)
+    counts = Counter(r.status for r in records)
+    print(", ".join(f"{counts[status]} {status}" for status in STATUSES))
 
 
 def _ago(timestamp: float | None) -> str:

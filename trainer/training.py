@@ -329,14 +329,21 @@ class StepTimer(keras.callbacks.Callback):
 
 
 class ReportProgress(keras.callbacks.Callback):
-    """Tells a progress display (reporting.JobProgress) the job's epoch count, then each epoch's losses."""
+    """Tells a progress display (reporting.JobProgress) the job's epoch count and the epoch it starts at (after
+    the checkpointed ones of an interrupted run), then each epoch's losses."""
 
     def __init__(self, display) -> None:
         super().__init__()
         self.display = display
+        self._first_epoch: int | None = None
 
     def on_train_begin(self, logs=None):
-        self.display.training_started(self.params["epochs"])
+        self._first_epoch = None
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if self._first_epoch is None:
+            self._first_epoch = epoch
+            self.display.training_started(self.params["epochs"], done=epoch)
 
     def on_epoch_end(self, epoch, logs=None):
         self.display.epoch_ended(epoch, logs or {})
