@@ -131,7 +131,7 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
     report = evaluate(predicted, windows.test, windows.preprocessing)
     test_rows = positions(frame, windows.test.target_times)
     last_close = frame["close"].to_numpy()[test_rows - 1]
-    for head in windows.heads:
+    for head in windows.preprocessing.heads:
         scaled = model.predict(windows.test.x, verbose=0)[head.name]
         framed = scaled * head.scaler.scale + head.scaler.offset
         expected = np.exp(framed) * last_close[:, None, None] if relative_to else framed  # tiny heads: price levels

@@ -56,13 +56,10 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
         if not judged:
             continue
         actual = split.y_raw[head.name][..., judged]
-
-        def mae(factor: float, head: HeadTarget = head, judged: list[int] = judged, actual: np.ndarray = actual):
-            trial = replace(head, shrink=float(factor))
-            prices = preprocessing.head_prices(trial, outputs[head.name], split.last_close)
-            return float(np.mean(np.abs(prices[..., judged] - actual)))
-
-        factors[head.name] = float(SHRINK_GRID[int(np.argmin([mae(f) for f in SHRINK_GRID]))])
+        errors = [np.mean(np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
+                                                           split.last_close)[..., judged] - actual))
+                  for factor in SHRINK_GRID]
+        factors[head.name] = float(SHRINK_GRID[int(np.argmin(errors))])
     return preprocessing.with_shrink(factors)
 
 

@@ -40,13 +40,13 @@ def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, d
     candles = _candles(job_dir, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles)
     last = candles.index[-1]
-    track_record = test_skill(job_dir)
+    record = track_record(job_dir)
     if as_json:
         print(json.dumps({
             "symbol": prep["symbol"], "timeframe": prep["timeframe"], "model": model_ref,
             "last_candle": last.isoformat(), "source": candles.attrs.get("source"),
             "synthetic": bool(candles.attrs.get("synthetic")),
-            "test_skill": track_record,
+            "test_skill": record,
             "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(forecast.index,
                                                                                forecast.to_dict("records"))],
         }, indent=1))
@@ -54,10 +54,10 @@ def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, d
         synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if candles.attrs.get("synthetic") else ""
         _print_table(forecast, f"{prep['symbol']} {prep['timeframe']}: the next {len(forecast)} candle(s) after "
                                f"{last:%Y-%m-%d %H:%M} UTC, from {candles.attrs.get('source')}{synthetic}")
-        print(_track_record_text(track_record))
+        print(_track_record_text(record))
 
 
-def test_skill(job_dir: Path) -> dict:
+def track_record(job_dir: Path) -> dict:
     """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
     worse than persistence: what a forecast is worth."""
     metrics = json.loads((job_dir / "metrics.json").read_text())

@@ -150,6 +150,8 @@ class Framing:
     def apply(self, encoded, anchor, exp: Callable = np.exp, columns: Sequence[int] | None = None):
         """Frame encoded values (..., C) against `anchor` (broadcastable to them); numpy or TensorFlow alike
         (`exp` = np.exp or tf.exp). `columns`: positions of the C columns, default all."""
+        if self.relative_to is None:  # nothing framed: not even an exp per value on the device's hot path
+            return encoded
         level, difference = (self.level, self.difference) if columns is None else \
             (self.level[list(columns)], self.difference[list(columns)])
         return (encoded - anchor * level) * exp(-anchor * difference)
@@ -199,8 +201,8 @@ class Preprocessing:
 
     def inputs(self, encoded_windows: np.ndarray, anchor: np.ndarray) -> np.ndarray:
         """Encoded input windows (N, lookback, F) and their anchors (N,) -> the model input, float32."""
-        framed = self.framing.apply(encoded_windows, anchor[:, None, None])  # a new float64 array
-        return self.scaler.transform(framed, out=framed)
+        framed = self.framing.apply(encoded_windows, anchor[:, None, None])
+        return self.scaler.transform(framed)
 
     def targets(self, head: HeadTarget, encoded_ahead: np.ndarray, anchor: np.ndarray) -> np.ndarray:
         """Encoded target rows (N, horizon, C) of a head's columns -> scaled targets in its output shape."""
@@ -354,18 +356,6 @@ class Windows:
     test: SplitWindows
     preprocessing: Preprocessing
     rows: np.ndarray  # (T, F) float32: every encoded row, which the training device gathers windows from
-
-    @property
-    def lookback(self) -> int:
-        return self.preprocessing.lookback
-
-    @property
-    def horizon(self) -> int:
-        return self.preprocessing.horizon
-
-    @property
-    def heads(self) -> tuple[HeadTarget, ...]:
-        return self.preprocessing.heads
 
 
 def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadSpec],
