@@ -10,7 +10,7 @@ FAMILIES = v7 v8_stable v8_aligned
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput bench-skill lint clean
+.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-ray lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,7 +20,7 @@ install: $(STAMP) ## venv + dependencies + the package (editable), TF_EXTRA=cpu|
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),dev]"
+	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),dev,ray]"
 	@$(CLI) --version
 	@touch $@
 
@@ -36,7 +36,7 @@ train-all: $(STAMP) ## train the three model families in turn (40 jobs each); AR
 	  $(CLI) run --config configs/$$family.yaml $(ARGS) || { status=$$?; [ $$status -ne 2 ] || exit 2; }; \
 	done; exit $$status
 
-bench: bench-features bench-run bench-throughput bench-skill  ## all benchmarks
+bench: bench-features bench-run bench-throughput bench-skill bench-ray  ## all benchmarks
 
 bench-features: $(STAMP) ## data preparation: old loop-based way vs ours cold vs ours cached
 	$(PY) benchmarks/bench_features.py
@@ -49,6 +49,9 @@ bench-throughput: $(STAMP) ## training samples/s and achieved GFLOP/s per family
 
 bench-skill: $(STAMP) ## test skill vs persistence on every real series, absolute vs relative framing (~20 min)
 	$(PY) benchmarks/bench_skill.py
+
+bench-ray: $(STAMP) ## the same 8 real-data jobs: one local process vs 2 single-threaded Ray workers
+	$(PY) benchmarks/bench_ray.py
 
 lint: $(STAMP)   ## ruff
 	$(VENV)/bin/ruff check trainer tests benchmarks

@@ -1,5 +1,5 @@
-"""Shared fixtures: the real candles bundled in data/ohlcv and a tiny config that runs every code path fast.
-Nothing here needs ../shared: a clone runs the suite on its own."""
+"""Shared fixtures: the real candles bundled in data/ohlcv (and freqtrade's files in tests/data) and a tiny
+config that runs every code path fast. Nothing here needs ../shared: a clone runs the suite on its own."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
 CANDLES_DIR = REPO / "data" / "ohlcv"  # real Binance candles, the last 3,000 rows of 8 series (its SOURCES.md)
+FREQTRADE_DIR = REPO / "tests" / "data" / "freqtrade" / "binance"  # freqtrade's own files, trimmed (its README.md)
 
 
 @pytest.fixture(autouse=True)

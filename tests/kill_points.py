@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer import artifacts, runner, training
+from trainer import artifacts, executors, pipeline, training
 from trainer.cli import main
 
 
@@ -29,24 +29,24 @@ def pause_once(original, marker: Path, when=lambda *a, **k: True):
 
 
 def log_epochs(epoch_log: Path) -> None:
-    train_job, on_epoch_begin = runner.train_job, training.StepTimer.on_epoch_begin
+    train_one, on_epoch_begin = executors.train_one, training.StepTimer.on_epoch_begin
 
-    def train_job_named(cfg, job, *args, **kwargs):
+    def train_one_named(cfg, job, *args, **kwargs):
         training.StepTimer.job = job.name
-        return train_job(cfg, job, *args, **kwargs)
+        return train_one(cfg, job, *args, **kwargs)
 
     def on_epoch_begin_logged(self, epoch, logs=None):
         with open(epoch_log, "a") as log:
             log.write(f"{self.job} {epoch + 1}\n")
         on_epoch_begin(self, epoch, logs)
 
-    runner.train_job = train_job_named
+    executors.train_one = train_one_named
     training.StepTimer.on_epoch_begin = on_epoch_begin_logged
 
 
 def install(point: str, marker: Path) -> None:
     if point == "features":
-        runner.load_features = pause_once(runner.load_features, marker)
+        pipeline.load_features = pause_once(pipeline.load_features, marker)
     elif point == "mid-epoch":
         def in_second_epoch(self, batch, logs=None):
             return self._epoch_start is not None and self.model._kill_points_epoch >= 1 and batch >= 1

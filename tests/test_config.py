@@ -66,6 +66,8 @@ def test_overrides_change_values_and_the_fingerprint(tiny_config):
     # Where results go does not change what a job computes.
     assert load_config(path, ["output_dir=elsewhere"]).fingerprint() == base.fingerprint()
     assert load_config(path, ["hub.repo_id=me/models"]).fingerprint() == base.fingerprint()
+    # Nor how long jobs may train: a run is extended or shortened, not replaced (runner.budget_plan).
+    assert load_config(path, ["train.epochs=9", "train.early_stopping.patience=3"]).fingerprint() == base.fingerprint()
 
 
 def test_fingerprint_is_stable_across_key_order_and_spelling(tmp_path):
@@ -150,7 +152,10 @@ BAD_CONFIGS = [
     ("duplicate symbols", _set("data.symbols", ["BTCUSDT", "BTCUSDT"]), "data.symbols: duplicate symbols: BTCUSDT"),
     ("lower-case symbol", _set("data.symbols", ["btcusdt"]), "data.symbols: 'btcusdt' is not a symbol like BTCUSDT"),
     ("unknown timeframe", _set("data.timeframes", ["1h", "7m"]), "data.timeframes: unknown timeframe '7m'"),
-    ("unknown source", _set("data.source", "kaggle"), "data.source: Input should be 'local', 'hf', 'binance' or"),
+    ("unknown source", _set("data.source", "kaggle"),
+     "data.source: Input should be 'local', 'hf', 'binance', 'synthetic' or 'freqtrade'"),
+    ("unknown freqtrade key", _set("data.freqtrade", {"path": "user_data/data/binance", "format": "feather"}),
+     "data.freqtrade.format: unknown key"),
     ("bad file pattern placeholder", _set("data.local.pattern", "{coin}_{timeframe}.csv"),
      "data.local.pattern: '{coin}_{timeframe}.csv' may only use the placeholders {symbol} and {timeframe}"),
     ("hub repo without namespace", _set("hub", {"repo_id": "cpb-models"}),

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from tests.conftest import tiny_config_dict
-from trainer import device
+from trainer import device, reporting
 from trainer.cli import main
 from trainer.config import RunConfig, TrainConfig
 from trainer.errors import UserError
@@ -239,7 +239,7 @@ def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
         "findings": [], "verdict": "no problems found",
     }
     console = Console(width=200, record=True)
-    device._print_report(report, console)
+    reporting.print_doctor(report, console)
     text = console.export_text()
     assert "CUDA 12.5, cuDNN 9" in text and "GPU 0 NVIDIA H100, 80.0 GiB" in text
     gpu_row = next(line for line in text.splitlines() if "GPU:0" in line and "mixed_float16" in line)

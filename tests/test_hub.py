@@ -5,10 +5,14 @@ files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML, a
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
+import tempfile
+from pathlib import Path
 
+import keras
 import numpy as np
 import pytest
 import yaml
@@ -52,12 +56,24 @@ def run_dir(tmp_path):
     return run
 
 
+@functools.cache
+def model_file(seed: int) -> bytes:
+    """A small real model.keras (a Keras zip: config.json, metadata.json, model.weights.h5)."""
+    import io
+
+    keras.utils.set_random_seed(seed)
+    model = keras.Sequential([keras.Input((16, 5)), keras.layers.LSTM(4), keras.layers.Dense(3)])
+    with tempfile.TemporaryDirectory() as tmp:
+        model.save(Path(tmp) / "model.keras")
+        return io.BytesIO((Path(tmp) / "model.keras").read_bytes()).getvalue()
+
+
 def make_job(run, name, cfg, seed, headline=None):
     """A finished job's files; `headline`: metrics.json's (jobs of earlier versions have none)."""
     symbol, timeframe = name.split("_")
     rng = np.random.default_rng(seed)
     stage = staging_dir(run, name)
-    (stage / "model.keras").write_bytes(b"PK\x03\x04\x00\x00" + rng.bytes(3000))
+    (stage / "model.keras").write_bytes(model_file(seed))
     (stage / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" + rng.bytes(2000))
     np.savez(stage / "predictions.npz", ohlc=rng.normal(size=(20, 3, 4)), bb=rng.normal(size=(20, 3, 2)))
     (stage / "history.csv").write_text("epoch,loss,val_loss\n1,0.9,1.0\n2,0.5,0.7\n")
@@ -84,8 +100,8 @@ def local_files(run, name):
     return {p.name: p.read_bytes() for p in job_dir.iterdir()}
 
 
-def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, run_dir, capsys):
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, run_dir):
+    pushed = push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     assert hub.repos[REPO].private
     assert len(hub.commits(REPO)) == 1
@@ -99,7 +115,7 @@ def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, 
     head = hub.repos[REPO].head.oid
     records = {job.name: job for job in Ledger(run_dir).jobs()}
     assert {(records[n].pushed_repo, records[n].pushed_commit) for n in JOBS} == {(REPO, head)}
-    assert all(head in line for line in capsys.readouterr().out.splitlines())
+    assert sorted(pushed) == JOBS and all(head in p["url"] and p["commit"] == head for p in pushed.values())
 
     calls_before = dict(hub.calls)
     push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
@@ -127,10 +143,31 @@ def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
     assert metadata["cryptotrain"]["data"]["source"] == "local:BTCUSDT_1h.csv.gz"
     assert metadata["cryptotrain"]["test_range"] == ["2024-01-22T00:00:00+00:00", "2024-01-26T00:00:00+00:00"]
 
+    assert metadata["license"] == "mit" and "datasets" not in metadata  # local candles: no Hub dataset
+    [index] = metadata["model-index"]
+    assert index["name"] == "tiny-BTCUSDT_1h"
+    results = {(m["name"], m["value"]) for r in index["results"] for m in r["metrics"]}
+    assert ("MAE of ohlc (price units)", 101.5) in results and ("skill vs persistence (1 - MAE / persistence MAE)",
+                                                                 0.154) in results
+    assert {r["dataset"]["split"] for r in index["results"]} == {"test"}
+    assert "pip install" in card and "pypi" not in card
+
     run_card = files["README.md"].decode()
     assert yaml.safe_load(run_card.split("---\n")[1])["library_name"] == "keras"
     assert "| BTCUSDT_1h | [BTCUSDT/1h](./BTCUSDT/1h) |" in run_card
     assert "| ETHUSDT_1h | [ETHUSDT/1h](./ETHUSDT/1h) |" in run_card
+
+
+def test_a_card_names_the_hub_dataset_its_candles_came_from_and_the_configured_license(hub, run_dir):
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg["data"] = {**cfg["data"], "source": "hf", "hf": {"repo_id": "someone/candles"}}
+    make_job(run_dir, "BTCUSDT_1h", cfg, seed=0)
+    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO, license="apache-2.0", install="pip install mine"))
+    card = hub.files(REPO)["BTCUSDT/1h/README.md"].decode()
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    assert metadata["datasets"] == ["someone/candles"] and metadata["license"] == "apache-2.0"
+    assert {r["dataset"]["type"] for r in metadata["model-index"][0]["results"]} == {"someone/candles"}
+    assert "pip install mine\ncryptotrain predict" in card
 
 
 def test_a_card_says_plainly_when_the_model_is_worse_than_persistence(hub, run_dir):
@@ -169,7 +206,9 @@ def test_repo_per_job_template(hub, run_dir):
         assert pushed[name]["repo_id"] == repo
         files = hub.files(repo)
         assert files["model.keras"] == local_files(run_dir, name)["model.keras"]
+        assert {"config.json", "metadata.json", "model.weights.h5"} <= files.keys()  # hf:// loadable by Keras
         assert b"library_name: keras" in files["README.md"]  # the job's card is the repo's card
+        assert f'keras.saving.load_model("hf://{repo}")'.encode() in files["README.md"]
         assert len(hub.commits(repo)) == 1
 
 
@@ -178,7 +217,7 @@ def test_colliding_paths_are_refused(hub, run_dir):
         push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO, path_template="{timeframe}"))
 
 
-def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, monkeypatch):
+def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, monkeypatch, caplog):
     waits = []
     monkeypatch.setattr(hub_module.time, "sleep", waits.append)  # the client's own backoff sleeps too
     hub.fail("create", 429, retry_after="7")
@@ -188,12 +227,16 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
     hub.fail("commit", 500, retry_after=None)
     hub.drop("commit")  # the commit lands but its answer is lost: the retry must not commit again
 
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     assert hub.pending_failures() == 0
     assert len(hub.commits(REPO)) == 1
     assert 7.0 in waits  # Retry-After honoured
     assert hub_module.BACKOFF_SECONDS in waits  # no Retry-After: backoff
+    said = [m for m in caplog.messages if m.startswith("Hub: ")]  # each retry, said on stderr by the CLI
+    assert any(re.fullmatch(r"Hub: HTTP 429 from \S+; retrying in 7 s \(1/4\)", m) for m in said), said
+    assert any(re.fullmatch(r"Hub: HTTP 503 from \S+; retrying in 0 s \(1/4\)", m) for m in said), said
     head = hub.repos[REPO].head.oid
     assert {job.pushed_commit for job in Ledger(run_dir).jobs()} == {head}
     assert hub.files(REPO)["ETHUSDT/1h/metrics.json"] == local_files(run_dir, "ETHUSDT_1h")["metrics.json"]
@@ -219,15 +262,16 @@ def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
     assert all(job.pushed_commit is None for job in Ledger(run_dir).jobs())
 
 
-def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, capsys):
+def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, caplog):
     push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     pushed_card = hub.files(REPO)["BTCUSDT/1h/README.md"]
     hub.edit(REPO, "BTCUSDT/1h/README.md", b"# my own notes\n")
-    capsys.readouterr()
 
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert hub.files(REPO)["BTCUSDT/1h/README.md"] == b"# my own notes\n"
-    assert "BTCUSDT/1h/README.md was edited on the Hub" in capsys.readouterr().err
+    assert (f"{REPO}: BTCUSDT/1h/README.md was edited on the Hub; kept (--overwrite-cards replaces it)"
+            in caplog.messages)
     commits = len(hub.commits(REPO))
 
     push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=True, only=())
@@ -245,16 +289,18 @@ def test_a_regenerated_card_replaces_the_one_we_pushed(hub, run_dir):
     assert hub.files(REPO)["BTCUSDT/1h/model.keras"] == local_files(run_dir, "BTCUSDT_1h")["model.keras"]
 
 
-def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_edit(hub, run_dir, capsys):
+def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_edit(hub, run_dir, caplog):
     push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
-    (run_dir / "hub_state.json").unlink()  # as a fresh clone or a --new-run directory would have it
+    for path in run_dir.glob("ledger.sqlite*"):  # a ledger that knows nothing of that push, as another run's
+        path.unlink()
+    Ledger(run_dir).add_jobs(JOBS)
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # trained again: new metrics
-    capsys.readouterr()
 
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
-    assert "edited on the Hub" not in capsys.readouterr().err
+    assert "edited on the Hub" not in caplog.text
 
 
 def test_corrupt_job_is_not_pushed(hub, run_dir):
@@ -277,6 +323,9 @@ def test_push_creates_the_repo_as_the_config_says_unless_told_otherwise(hub, run
     result = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", REPO])
     assert result.exit_code == 0, result.output
     assert not hub.repos[REPO].private
+    head = hub.repos[REPO].head.oid
+    assert result.stdout.splitlines() == [f"{name}: {hub.url}/{REPO}/tree/{head}/"
+                                          f"{name.replace('_', '/')}" for name in JOBS]
     result = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", "tester/cpb-hidden", "--private"])
     assert result.exit_code == 0, result.output
     assert hub.repos["tester/cpb-hidden"].private
@@ -319,7 +368,8 @@ def test_download_job_round_trip(hub, run_dir):
 
     job_dir = download_job(f"hf://{REPO}/ETHUSDT/1h")
     local = local_files(run_dir, "ETHUSDT_1h")
-    assert {p.name: p.read_bytes() for p in job_dir.iterdir() if p.name != "README.md"} == local
+    unzipped = {"config.json", "metadata.json", "model.weights.h5"}  # model.keras as a folder, for Keras's hf://
+    assert {p.name: p.read_bytes() for p in job_dir.iterdir() if p.name not in {"README.md", *unzipped}} == local
     assert json.loads((job_dir / "metrics.json").read_text())["job"] == "ETHUSDT_1h"
 
 

@@ -281,17 +281,52 @@ def test_ledger_uses_wal_and_rejects_a_file_that_is_not_one(ledger, tmp_path):
         Ledger(broken)
 
 
-def test_a_ledger_of_an_earlier_version_gains_the_column_it_lacks(tmp_path):
-    """Schema 1 had no jobs.inputs: opened by this version, it is added and the jobs are kept."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_ledger_of_an_earlier_version_gains_the_columns_it_lacks(tmp_path, version):
+    """Schema 1 had no jobs.inputs, 2 no jobs.selected_at: opened by this version, they are added and the jobs
+    kept, every one of them counted as selected (what `status` showed then)."""
     from trainer import ledger as ledger_module
 
-    old_schema = [statement.replace(",\n        inputs TEXT)", ")") for statement in ledger_module._SCHEMA]
+    lacking = ",\n        inputs TEXT,\n        selected_at REAL)" if version == 1 else ",\n        selected_at REAL)"
+    old_schema = [statement.replace(lacking, ")") for statement in ledger_module._SCHEMA]
     with sqlite3.connect(tmp_path / "ledger.sqlite") as db:
         for statement in old_schema:
             db.execute(statement)
+        db.execute("INSERT INTO run (id, fingerprint, config_json, created_at) VALUES (1, 'f', '{}', 1000.0)")
         db.execute("INSERT INTO jobs (name, position, status, attempts, error) VALUES ('BTCUSDT_1h', 0, 'failed', 2, "
                    "'boom')")
-        db.execute("PRAGMA user_version=1")
+        db.execute(f"PRAGMA user_version={version}")
     records = Ledger(tmp_path).jobs()
-    assert [(r.name, r.status, r.attempts, r.error, r.inputs) for r in records] == [
-        ("BTCUSDT_1h", "failed", 2, "boom", None)]
+    assert [(r.name, r.status, r.attempts, r.error, r.inputs, r.selected_at) for r in records] == [
+        ("BTCUSDT_1h", "failed", 2, "boom", None, 1000.0)]
+
+
+def test_jobs_a_run_did_not_ask_for_are_recorded_as_never_selected(ledger):
+    ledger.add_jobs(["A_1h", "B_1h", "C_1h"], selected=["B_1h"])
+    ledger.add_jobs(["A_1h", "B_1h", "C_1h"], selected=["C_1h"])
+    assert [r.selected_at is not None for r in ledger.jobs()] == [False, True, True]
+
+
+def test_a_ledger_with_damaged_pages_is_one_line_in_status_and_run(tmp_path, tiny_config):
+    """Damage found only when a read reaches the broken pages (after the ledger opened fine) is still one line
+    naming the file and how to recover, in `status` and in `run`, exit 2."""
+    from click.testing import CliRunner
+
+    from trainer.cli import main
+
+    config = tiny_config()
+    run_dir = load_config(config).run_dir
+    ledger = Ledger(run_dir)
+    ledger.add_jobs([f"JOB{i}USDT_1h" for i in range(200)])  # a few pages of rows
+    ledger.close()
+    size = (run_dir / "ledger.sqlite").stat().st_size
+    with open(run_dir / "ledger.sqlite", "r+b") as db:  # every page but the first (the schema) overwritten
+        db.seek(4096)
+        db.write(os.urandom(size - 4096))
+    for args in (["status", str(run_dir)], ["run", "--config", str(config)]):
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, result.output
+        assert result.output.strip().splitlines() == [
+            f"error: {run_dir / 'ledger.sqlite'}: the run ledger is damaged (database disk image is malformed); "
+            f"move it aside (mv {run_dir / 'ledger.sqlite'} {run_dir / 'ledger.sqlite'}.damaged) and run the same "
+            "command again: finished jobs are recognised from their verified files"]

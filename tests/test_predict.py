@@ -10,17 +10,19 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from click.testing import CliRunner
 from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer import artifacts
+from trainer.cli import main
 from trainer.config import RunConfig
 from trainer.data import load_candles
 from trainer.errors import UserError
 from trainer.features import compute_features
 from trainer.hub import push_run
 from trainer.jobs import make_jobs
-from trainer.predict import predict_command, predict_next
+from trainer.predict import predict_job, predict_next
 from trainer.runner import run_config
 from trainer.windows import Scaler
 
@@ -36,13 +38,20 @@ def run(tmp_path_factory):
     raw["data"]["symbols"] = ["BTCUSDT"]
     raw["train"]["epochs"] = 1
     cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).exit_code == 0
+    assert run_config(cfg, make_jobs(cfg)).complete
     return cfg
 
 
 @pytest.fixture
 def job_dir(run):
     return run.run_dir / "jobs" / "BTCUSDT_1h"
+
+
+def predict_cli(*args: str) -> str:
+    """What `cryptotrain predict ARGS` writes to stdout; it must succeed."""
+    result = CliRunner().invoke(main, ["predict", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.stdout
 
 
 def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
@@ -69,10 +78,9 @@ def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
     np.testing.assert_allclose(forecast[["bb_upper", "bb_lower"]], saved["bb"][-1], rtol=1e-5)
 
 
-def test_predict_command_from_a_run_directory_and_a_data_file(run, capsys):
-    predict_command(str(run.run_dir), symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE, config_path=None,
-                    as_json=True)
-    out = json.loads(capsys.readouterr().out)
+def test_predict_command_from_a_run_directory_and_a_data_file(run):
+    out = json.loads(predict_cli("--model", str(run.run_dir), "--symbol", "BTCUSDT", "--timeframe", "1h",
+                                 "--data", str(DATA_FILE), "--json"))
 
     last = pd.read_csv(DATA_FILE)["timestamp"].iloc[-1]
     assert pd.Timestamp(out["last_candle"]) == pd.Timestamp(last)
@@ -81,9 +89,8 @@ def test_predict_command_from_a_run_directory_and_a_data_file(run, capsys):
     assert all(row["close"] > 0 for row in out["forecast"])
 
 
-def test_predict_command_table_from_the_jobs_own_data(run, job_dir, capsys):
-    predict_command(str(job_dir), symbol=None, timeframe=None, data_path=None, config_path=None, as_json=False)
-    out = capsys.readouterr().out
+def test_predict_command_table_from_the_jobs_own_data(run, job_dir):
+    out = predict_cli("--model", str(job_dir))
 
     next_open = load_candles(run, "BTCUSDT", "1h").index[-1] + pd.Timedelta(hours=1)
     assert f"{next_open:%Y-%m-%d %H:%M}" in out
@@ -91,32 +98,29 @@ def test_predict_command_table_from_the_jobs_own_data(run, job_dir, capsys):
     assert f"from local:{DATA_FILE}" in out and "SYNTHETIC" not in out
 
 
-def test_a_forecast_from_synthetic_candles_says_so(run, job_dir, capsys, tmp_path):
+def test_a_forecast_from_synthetic_candles_says_so(run, job_dir, tmp_path):
     raw = tiny_config_dict(tmp_path)
     raw["data"] = {"source": "synthetic", "synthetic": {"seed": 3, "rows": 400}, "symbols": ["BTCUSDT"],
                    "timeframes": ["1h"]}
     config = tmp_path / "synthetic.yaml"
     config.write_text(yaml.safe_dump(raw))
 
-    predict_command(str(job_dir), None, None, data_path=None, config_path=str(config), as_json=False)
-    assert "from synthetic(seed=3) (SYNTHETIC candles: a demonstration, not a market)" in capsys.readouterr().out
-    predict_command(str(job_dir), None, None, data_path=None, config_path=str(config), as_json=True)
-    assert json.loads(capsys.readouterr().out)["synthetic"] is True
+    out = predict_cli("--model", str(job_dir), "--config", str(config))
+    assert "from synthetic(seed=3) (SYNTHETIC candles: a demonstration, not a market)" in out
+    prediction = predict_job(str(job_dir), None, None, data_path=None, config_path=str(config))
+    assert prediction.synthetic is True and prediction.as_dict()["synthetic"] is True
+    assert prediction.candles_source == "synthetic(seed=3)"
 
 
-def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, capsys, monkeypatch, tmp_path):
+def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, monkeypatch, tmp_path):
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
         push_run(run.run_dir, repo_id="tester/cpb", private=True, overwrite_cards=False, only=())
-        capsys.readouterr()
-        predict_command("hf://tester/cpb", symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE,
-                        config_path=None, as_json=True)
-        remote = json.loads(capsys.readouterr().out)
-    predict_command(str(job_dir), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None,
-                    as_json=True)
-    local = json.loads(capsys.readouterr().out)
+        remote = predict_job("hf://tester/cpb", symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE,
+                             config_path=None)
+    local = predict_job(str(job_dir), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None)
 
-    assert remote["model"] == "hf://tester/cpb/BTCUSDT/1h"
-    assert remote["forecast"] == local["forecast"]
+    assert remote.model == "hf://tester/cpb/BTCUSDT/1h"
+    assert remote.as_dict()["forecast"] == local.as_dict()["forecast"]
 
 
 def test_a_changed_job_directory_is_refused(job_dir, tmp_path):
@@ -124,8 +128,7 @@ def test_a_changed_job_directory_is_refused(job_dir, tmp_path):
     shutil.copytree(job_dir, changed)
     (changed / "preprocessing.json").write_text((job_dir / "preprocessing.json").read_text().replace("16", "17"))
     with pytest.raises(UserError, match="do not match manifest.json"):
-        predict_command(str(changed), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None,
-                        as_json=True)
+        predict_job(str(changed), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None)
 
 
 @pytest.mark.parametrize("model_ref, symbol, message", [
@@ -137,7 +140,29 @@ def test_a_changed_job_directory_is_refused(job_dir, tmp_path):
 def test_bad_model_references(run, job_dir, model_ref, symbol, message):
     ref = {"RUN": str(run.run_dir), "JOB": str(job_dir)}.get(model_ref, model_ref)
     with pytest.raises(UserError, match=message):
-        predict_command(ref, symbol=symbol, timeframe="1h", data_path=DATA_FILE, config_path=None, as_json=True)
+        predict_job(ref, symbol=symbol, timeframe="1h", data_path=DATA_FILE, config_path=None)
+
+
+@pytest.mark.parametrize("name, content, reason", [
+    ("model.keras", b"garbage", "not a .keras .zip. file"),
+    ("model.keras", None, "not a .keras .zip. file"),  # truncated: its first half
+    ("preprocessing.json", b'{"lookback":', "JSONDecodeError"),
+    ("preprocessing.json", b'{"x": 1}', "no symbol and timeframe"),
+    ("config.yaml", b"features: [", "ParserError|ScannerError"),
+    ("metrics.json", b"{}", "KeyError"),
+])
+def test_garbage_job_files_under_a_valid_manifest_are_one_line(job_dir, tmp_path, name, content, reason):
+    """Files that match their manifest but are not what they claim to be (written so, or published so)."""
+    copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    shutil.copytree(job_dir, copy)
+
+    def spoil(stage) -> None:
+        path = stage / name
+        path.write_bytes(content if content is not None else path.read_bytes()[: path.stat().st_size // 2])
+    recommit(copy, spoil)
+
+    with pytest.raises(UserError, match=rf"^{copy / name}: cannot be read \(.*({reason}).*\); train the job again"):
+        predict_job(str(copy), None, None, data_path=DATA_FILE, config_path=None)
 
 
 def recommit(job_dir, change) -> None:
@@ -157,7 +182,7 @@ def _zero_weights(stage) -> None:
 
 
 def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a_hub_round_trip(
-        run, capsys, monkeypatch, tmp_path):
+        run, monkeypatch, tmp_path):
     """Relative to the last close, an all-zero output is "no change": the forecast close (and open, and the
     bands) is the last close exactly, through predict and after a push and download."""
     run_dir = tmp_path / "zero-run"
@@ -174,10 +199,8 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
 
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
         push_run(run_dir, repo_id="tester/zero", private=True, overwrite_cards=False, only=())
-        capsys.readouterr()
-        predict_command("hf://tester/zero/BTCUSDT/1h", symbol=None, timeframe=None, data_path=DATA_FILE,
-                        config_path=None, as_json=True)
-        remote = json.loads(capsys.readouterr().out)
+        remote = predict_job("hf://tester/zero/BTCUSDT/1h", symbol=None, timeframe=None, data_path=DATA_FILE,
+                             config_path=None).as_dict()
     assert [row["close"] for row in remote["forecast"]] == [pd.read_csv(DATA_FILE)["close"].iloc[-1]] * 3
 
 
@@ -190,17 +213,15 @@ def _headline_skill(value: float):
 
 
 @pytest.mark.parametrize("skill, worse", [(-0.25, True), (0.03, False)])
-def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, capsys, tmp_path, skill, worse):
+def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, tmp_path, skill, worse):
     copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
     shutil.copytree(job_dir, copy)
     recommit(copy, _headline_skill(skill))
 
-    predict_command(str(copy), None, None, data_path=DATA_FILE, config_path=None, as_json=False)
-    out = capsys.readouterr().out
+    out = predict_cli("--model", str(copy), "--data", str(DATA_FILE))
     assert f"skill {skill:+.3f}" in out
     assert ("WORSE than persistence" in out) is worse
-    predict_command(str(copy), None, None, data_path=DATA_FILE, config_path=None, as_json=True)
-    record = json.loads(capsys.readouterr().out)["test_skill"]
+    record = json.loads(predict_cli("--model", str(copy), "--data", str(DATA_FILE), "--json"))["test_skill"]
     assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
 
 
@@ -213,7 +234,7 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
     raw["heads"][0]["candle"] = False
     raw["train"]["epochs"] = 1
     cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).exit_code == 0
+    assert run_config(cfg, make_jobs(cfg)).complete
     job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
 
     def as_before(stage) -> None:
@@ -242,4 +263,4 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]],
                                scaler.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
                                rtol=1e-6)
-    predict_command(str(job_dir), None, None, data_path=DATA_FILE, config_path=None, as_json=True)
+    assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -105,7 +106,8 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
     assert began["BTCUSDT_15m"] == [2, 3]
     history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
     assert history["epoch"].tolist() == [1, 2, 3]
-    assert not (tmp_path / "run" / ".backup").exists()
+    with np.load(tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "checkpoint.npz") as kept:
+        assert int(kept["epoch"]) == 3  # the last epoch's: what more epochs would go on from
 
 
 # The epochs the rerun begins for the first job: all of them, those after the backed-up one, or none
@@ -137,9 +139,13 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
         assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]
         history = pd.read_csv(run_dir / "jobs" / job / "history.csv")
         assert history["epoch"].tolist() == list(range(1, len(history) + 1))  # no epoch lost or repeated
-    leftovers = [p for p in run_dir.rglob("*")
-                 if p.is_file() and (p.name.startswith("tmp") or ".backup" in p.parts or ".staging-" in str(p))]
+    leftovers = [p for p in run_dir.rglob("*") if p.is_file() and (p.name.startswith("tmp") or ".staging-" in str(p))]
     assert leftovers == []
+    for job in JOBS:  # each job's last checkpoint is kept, and what resuming from it needs, nothing else
+        kept = {p.name for p in (run_dir / ".backup" / job).iterdir()}
+        assert {"checkpoint.npz", "state.json"} <= kept, (job, kept)
+        assert all(name.startswith(("checkpoint", "best_weights_epoch"))
+                   or name in ("state.json", "finished_weights.npz") for name in kept), (job, kept)
     assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == JOBS
 
 
@@ -166,7 +172,7 @@ def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny
     victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
     try:
         _wait_for(marker, victim)
-        changed = subprocess.run(_cli("run", "--config", str(config), "--set", "train.epochs=4", "--new-run"),
+        changed = subprocess.run(_cli("run", "--config", str(config), "--set", "window.lookback=12", "--new-run"),
                                  cwd=REPO, capture_output=True, text=True, timeout=300)
         assert changed.returncode == 2, changed.stderr[-2000:]
         lines = [line for line in changed.stderr.splitlines() if line.startswith("error:")]

@@ -37,17 +37,17 @@ def _run(*args: str):
 
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory):
-    """Two real-data jobs (BTC and ETH 1h), tiny layers, 2 epochs."""
+    """Two real-data jobs (BTC and ETH 1h), tiny layers, 2 epochs; -v, not on a terminal."""
     tmp = tmp_path_factory.mktemp("run")
     path = tmp / "tiny.yaml"
     path.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
-    result = _run("--config", str(path))
+    result = _run("--config", str(path), "-v")
     assert result.exit_code == 0, result.output
     return tmp / "run", path, result.output
 
 
 def test_the_run_gives_the_process_its_usual_garbage_collection_back(finished_run):
-    assert gc.get_freeze_count() == 0  # objects are frozen between jobs only (runner.release_free_memory)
+    assert gc.get_freeze_count() == 0  # objects are frozen between jobs only (pipeline.release_free_memory)
 
 
 def test_every_job_writes_complete_verified_artifacts(finished_run):
@@ -105,7 +105,9 @@ def test_same_config_and_data_give_the_same_metrics(finished_run, tmp_path):
 
 def test_rerun_of_a_finished_run_skips_every_job(finished_run):
     run_dir, config_path, _ = finished_run
-    assert not (run_dir / ".backup").exists()  # no job left epoch backups behind
+    # Each done job keeps the checkpoint of its last epoch (to go on from with more epochs), nothing more.
+    assert {p.name for p in (run_dir / ".backup" / "BTCUSDT_1h").glob("checkpoint*")} == {
+        "checkpoint.npz", "checkpoint.previous.npz"}
     before = {p: p.stat().st_mtime_ns for p in (run_dir / "jobs").rglob("*")}
     dead_pid = 2**22 + 1  # above Linux's largest pid: no such process
     left_by_a_kill = run_dir / f"tmp{dead_pid}-summary.json"  # an atomic write cut short
@@ -132,15 +134,16 @@ def test_a_job_directory_made_by_another_config_is_trained_again(finished_run, t
 
 def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(finished_run):
     run_dir, config_path, _ = finished_run
-    result = CliRunner().invoke(main, ["run", "--config", str(config_path), "--set", "train.epochs=1",
+    result = CliRunner().invoke(main, ["run", "--config", str(config_path), "--set", "window.lookback=12",
                                        "--only", "BTC*"])
     assert result.exit_code == 2
-    assert "train.epochs" in result.output and "--new-run" in result.output
-    result = _run("--config", str(config_path), "--set", "train.epochs=1", "--only", "BTC*", "--new-run")
+    assert "window.lookback 16 -> 12" in result.output and "--new-run" in result.output
+    result = _run("--config", str(config_path), "--set", "window.lookback=12", "--only", "BTC*", "--new-run")
     assert result.exit_code == 0, result.output
     moved = [p for p in run_dir.parent.iterdir() if p.name.startswith("run-")]
     assert len(moved) == 1 and (moved[0] / "jobs" / "ETHUSDT_1h" / "manifest.json").exists()  # kept, not lost
-    assert json.loads((run_dir / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())["epochs_run"] == 1
+    config = yaml.safe_load((run_dir / "jobs" / "BTCUSDT_1h" / "config.yaml").read_text())
+    assert config["window"]["lookback"] == 12
 
 
 def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
@@ -189,14 +192,67 @@ def test_status_filters_like_run_and_keeps_each_job_on_one_line(tmp_path):
     assert nothing.exit_code == 2 and "no job matches DOGE*" in nothing.output
 
 
+def test_status_shows_the_jobs_runs_selected_and_counts_the_others_apart(tmp_path):
+    """After `run --only BTCUSDT --timeframes 1h` on a 40-job family, status is about that job; the other 39
+    are neither pending nor hidden: counted and named apart, listed with --all, in --json with selected_at null."""
+    from trainer.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "run")
+    names = [f"{s}USDT_{t}" for s in ("BTC", "ETH", "SOL") for t in ("15m", "1h")]
+    ledger.add_jobs(names, selected=["BTCUSDT_1h"])
+    status = CliRunner().invoke(main, ["status", str(tmp_path / "run")])
+    assert status.exit_code == 0, status.output
+    lines = status.output.splitlines()
+    assert [line.split()[0] for line in lines if line.split() and line.split()[0] in names] == ["BTCUSDT_1h"]
+    assert lines[-2:] == ["1 pending, 0 running, 0 done, 0 failed; 5 never selected",
+                          "never selected: BTCUSDT_15m, ETHUSDT_15m, ETHUSDT_1h, ... (--all lists them)"]
+    listed = CliRunner().invoke(main, ["status", str(tmp_path / "run"), "--all"]).output
+    assert sum("not selected" in line for line in listed.splitlines()) == 5
+    as_json = json.loads(CliRunner().invoke(main, ["status", str(tmp_path / "run"), "--json"]).output)
+    assert [job["name"] for job in as_json if job["selected_at"] is not None] == ["BTCUSDT_1h"]
+
+
 def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
-    progress = JobProgress(total=2, done=0)
+    progress = JobProgress()
     job = Job("NOSUCHUSDT", "1h")
-    for _ in range(2):  # fails, then fails again on its retry
-        progress.start_job(job)
-        progress.finish_job(job, "failed")
+    with progress.running(total=2, done=0):
+        for _ in range(2):  # fails, then fails again on its retry
+            progress.start_job(job)
+            progress.finish_job(job, "failed")
     jobs_bar = next(task for task in progress.progress.tasks if task.id == progress.jobs_task)
     assert (jobs_bar.completed, jobs_bar.total) == (1, 2)
+
+
+def test_not_on_a_terminal_a_run_prints_plain_lines_per_epoch_with_v_and_per_job(finished_run):
+    _, _, output = finished_run
+    lines = [line for line in output.splitlines() if line.startswith(("BTCUSDT_1h:", "ETHUSDT_1h:"))]
+    assert [re.sub(r"  loss .*", "", line) for line in lines if ": epoch " in line] == [
+        "BTCUSDT_1h: epoch 1/2", "BTCUSDT_1h: epoch 2/2", "ETHUSDT_1h: epoch 1/2", "ETHUSDT_1h: epoch 2/2"]
+    done = [line for line in lines if ": done in " in line]
+    assert len(done) == 2 and all("persistence" in line for line in done)  # one line each, however long
+    assert "━" not in output  # no progress bars in a log
+
+
+NATIVE_WRITER = """
+import os, sys
+from rich.console import Console
+from trainer import reporting
+reporting.console = Console(stderr=True, force_terminal=True, width=120)
+with reporting.JobProgress().running(total=1, done=0):
+    os.write(2, b"native line, as TensorFlow's C++ log writes it\\n")
+    print("python line", file=sys.stderr)
+os.write(2, b"native line after the display\\n")
+"""
+
+
+def test_what_native_code_writes_to_stderr_during_the_live_display_is_shown_as_a_line_of_its_own():
+    """TensorFlow's C++ logging writes straight to file descriptor 2; under the live bars it would tear them.
+    It goes through the console instead (dimmed, its own line), and fd 2 is given back afterwards."""
+    result = subprocess.run([sys.executable, "-c", NATIVE_WRITER], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "\x1b[2mnative line, as TensorFlow's C++ log writes it\x1b[0m" in result.stderr
+    assert "python line" in result.stderr
+    assert result.stderr.endswith("native line after the display\n")
 
 
 def test_a_job_without_skill_is_summarised_without_one():
@@ -315,3 +371,34 @@ def test_an_output_dir_that_is_a_file_is_one_line_of_bad_input(tiny_config, tmp_
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {tmp_path / 'taken'}: cannot be the run directory (File exists); set " \
         "output_dir to a directory you can write"
+
+
+def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(tiny_config, tmp_path):
+    """train.epochs and early-stopping patience are a run's training budget, not its identity: changing them
+    never needs --new-run. A job the new budget would train longer goes on from its last epoch; one it would
+    have stopped sooner is trained again; one it trains the same is kept as it is."""
+    config = str(tiny_config())
+    job_dir = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    assert _run("--config", config, "--only", "BTC*").exit_code == 0  # 2 epochs, patience 20
+
+    longer = _run("--config", config, "--only", "BTC*", "--set", "train.epochs=3")
+    assert longer.exit_code == 0, longer.output
+    assert "BTCUSDT_1h: train.epochs 2 -> 3: training goes on after epoch 2" in longer.output
+    assert "BTCUSDT_1h: resuming at epoch 3 of 3 (epochs 1-2 were saved)" in longer.output
+    history = pd.read_csv(job_dir / "history.csv")
+    assert history["epoch"].tolist() == [1, 2, 3] and np.isfinite(history["val_loss"]).all()
+    assert yaml.safe_load((job_dir / "config.yaml").read_text())["train"]["epochs"] == 3
+    extended = (job_dir / "manifest.json").read_bytes()
+
+    same = _run("--config", config, "--only", "BTC*", "--set", "train.epochs=3", "--set",
+                "train.early_stopping.patience=10")  # three epochs leave patience 10 (or 20) untouched
+    assert same.exit_code == 0 and "trained again" not in same.output and "goes on" not in same.output
+    assert (job_dir / "manifest.json").read_bytes() == extended
+
+    shorter = _run("--config", config, "--only", "BTC*", "--set", "train.epochs=1")
+    assert shorter.exit_code == 0, shorter.output
+    assert ("BTCUSDT_1h: train.epochs 3 -> 1: trained again from scratch (would have stopped at epoch 1 of its 3)"
+            in shorter.output)
+    assert pd.read_csv(job_dir / "history.csv")["epoch"].tolist() == [1]
+    other = CliRunner().invoke(main, ["run", "--config", config, "--set", "train.batch_size=8"])
+    assert other.exit_code == 2 and "train.batch_size 64 -> 8" in other.output  # what a job computes: refused

@@ -1,4 +1,5 @@
-"""Compiled-model reuse across jobs: no new trace, and exactly the result of a fresh model."""
+"""Compiled-model reuse across jobs: no new trace, and exactly the result of a fresh model. Training on windows
+gathered on the device, by a model whose saved file is its plain functional network."""
 from __future__ import annotations
 
 import gc
@@ -12,12 +13,13 @@ import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
-from trainer.config import RunConfig
+from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
+from trainer.evaluate import predict_fixed_batches
 from trainer.features import load_features
 from trainer.models import output_shapes
-from trainer.runner import release_free_memory
-from trainer.training import DeviceFeed, EpochCheckpoint, ModelCache, fit
+from trainer.pipeline import release_free_memory
+from trainer.training import DeviceFeed, EpochCheckpoint, ModelCache, WindowTrainer, fit, replay_budget
 from trainer.windows import make_windows
 
 
@@ -36,11 +38,11 @@ def _windows(cfg, symbol, model):
 
 
 def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model(cfg, tmp_path, monkeypatch):
+    traces = []  # in graph mode train_step's Python body runs only while TensorFlow traces it
+    train_step = WindowTrainer.train_step
+    monkeypatch.setattr(WindowTrainer, "train_step", lambda self, data: (traces.append(1), train_step(self, data))[1])
     cache = ModelCache()
     model = cache.model_for(cfg, len(cfg.features.columns))
-    traces = []  # in graph mode train_step's Python body runs only while TensorFlow traces it
-    original_train_step = model.train_step
-    model.train_step = lambda data: (traces.append(1), original_train_step(data))[1]
     fit(model, _windows(cfg, "BTCUSDT", model), cfg, tmp_path / "btc")
     model.optimizer.learning_rate = 1e-6  # as ReduceLROnPlateau leaves it: the reuse must reset it
     train_function = model.train_function
@@ -71,7 +73,7 @@ def test_a_new_shape_builds_a_new_model(cfg):
     wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
     second = cache.model_for(wider, len(cfg.features.columns))
     assert second is not first and cache.builds == 2
-    assert second.input_shape == (None, 24, len(cfg.features.columns))
+    assert tuple(second.input.shape) == (None, 24, len(cfg.features.columns))
     assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session
 
 
@@ -88,9 +90,13 @@ def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(c
 def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(cfg):
     model = ModelCache().model_for(cfg, len(cfg.features.columns))
     btc = _windows(cfg, "BTCUSDT", model)
-    feed = DeviceFeed.of(model, btc)
+    feed = model.feed_for(btc)
     np.testing.assert_array_equal(feed.rows.numpy(), btc.rows)
     assert feed.rows.device == model.trainable_variables[0].value.device  # where the model trains
+    # Not the model's state: the rows change shape from job to job, and checkpoints hold the model's variables.
+    feed_variables = [feed.rows, *(v for scaler in feed.scalers for v in scaler)]
+    assert not {id(v) for v in feed_variables} & {id(getattr(v, "value", v)) for v in model.variables}
+    assert [v.path for v in model.variables] == [v.path for v in model.network.variables]
     for split in (btc.train, btc.val):  # the windows and targets make_windows describes, framed in float32 here
         x, y = feed.gather(tf.constant(split.first_target_rows))
         np.testing.assert_allclose(x.numpy(), split.x, atol=2e-4)
@@ -98,15 +104,35 @@ def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(c
         for head, targets in y.items():
             np.testing.assert_allclose(targets.numpy(), split.y[head], atol=2e-4)
 
-    batch = next(iter(feed.batches(btc.train, 64, shuffle_seed=1)))
+    batch = next(iter(DeviceFeed.batches(btc.train, 64, shuffle_seed=1)))
     assert (batch.dtype, batch.shape) == (tf.int32, (64,))  # only sample numbers go through tf.data
     assert not np.array_equal(batch.numpy(), btc.train.first_target_rows[:64])  # shuffled
 
     eth = _windows(cfg, "ETHUSDT", model)
-    assert DeviceFeed.of(model, eth) is feed  # the next job: same feed, its rows and scalers replaced
+    assert model.feed_for(eth) is feed  # the next job: same feed, its rows and scalers replaced
     np.testing.assert_array_equal(feed.rows.numpy(), eth.rows)
     x, _ = feed.gather(tf.constant(eth.val.first_target_rows))
     np.testing.assert_allclose(x.numpy(), eth.val.x, atol=2e-4)
+
+
+def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(cfg, tmp_path):
+    """model.keras (what predict and the Hub read) is a plain functional model: keras.saving.load_model reads it
+    with nothing registered and it predicts what the trained model predicts."""
+    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    btc = _windows(cfg, "BTCUSDT", model)
+    fit(model, btc, cfg, tmp_path / "backup")
+    model.save(tmp_path / "model.keras")
+
+    loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
+    assert not isinstance(loaded, WindowTrainer) and loaded.name == cfg.name
+    assert output_shapes(loaded) == output_shapes(model)
+    for saved, trained in zip(loaded.get_weights(), model.get_weights(), strict=True):
+        np.testing.assert_array_equal(saved, trained)
+    expected = predict_fixed_batches(model, btc.test.x)
+    predicted = predict_fixed_batches(loaded, btc.test.x)
+    assert predicted.keys() == expected.keys()
+    for head in expected:
+        np.testing.assert_array_equal(predicted[head], expected[head])
 
 
 def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
@@ -226,3 +252,19 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
     windows = _windows(cfg, "BTCUSDT", model)
     fit(model, windows, cfg, tmp_path / "backup")
     assert int(model.optimizer.iterations.numpy()) == 3 * steps_per_epoch
+
+
+@pytest.mark.parametrize("epochs, early_stopping, stops_at", [
+    (6, {"patience": 2}, 4),     # two epochs without a better val_loss after epoch 2
+    (6, {"patience": 5}, 6),     # the epoch limit comes first, at the last recorded epoch
+    (10, {"patience": 5}, None),  # would go on after the six recorded epochs
+    (3, {"patience": 2}, 3),     # the epoch limit, before patience runs out
+    (4, None, 4),
+    (6, {"patience": 1, "min_delta": 0.8}, 3),  # 4.5 does not beat 4.0 by 0.8: min_delta counts
+])
+def test_a_training_budget_is_replayed_over_the_recorded_epochs_by_keras_early_stopping(epochs, early_stopping,
+                                                                                        stops_at):
+    history = pd.DataFrame({"epoch": range(1, 7), "loss": [9, 8, 7, 6, 5, 4],
+                            "val_loss": [5.0, 4.0, 4.5, 4.6, 4.7, 3.0]})
+    train = TrainConfig(epochs=epochs, early_stopping=early_stopping)
+    assert replay_budget(history, train) == stops_at

@@ -13,9 +13,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import yaml
-from matplotlib.dates import ConciseDateFormatter
-from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
-from matplotlib.ticker import LogFormatter, MaxNLocator
 
 from .files import fsync, pid_alive, sha256_file
 
@@ -46,6 +43,14 @@ def commit(stage: Path, final: Path) -> str:
     os.replace(stage, final)
     fsync(final.parent)
     return sha256_file(final / MANIFEST)
+
+
+def commit_files(run_dir: Path, job_name: str, files: dict[str, bytes]) -> str:
+    """A job's files (name -> bytes, made wherever it trained) as its job directory; see commit."""
+    stage = staging_dir(run_dir, job_name)
+    for name, content in files.items():
+        (stage / name).write_bytes(content)
+    return commit(stage, jobs_dir(run_dir) / job_name)
 
 
 def verify(job_dir: Path) -> str | None:
@@ -115,22 +120,47 @@ def _json_default(value):
 
 
 def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_close: np.ndarray,
-         actual_close: np.ndarray, title: str) -> None:
-    """Loss curves, and the predicted vs actual close of the first forecast step on the test split."""
-    fig = Figure(figsize=(9, 6))
-    fig.suptitle(f"{title}: training loss, and the test split in price units")
+         actual_close: np.ndarray, title: str, *, persistence_close: np.ndarray | None = None,
+         scores: dict | None = None, synthetic: bool = False) -> None:
+    """Loss curves, and the predicted vs actual close of the first forecast step on the test split.
+
+    persistence_close: each sample's last input close (persistence's forecast), drawn dashed.
+    scores: the job's headline test metrics (metrics.json "headline": mae, persistence_mae, skill), in the title.
+    synthetic: the candles were generated; the figure says so in red.
+    Legends sit right of the plots, never over the data."""
+    # Imported here: report.py and `cryptotrain status` use this module and need no Matplotlib.
+    from matplotlib.dates import ConciseDateFormatter
+    from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
+    from matplotlib.ticker import LogFormatter, MaxNLocator
+
+    fig = Figure(figsize=(11, 6.5))
+    heading = f"{title}: training loss, and the test split in price units"
+    if scores:
+        skill = scores.get("skill")
+        what = f"{scores.get('head')}.{scores['column']}" if scores.get("column") else scores.get("head", "test")
+        heading += (f"\ntest {what} (every horizon step): MAE {scores['mae']:.5g} vs persistence "
+                    f"{scores['persistence_mae']:.5g}, skill {'n/a' if skill is None else format(skill, '+.4f')}")
+    fig.suptitle(heading, fontsize=11)
+    if synthetic:
+        fig.text(0.01, 0.985, "SYNTHETIC data", color="white", fontweight="bold", fontsize=11, ha="left", va="top",
+                 bbox={"boxstyle": "round,pad=0.3", "facecolor": "#c62828", "edgecolor": "none"})
     losses, prices = fig.subplots(2, 1)
     losses.plot(history["epoch"], history["loss"], label="train loss")
     losses.plot(history["epoch"], history["val_loss"], label="validation loss")
-    losses.set(xlabel="epoch", yscale="log")
+    losses.set(xlabel="epoch", ylabel="loss", yscale="log")
     losses.xaxis.set_major_locator(MaxNLocator(integer=True))
     # Log-axis labels as plain text: Matplotlib's default typesets them as math, a third of the plot's time.
     losses.yaxis.set_major_formatter(LogFormatter())
     losses.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-    losses.legend(loc="upper right")  # loc="best" searches every data point: slow
-    prices.plot(target_times, actual_close, label="actual close", linewidth=1)
-    prices.plot(target_times, predicted_close, label="predicted close (next bar)", linewidth=1)
-    prices.legend(loc="upper left")
+    # Outside the axes: a fixed place costs nothing (loc="best" searches every data point) and hides no data.
+    losses.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize=9)
+    prices.plot(target_times, actual_close, label="actual close", color="black", linewidth=1.1)
+    prices.plot(target_times, predicted_close, label="predicted close\n(next bar)", color="tab:red", linewidth=1)
+    if persistence_close is not None:  # drawn last, dashed: visible even where it equals the prediction
+        prices.plot(target_times, persistence_close, label="persistence\n(last close)", color="tab:blue",
+                    linewidth=1, linestyle=(0, (4, 3)))
+    prices.set(xlabel="target time (UTC)", ylabel="close")
+    prices.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize=9)
     prices.xaxis.set_major_formatter(ConciseDateFormatter(prices.xaxis.get_major_locator()))
-    fig.subplots_adjust(hspace=0.35)  # room for the x label between the two
+    fig.subplots_adjust(left=0.08, right=0.83, top=0.87 if scores else 0.91, hspace=0.4)
     fig.savefig(path, dpi=72)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 import yaml
-from huggingface_hub import ModelCardData
+from huggingface_hub import EvalResult, ModelCardData
 
 from .artifacts import headline
 
@@ -31,15 +31,21 @@ def hf_uri(repo_id: str, path_in_repo: str) -> str:
     return f"hf://{repo_id}/{path_in_repo}" if path_in_repo else f"hf://{repo_id}"
 
 
-def job_card(job_dir: Path, repo_id: str, path_in_repo: str) -> str:
+def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit", install: str = "") -> str:
+    """`install`: the line that installs cryptotrain (see hub.install_line)."""
     metrics = _read_json(job_dir / "metrics.json")
     prep = _read_json(job_dir / "preprocessing.json")
     symbol, timeframe, data = metrics["symbol"], metrics["timeframe"], _public_data(metrics["data"])
     test_range = [_iso(t) for t in metrics["test_range"]]
+    dataset = _hub_dataset(job_dir / "config.yaml")
     metadata = ModelCardData(
         library_name="keras",
         pipeline_tag=PIPELINE_TAG,
+        license=license,
+        datasets=[dataset] if dataset else None,
         tags=[*BASE_TAGS, symbol, timeframe] + (["synthetic-data"] if data["synthetic"] else []),
+        model_name=f"{metrics['run']}-{metrics['job']}",
+        eval_results=_eval_results(metrics, dataset),
         cryptotrain={
             "run": metrics["run"], "job": metrics["job"], "symbol": symbol, "timeframe": timeframe,
             "fingerprint": metrics["fingerprint"],
@@ -54,11 +60,11 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str) -> str:
         f"# {symbol} {timeframe} forecaster (run `{metrics['run']}`)",
         f"A Keras LSTM that forecasts the next {horizon} {timeframe} candle(s) of {symbol} from the last "
         f"{lookback} candles of {', '.join(prep['input_columns'])}. Heads: {heads}. Trained with "
-        "[cryptotrain](https://pypi.org/project/cryptotrain/).",
+        "cryptotrain.",
         "## Data\n\n" + _data_text(data, metrics["n_test"], test_range),
         "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics),
         "## Training\n\n" + _training_text(metrics),
-        "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo)),
+        "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo), install),
         "## Config\n\n```yaml\n" + _public_config(job_dir / "config.yaml") + "```",
     ]
     return _card(metadata, sections)
@@ -74,9 +80,9 @@ def job_row(job_dir: Path, path_in_repo: str) -> dict:
             "skill": line["skill"], "synthetic": metrics["data"]["synthetic"]}
 
 
-def run_card(run_name: str, repo_id: str, rows: list[dict]) -> str:
+def run_card(run_name: str, repo_id: str, rows: list[dict], license: str = "mit") -> str:
     """The repo's README.md when jobs live in sub-folders: what is here and how well each job does."""
-    metadata = ModelCardData(library_name="keras", pipeline_tag=PIPELINE_TAG, tags=BASE_TAGS,
+    metadata = ModelCardData(library_name="keras", pipeline_tag=PIPELINE_TAG, tags=BASE_TAGS, license=license,
                              cryptotrain={"run": run_name, "jobs": [row["job"] for row in rows]})
     lines = ["| job | files | epochs | head | test MAE | persistence MAE | skill |",
              "|---|---|---|---|---|---|---|"]
@@ -117,7 +123,7 @@ def written_by_cryptotrain(card: str) -> bool:
 def _public_data(data: dict) -> dict:
     """The data description without the directories of the machine that trained the model."""
     kind, _, where = data["source"].partition(":")
-    source = f"{kind}:{Path(where).name}" if kind == "local" else data["source"]
+    source = f"{kind}:{Path(where).name}" if kind in ("local", "freqtrade") else data["source"]
     return {"source": source, **{key: data[key] for key in ("synthetic", "first", "last", "rows")}}
 
 
@@ -189,20 +195,42 @@ def _training_text(metrics: dict) -> str:
             "forecast are in `plot.png`, per-epoch losses in `history.csv`.")
 
 
-def _usage_text(repo_id: str, folder: str, uri: str) -> str:
+def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
+    load = (f'keras.saving.load_model("hf://{repo_id}")' if not folder else
+            f'keras.saving.load_model(hf_hub_download("{repo_id}", "{folder}model.keras"))')
     return (
-        "Forecast the next candles from the latest ones (a CSV/Parquet file of "
+        "Forecast the next candles from the latest ones (a CSV/Parquet/Feather file of "
         "`timestamp,open,high,low,close,volume`):\n\n"
-        f"```bash\npip install cryptotrain\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
-        "Or load the model yourself: inputs are the last `lookback` rows of `input_columns`, framed relative "
-        "to the window's last close when `relative_to` is `last_close` (price levels as log ratios to it, "
-        "macd/signal/atr divided by it) and scaled as `(x - offset) / scale` with `preprocessing.json`'s "
-        "scaler; outputs are a dict of heads, scaled by each head's own scaler (log returns from the last close "
-        "for prices). `trainer.windows.Preprocessing` does both ways.\n\n"
-        "```python\nimport keras\nfrom huggingface_hub import snapshot_download\n\n"
-        f'local = snapshot_download("{repo_id}", allow_patterns=["{folder}*"])\n'
-        f'model = keras.saving.load_model(f"{{local}}/{folder}model.keras")\n```'
+        f"```bash\n{install}\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
+        "Or load the Keras model yourself (no custom objects needed):\n\n"
+        "```python\nimport keras\nfrom huggingface_hub import hf_hub_download\n\n"
+        f"model = {load}\n```\n\n"
+        "Its inputs are the last `lookback` rows of `input_columns`, framed relative to the window's last close "
+        "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
+        "scaled as `(x - offset) / scale` with `preprocessing.json`'s scaler; its outputs are a dict of heads, "
+        "scaled by each head's own scaler (log returns from the last close for prices). "
+        "`trainer.windows.Preprocessing` does both ways."
     )
+
+
+def _hub_dataset(config_path: Path) -> str | None:
+    """The Hub dataset the job's candles came from, if they came from one."""
+    data = yaml.safe_load(config_path.read_text()).get("data", {})
+    return data.get("hf", {}).get("repo_id") if data.get("source") == "hf" else None
+
+
+def _eval_results(metrics: dict, dataset: str | None) -> list[EvalResult]:
+    """The headline test scores (the close, price units) in the Hub's model-index format."""
+    line = headline(metrics)
+    what = line["head"] + (f".{line['column']}" if line["column"] else "")
+    source = _public_data(metrics["data"])["source"]
+    common = {"task_type": PIPELINE_TAG, "dataset_type": dataset or "crypto-candles", "dataset_split": "test",
+              "dataset_name": f"{metrics['symbol']} {metrics['timeframe']} candles ({source})"}
+    scores = [("mae", line["mae"], f"MAE of {what} (price units)"),
+              ("mae", line["persistence_mae"], f"MAE of persistence, {what} (price units)"),
+              ("skill", line["skill"], "skill vs persistence (1 - MAE / persistence MAE)")]
+    return [EvalResult(**common, metric_type=kind, metric_value=value, metric_name=name)
+            for kind, value, name in scores if value is not None]
 
 
 def _num(value: float | None) -> str:

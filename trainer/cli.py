@@ -5,6 +5,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import sys
 import traceback
@@ -16,7 +17,7 @@ import click
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
-from .errors import JobError, Terminated, UserError
+from .errors import Interrupted, JobError, RunStopped, Terminated, UserError
 
 
 class _Cli(click.Group):
@@ -25,7 +26,7 @@ class _Cli(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except (UserError, JobError) as exc:
+        except (UserError, JobError, RunStopped) as exc:
             if ctx.meta.get("debug"):
                 traceback.print_exc()
             click.echo(f"error: {exc}", err=True)
@@ -40,7 +41,7 @@ def main(ctx: click.Context, debug: bool) -> None:
     """Train, evaluate and publish crypto price forecasters, one model per symbol x timeframe.
 
     \b
-    Quick start (offline, synthetic candles, a minute on CPU):
+    Quick start (offline, real candles bundled in data/ohlcv, under a minute on CPU):
       cryptotrain run --config quickstart
     The real families (40 jobs each), resumable at any moment:
       cryptotrain plan --config v8_aligned
@@ -86,9 +87,10 @@ def plan(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     _import_tensorflow()
-    from .planning import print_plan
+    from .planning import make_plan
+    from .reporting import print_plan
 
-    print_plan(cfg, jobs)
+    print_plan(make_plan(cfg, jobs))
 
 
 @main.command()
@@ -101,24 +103,55 @@ def plan(config_path, overrides, only, timeframes):
 @click.option("--retry-failed", is_flag=True, help="Try every failed job again, however often it failed.")
 @click.option("--push", is_flag=True, help="Push jobs to the Hugging Face Hub (config hub.repo_id) as they "
                                            "finish: at most one commit a minute, the rest at the end.")
-def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push):
+@click.option("--verbose", "-v", is_flag=True, help="A line per epoch (losses), not only per job.")
+@click.option("--tensorboard", is_flag=True, help="Write each job's epoch logs for TensorBoard under "
+                                                  "RUN/tensorboard (as --set train.tensorboard=true).")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default=None,
+              help="Where jobs train: this process (local, the default), or Ray workers this process drives "
+                   "(pip install 'cryptotrain[ray]'). Default: the config's executor.kind.")
+@click.option("--ray-address", default=None, metavar="auto|HOST:PORT",
+              help="The Ray cluster to use: auto (the one `ray start` made here), or its address. Default: a "
+                   "Ray started for this run on this machine only.")
+@click.option("--workers", type=click.IntRange(1), default=None, help="Ray workers, each training one job at "
+                                                                     "a time with its own TensorFlow [default: 2].")
+@click.option("--cpus-per-worker", type=click.FloatRange(0, min_open=True), default=None,
+              help="CPUs each Ray worker takes (and its TensorFlow thread pools) [default: 1].")
+@click.option("--gpus-per-worker", type=click.FloatRange(0), default=None,
+              help="GPUs each Ray worker takes, e.g. 1 for one worker per GPU [default: 0].")
+def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push, verbose, tensorboard,
+        executor, ray_address, workers, cpus_per_worker, gpus_per_worker):
     """Train and evaluate every job of a config, in one process; resumable.
 
     Interrupt it at any moment (Ctrl-C, SIGTERM, kill -9) and run the same command again: finished
     jobs are kept, an interrupted job resumes from its last finished epoch.
 
+    On a terminal it shows progress bars; piped (| tee run.log) it prints one plain line per job
+    (and per epoch with -v).
+
     \b
     Examples:
       cryptotrain run --config quickstart
       cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
+      cryptotrain run --config v8_aligned --executor ray --workers 4 --gpus-per-worker 1
     """
-    cfg, jobs = _load(config_path, overrides, only, timeframes)
+    cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else [])), only,
+                      timeframes)
     _import_tensorflow()
+    from .reporting import JobProgress, print_resume_hint, print_run_end
     from .runner import run_config
 
     signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
-    outcome = run_config(cfg, jobs, new_run=new_run, retries=retries, push=push, retry_failed=retry_failed)
-    sys.exit(outcome.exit_code)
+    given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
+             "gpus_per_worker": gpus_per_worker}
+    on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
+    try:
+        outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries, push=push,
+                             retry_failed=retry_failed, executor=on)
+    except Interrupted as stop:
+        print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)
+        sys.exit(stop.exit_code)
+    print_run_end(outcome)
+    sys.exit(0 if outcome.complete else 1)
 
 
 def _terminated(signum, frame):
@@ -148,7 +181,9 @@ def _import_tensorflow() -> None:
 @click.option("--only", "only", multiple=True, metavar="PATTERN",
               help="Only symbols or jobs matching this shell pattern, e.g. --only 'BTC*'. Repeatable.")
 @click.option("--timeframes", default="", metavar="TF[,TF]", help="Only these timeframes, e.g. 15m or 15m,1h.")
-def status(run_dir, as_json, only, timeframes):
+@click.option("--all", "show_all", is_flag=True, help="Also list the config's jobs that no run has selected yet "
+                                                      "(--only, --timeframes); otherwise only counted.")
+def status(run_dir, as_json, only, timeframes, show_all):
     """Show the jobs of a run: done, running, failed or pending, with metrics and pushes; one line each.
 
     \b
@@ -158,7 +193,27 @@ def status(run_dir, as_json, only, timeframes):
     """
     from .reporting import print_status
 
-    print_status(run_dir, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t))
+    print_status(run_dir, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t),
+                 show_all=show_all)
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(path_type=Path))
+@click.option("--output", "-o", "out", type=click.Path(path_type=Path), default=None, metavar="FILE",
+              help="Where to write the page. Default: RUN_DIR/report.html.")
+def report(run_dir, out):
+    """Write a self-contained HTML report of a run: skill heatmap, sortable job table, per-job charts.
+
+    Needs no TensorFlow and no network; the page opens from disk, offline. A run writes it at its end too.
+
+    \b
+    Examples:
+      cryptotrain report runs/v8_aligned
+      cryptotrain report runs/v8_aligned -o /tmp/v8.html
+    """
+    from .report import write_report
+
+    click.echo(write_report(run_dir, out))
 
 
 @main.command()
@@ -182,8 +237,10 @@ def push(run_dir, repo_id, public, overwrite_cards, only):
     """
     from .hub import push_run
 
-    push_run(run_dir, repo_id=repo_id, private=None if public is None else not public,
-             overwrite_cards=overwrite_cards, only=only)
+    pushed = push_run(run_dir, repo_id=repo_id, private=None if public is None else not public,
+                      overwrite_cards=overwrite_cards, only=only)
+    for name, where in pushed.items():
+        click.echo(f"{name}: {where['url']}")
 
 
 @main.command()
@@ -206,10 +263,12 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
     _import_tensorflow()
-    from .predict import predict_command
+    from .predict import predict_job
+    from .reporting import print_prediction
 
-    predict_command(model_ref, symbol=symbol, timeframe=timeframe, data_path=data_path,
-                    config_path=config_path, as_json=as_json)
+    prediction = predict_job(model_ref, symbol=symbol, timeframe=timeframe, data_path=data_path,
+                             config_path=config_path)
+    print_prediction(prediction, as_json=as_json)
 
 
 @main.command()
@@ -225,9 +284,12 @@ def doctor(as_json):
       cryptotrain doctor
     """
     _import_tensorflow()
-    from .device import doctor as run_doctor
+    from .device import diagnose
+    from .reporting import doctor_problems, print_doctor
 
-    sys.exit(run_doctor(as_json=as_json))
+    diagnosis = diagnose()
+    print_doctor(diagnosis, as_json=as_json)
+    sys.exit(1 if doctor_problems(diagnosis) else 0)  # no GPU is a notice, not a problem
 
 
 @main.command()
@@ -241,8 +303,12 @@ def features(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .features import precompute
+    from .reporting import JobLines, feature_line, features_summary
 
-    sys.exit(precompute(cfg, jobs))
+    with JobLines("Computing features", len(jobs)) as lines:
+        outcomes = precompute(cfg, jobs, on_job=lambda outcome: lines.add(feature_line(outcome), outcome.failed))
+    lines.summary(features_summary(outcomes))
+    sys.exit(1 if any(outcome.failed for outcome in outcomes) else 0)
 
 
 @main.group()
@@ -268,5 +334,13 @@ def download(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
+    from .data import has_downloads
+    from .reporting import JobLines, download_line, download_summary
 
-    sys.exit(download_all(cfg, jobs))
+    if not has_downloads(cfg):
+        click.echo(f"data.source is {cfg.data.source}: nothing to download")
+        return
+    with JobLines("Downloading", len(jobs)) as lines:
+        outcomes = download_all(cfg, jobs, on_job=lambda outcome: lines.add(download_line(outcome), outcome.failed))
+    lines.summary(download_summary(outcomes))
+    sys.exit(1 if any(outcome.failed for outcome in outcomes) else 0)

@@ -87,6 +87,12 @@ class LocalSource(Strict):
     pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
 
 
+class FreqtradeSource(Strict):
+    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
+    (trainer/data/freqtrade.py)."""
+    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
+
+
 class HfSource(Strict):
     """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
     repo_id: RepoId = "zongowo111/cpb-models"
@@ -120,7 +126,7 @@ class SyntheticSource(Strict):
 
 
 class DataConfig(Strict):
-    source: Literal["local", "hf", "binance", "synthetic"]
+    source: Literal["local", "hf", "binance", "synthetic", "freqtrade"]
     symbols: list[str]
     timeframes: list[str]
     max_rows: int | None = Field(None, gt=0)
@@ -128,6 +134,7 @@ class DataConfig(Strict):
     hf: HfSource = HfSource()
     binance: BinanceSource = BinanceSource()
     synthetic: SyntheticSource = SyntheticSource()
+    freqtrade: FreqtradeSource = FreqtradeSource()
 
     @field_validator("symbols")
     @classmethod
@@ -398,6 +405,9 @@ class TrainConfig(Strict):
     seed: int = 42
     precision: Literal["float32", "mixed_float16", "mixed_bfloat16", "auto"] = "float32"
     steps_per_execution: int = Field(1, gt=0)
+    # Epoch-level logs per job under RUN/tensorboard/JOB (Keras's TensorBoard callback):
+    # `tensorboard --logdir runs/NAME/tensorboard` compares every job of the run.
+    tensorboard: bool = False
 
     @model_validator(mode="after")
     def _one_kind_of_clipping(self) -> TrainConfig:
@@ -406,12 +416,27 @@ class TrainConfig(Strict):
         return self
 
 
+class ExecutorConfig(Strict):
+    """Where jobs train (`run --executor`, CLI options win): "local", this process; "ray", long-lived Ray workers,
+    this process driving them (it keeps the run directory and the ledger)."""
+    kind: Literal["local", "ray"] = "local"
+    # "auto" (the cluster `ray start` made on this machine), "HOST:PORT" / "ray://HOST:PORT", or null: a Ray
+    # started for this run on this machine alone (127.0.0.1), stopped at its end.
+    address: str | None = None
+    workers: int = Field(2, gt=0)
+    cpus_per_worker: float = Field(1.0, gt=0)  # Ray resources, and the TensorFlow thread pools of each worker
+    gpus_per_worker: float = Field(0.0, ge=0)
+
+
 class HubConfig(Strict):
     # repo_id may hold {symbol} / {timeframe} for one repo per job; path_template places a job's
     # files inside the repo ("" for the repo root).
     repo_id: RepoTemplate | None = None
     private: bool = True
     path_template: FilePattern = "{symbol}/{timeframe}"
+    license: str = "mit"  # the model cards' license (a Hub license identifier: mit, apache-2.0, other, ...)
+    # The install line model cards show; default: from the git repository this cryptotrain was installed from.
+    install: str | None = None
 
 
 # ----------------------------------------------------------------------------- the run
@@ -426,6 +451,7 @@ class RunConfig(Strict):
     model: ModelConfig
     train: TrainConfig = TrainConfig()
     hub: HubConfig = HubConfig()
+    executor: ExecutorConfig = ExecutorConfig()
     _origin: Path | None = PrivateAttr(None)  # the file it was loaded from
 
     def error(self, message: str) -> ConfigError:
@@ -467,12 +493,33 @@ class RunConfig(Strict):
         return Path(os.environ.get("CRYPTOTRAIN_CACHE", Path.home() / ".cache" / "cryptotrain"))
 
     def fingerprint(self) -> str:
-        """sha256 of everything that changes what a job computes. Where results go (output_dir,
-        cache_dir) and where they are published (hub) do not count."""
-        return hashlib.sha256(_canonical_json(self.fingerprint_data()).encode()).hexdigest()
+        """sha256 of everything that makes a run what it is. Where results go (output_dir, cache_dir), where they
+        are published (hub), where jobs train (executor) and FREE_KEYS (how long jobs may train: a run is
+        extended, not replaced, when they change; whether TensorBoard logs are written) do not count."""
+        data = self.fingerprint_data()
+        for key in FREE_KEYS:
+            section, _, name = key.rpartition(".")
+            _at(data, section).pop(name, None)
+        return hashlib.sha256(_canonical_json(data).encode()).hexdigest()
 
     def fingerprint_data(self) -> dict:
-        return self.model_dump(mode="json", exclude={"output_dir", "cache_dir", "hub"})
+        """The config as the run directory records it: everything but where results go and are published, and
+        where jobs train."""
+        return self.model_dump(mode="json", exclude={"output_dir", "cache_dir", "hub", "executor"})
+
+
+# How long a job may train. Changing them on an existing run extends or shortens its jobs' training instead of
+# making it another run (runner.budget_plan decides, job by job).
+BUDGET_KEYS = ("train.epochs", "train.early_stopping.patience")
+# What may change on an existing run without making it another run.
+FREE_KEYS = (*BUDGET_KEYS, "train.tensorboard")
+
+
+def _at(data: dict, dotted: str) -> dict:
+    """The dict at a dotted path, or an empty one where a section is null (no early stopping)."""
+    for key in dotted.split("."):
+        data = data.get(key) or {}
+    return data
 
 
 def _canonical_json(data: object) -> str:

@@ -12,7 +12,6 @@ Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throu
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -26,9 +25,6 @@ from pathlib import Path
 import keras
 import numpy as np
 import tensorflow as tf
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from .config import RECURRENT_KINDS, RunConfig, TrainConfig
 from .errors import UserError
@@ -43,9 +39,10 @@ _configured: dict | None = None  # what setup() did; TensorFlow's process-wide s
 
 
 # ----------------------------------------------------------------------------- set-up
-def setup(train: TrainConfig) -> dict:
+def setup(train: TrainConfig, cpus: int | None = None) -> dict:
     """Configure TensorFlow for this process; call before any model is built. Idempotent: the device
-    settings are made once, the precision policy is (re)applied on every call.
+    settings are made once, the precision policy is (re)applied on every call. `cpus`: the CPUs this process
+    may use (a Ray worker's share), default all it can (usable_cpus).
 
     Returns {"precision", "devices", "gpus", "memory_growth", "threads", "jit_compile"}."""
     global _configured
@@ -57,7 +54,7 @@ def setup(train: TrainConfig) -> dict:
             "devices": [d.name for d in tf.config.list_physical_devices()],
             "gpus": [_gpu_name(gpu) for gpu in gpus],
             "memory_growth": all(tf.config.experimental.get_memory_growth(gpu) for gpu in gpus),
-            "threads": _set_threads(),
+            "threads": _set_threads(cpus or usable_cpus()),
             "jit_compile": False,
         }
     return {"precision": apply_precision(train.precision), **_configured}
@@ -101,13 +98,12 @@ def usable_cpus() -> int:
     return max(1, min(cpus, math.ceil(quota))) if quota else cpus
 
 
-def _set_threads() -> dict:
+def _set_threads(cpus: int) -> dict:
     """Each op gets half the usable CPUs, the ops running side by side all of them. A recurrent step's
     matrix products are too small to gain much from more threads, while the two directions of a
     bidirectional layer, the heads and the gradient branches run concurrently: with pools as wide as the
     machine for both, those ops oversubscribe the cores and TensorFlow's spinning threads slow each other
     down. Also keeps TensorFlow within a cgroup CPU quota, which it does not see."""
-    cpus = usable_cpus()
     intra_op, inter_op = max(1, cpus // 2), cpus
     try:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op)
@@ -172,18 +168,10 @@ def cudnn_report(cfg: RunConfig) -> list[LayerEligibility]:
 CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8, 64, 10
 
 
-def doctor(as_json: bool) -> int:
-    """`cryptotrain doctor`: print what TensorFlow uses and how well; 0 if no problem was found, else 1.
-    No GPU is a notice, not a problem: the CPU path is still checked."""
-    report = diagnose()
-    if as_json:
-        print(json.dumps(report, indent=2))
-    else:
-        _print_report(report, Console())
-    return 1 if any(f["severity"] == "problem" for f in report["findings"]) else 0
-
-
 def diagnose() -> dict:
+    """`cryptotrain doctor`: what TensorFlow uses and how well, as a JSON-ready dict: {"versions", "devices",
+    "driver", "precision_auto", "train_steps", "findings", "verdict"}. No GPU is a notice, not a problem: the
+    CPU path is still checked. Printing it (and the exit code) is the command line's (reporting.print_doctor)."""
     configured = setup(TrainConfig(precision="auto"))
     build = tf.sysconfig.get_build_info()
     driver = nvidia_driver()
@@ -314,52 +302,6 @@ def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: li
     return findings
 
 
-def _print_report(report: dict, console: Console) -> None:
-    v = report["versions"]
-    cuda = f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if v["cuda_build"] else "CPU-only build"
-    console.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, TensorFlow {v['tensorflow']} ({cuda}), "
-                  f"Keras {v['keras']}")
-
-    devices = Table(title="devices TensorFlow sees")
-    for column in ("device", "kind", "memory", "compute capability", "memory growth"):
-        devices.add_column(column)
-    for d in report["devices"]:
-        if d["name"] == "CPU":
-            devices.add_row("CPU", d["kind"], f"{_size(d['memory_bytes'])} RAM", "", "n/a")
-        else:
-            devices.add_row(d["name"], d["kind"], "nvidia-smi below", d["compute_capability"],
-                            "on" if d["memory_growth"] else "[red]off[/]")
-    console.print(devices)
-    threads = report["devices"][0]["threads"]
-    console.print(f"CPU threads: {threads['usable_cpus']} usable CPUs; TensorFlow intra-op {threads['intra_op']}, "
-                  f"inter-op {threads['inter_op']}")
-    driver = report["driver"]
-    if driver["gpus"]:
-        console.print("driver (nvidia-smi): " + "; ".join(
-            escape(f"GPU {g['index']} {g['name']}, {_size(g['memory_total_bytes'])} "
-                   f"({_size(g['memory_used_bytes'])} used), driver {g['driver']}") for g in driver["gpus"]))
-    else:
-        why = escape(driver["error"]) if driver["error"] else "lists none" if driver["found"] else "not found"
-        console.print(f"driver (nvidia-smi): [yellow]no GPU visible[/] ({why})")
-
-    steps = Table(title=f"one training step of a small model ({report['train_steps'][0]['model']})")
-    for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):
-        steps.add_column(column)
-    for s in report["train_steps"]:
-        on_gpu = s["device"].startswith("GPU")
-        steps.add_row(s["device"], s["precision"], f"{s['step_ms']:.1f}", f"{s['samples_per_s']:.0f}",
-                      _size(s["peak_memory_bytes"]) if on_gpu else "n/a (CPU)",
-                      ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
-    console.print(steps)
-    console.print(f"precision 'auto' resolves to: {report['precision_auto']}")
-
-    for f in report["findings"]:
-        style = "red" if f["severity"] == "problem" else "yellow"
-        console.print(f"[{style}]{f['severity']}[/]: {escape(f['message'])}\n  fix: {escape(f['fix'])}")
-    ok = not any(f["severity"] == "problem" for f in report["findings"])
-    console.print(f"verdict: [{'green' if ok else 'red'}]{report['verdict']}[/]")
-
-
 def cpu_model() -> str:
     """The CPU's marketing name, e.g. 'AMD EPYC 9654'."""
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
@@ -367,6 +309,3 @@ def cpu_model() -> str:
             return line.partition(":")[2].strip()
     return platform.processor() or platform.machine()
 
-
-def _size(n_bytes: int) -> str:
-    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

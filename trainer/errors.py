@@ -4,7 +4,9 @@ UserError: bad input to a command (config, arguments, a run directory that does 
            nothing is done, exit code 2.
 JobError:  one job could not be done (missing data, failed download, NaN loss): recorded against
            that job, the other jobs go on, exit code 1 at the end.
-And one way to stop: Terminated, SIGTERM turned into what Ctrl-C raises, so that both stop alike.
+And the ways a run stops: Terminated, SIGTERM turned into what Ctrl-C raises, so that both stop alike;
+Interrupted, what a run raises once it has released the jobs under way; RunStopped, a run that cannot go on
+(a full disk), its jobs left to resume, exit code 1.
 """
 
 
@@ -19,3 +21,15 @@ class JobError(Exception):
 class Terminated(KeyboardInterrupt):
     """SIGTERM (a process manager, `kill`, a notebook's stop button): a clean stop like Ctrl-C's."""
     exit_code = 143  # 128 + SIGTERM, as a shell reports a process SIGTERM ended
+
+
+class Interrupted(Exception):
+    """A run stopped by Ctrl-C or SIGTERM, its jobs under way released to resume from their last epoch."""
+
+    def __init__(self, jobs: list[str], exit_code: int) -> None:
+        super().__init__(f"interrupted during {', '.join(jobs)}" if jobs else "interrupted")
+        self.jobs, self.exit_code = jobs, exit_code
+
+
+class RunStopped(Exception):
+    exit_code = 1

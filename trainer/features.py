@@ -13,13 +13,13 @@ source, so an entry is never stale.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from rich.console import Console
-from rich.progress import track
 from ta.momentum import ROCIndicator, RSIIndicator
 from ta.trend import MACD
 from ta.volatility import BollingerBands
@@ -101,27 +101,38 @@ def collinear_columns(frame: pd.DataFrame, columns: list[str],
             for i, j in zip(upper_i, upper_j) if abs(corr[i, j]) >= threshold]
 
 
-def precompute(cfg: RunConfig, jobs: list[Job]) -> int:
-    """`cryptotrain features`: compute and cache every job's features; prints hits and misses.
-    Returns the exit code: 0 when every job's features are ready, 1 when some failed."""
-    console = Console(soft_wrap=True)  # one line per job, however long
-    hits = misses = failed = 0
-    for job in track(jobs, description="Computing features", console=console, transient=True):
+@dataclass(frozen=True)
+class FeatureOutcome:
+    """One job of `cryptotrain features`: its features ready (from the cache or computed), or why not."""
+    job: Job
+    hit: bool = False  # a cache hit, else computed (or failed)
+    rows: int = 0
+    columns: int = 0
+    source: str = ""  # where the candles came from (their attrs["source"])
+    error: str | None = None  # the job failed: why
+
+    @property
+    def failed(self) -> bool:
+        return self.error is not None
+
+
+def precompute(cfg: RunConfig, jobs: list[Job],
+               on_job: Callable[[FeatureOutcome], None] | None = None) -> list[FeatureOutcome]:
+    """`cryptotrain features`: compute and cache every job's features; a job that fails is reported in its
+    outcome and the others go on. `on_job` is called with each job's outcome as soon as it is known."""
+    outcomes = []
+    for job in jobs:
         try:
             candles = load_candles(cfg, job.symbol, job.timeframe)
             frame, hit = load_features(candles, cfg.features, cfg.cache_path)
         except JobError as exc:
-            failed += 1
-            console.print(f"{job.name}: FAILED: {exc}", style="red", markup=False, highlight=False)
-            continue
-        if hit:
-            hits += 1
+            outcome = FeatureOutcome(job, error=str(exc))
         else:
-            misses += 1
-        console.print(f"{job.name}: {'cache hit' if hit else 'computed'}, {len(frame)} rows x "
-                      f"{len(frame.columns)} columns <- {candles.attrs['source']}", markup=False, highlight=False)
-    console.print(f"features: {hits} cache hits, {misses} misses, {failed} failed")
-    return 1 if failed else 0
+            outcome = FeatureOutcome(job, hit, len(frame), len(frame.columns), candles.attrs["source"])
+        outcomes.append(outcome)
+        if on_job is not None:
+            on_job(outcome)
+    return outcomes
 
 
 class _Indicators:

@@ -14,7 +14,7 @@ Cards edited on the Hub. Each card carries the sha256 of its own text (cards.wri
 a remote README.md that differs from what we would push now is downloaded, and kept unless
 overwrite_cards when its text no longer matches its digest, i.e. someone edited it. A card pushed
 from another run directory or machine is recognised as cryptotrain's and replaced.
-hub_state.json beside the run records the run card's rows of every job pushed to each repo.
+The run card's rows are those of every job the ledger records as pushed to the repo.
 
 Transient failures (429, 5xx, dropped connections) of the calls the client does not retry itself
 (create_repo, paths-info, the commit) are retried here with backoff, honouring Retry-After. The
@@ -25,15 +25,17 @@ from __future__ import annotations
 import email.utils
 import fcntl
 import json
+import logging
 import os
+import subprocess
 import time
+import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-import click
 import httpx2
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, get_token
 from huggingface_hub.errors import (
@@ -50,11 +52,10 @@ from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import job_card, job_row, run_card, written_by_cryptotrain
 from .config import HubConfig, RunConfig, load_config
 from .errors import JobError, UserError
-from .files import atomic_write
 from .jobs import make_jobs
 from .ledger import Ledger
 
-STATE_FILE = "hub_state.json"
+PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 TRANSIENT_ERRORS = (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError)
@@ -64,6 +65,7 @@ MAX_WAIT_SECONDS = 300.0  # a longer Retry-After is reported, not waited out
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or run `hf auth login`"
 
 T = TypeVar("T")
+log = logging.getLogger("cryptotrain")  # warnings (a card kept, a retry); the command line shows them on stderr
 
 
 @dataclass(frozen=True)
@@ -77,16 +79,16 @@ class Target:
 
 # ----------------------------------------------------------------------------- push
 def push_run(run_dir: Path, repo_id: str | None, private: bool | None, overwrite_cards: bool,
-             only: tuple[str, ...]) -> None:
+             only: tuple[str, ...]) -> dict[str, dict]:
     """`cryptotrain push`: every finished job of the run (matching `only`), one commit per repo.
-    `repo_id` and `private` default to the run config's hub settings."""
+    `repo_id` and `private` default to the run config's hub settings. Returns push_jobs's
+    {job: {"repo_id", "path", "commit", "url"}}."""
     cfg = _run_config(run_dir)
     hub = _hub_config(cfg.hub, repo_id, private, run_dir)
     finished = [job.name for job in make_jobs(cfg, only) if (jobs_dir(run_dir) / job.name).is_dir()]
     if not finished:
         raise UserError(f"{run_dir}: no finished job to push{' matching ' + ' '.join(only) if only else ''}")
-    for name, pushed in push_jobs(run_dir, finished, hub, overwrite_cards).items():
-        click.echo(f"{name}: {pushed['url']}")
+    return push_jobs(run_dir, finished, hub, overwrite_cards)
 
 
 def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_cards: bool = False) -> dict:
@@ -103,14 +105,12 @@ def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_car
     api = _api(token)
     ledger = Ledger(run_dir)
     pushed = {}
-    with _state_lock(run_dir):
-        state = _load_state(run_dir)
+    with _push_lock(run_dir):
         for repo_id in dict.fromkeys(t.repo_id for t in targets):
             repo_targets = [t for t in targets if t.repo_id == repo_id]
             with _hub_errors(repo_id, token, "push to"):
-                commit = _push_repo(api, repo_id, repo_targets, run_name, hub.private, overwrite_cards,
-                                    state.setdefault(repo_id, {"jobs": {}}))
-            _save_state(run_dir, state)
+                commit = _push_repo(api, repo_id, repo_targets, run_name, hub, overwrite_cards,
+                                    _pushed_rows(run_dir, ledger, repo_id, hub))
             for t in repo_targets:
                 url = f"{api.endpoint}/{repo_id}/tree/{commit.oid}/{t.path}".rstrip("/")
                 ledger.record_push(t.job, repo_id, commit.oid, url)
@@ -118,22 +118,37 @@ def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_car
     return pushed
 
 
-def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, private: bool,
-               overwrite_cards: bool, repo_state: dict) -> CommitInfo:
-    """One commit with every target's artifacts and cards (unchanged files are skipped by the client)."""
-    _retrying(lambda: api.create_repo(repo_id, private=private, exist_ok=True))
+def _pushed_rows(run_dir: Path, ledger: Ledger, repo_id: str, hub: HubConfig) -> dict[str, dict]:
+    """The run card's rows of the jobs the ledger says are in the repo already (pushed, and unchanged since)."""
+    rows = {}
+    for record in ledger.jobs():
+        if record.pushed_repo == repo_id and record.pushed_commit:
+            job_dir = jobs_dir(run_dir) / record.name
+            if (job_dir / "metrics.json").is_file():
+                rows[record.name] = job_row(job_dir, _fill(hub.path_template, record.name).strip("/"))
+    return rows
+
+
+def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, hub: HubConfig,
+               overwrite_cards: bool, rows: dict[str, dict]) -> CommitInfo:
+    """One commit with every target's artifacts and cards (unchanged files are skipped by the client). `rows`:
+    the run card's rows of the jobs already in the repo."""
+    _retrying(lambda: api.create_repo(repo_id, private=hub.private, exist_ok=True))
     files: dict[str, Path | bytes] = {}
     cards: dict[str, bytes] = {}
+    install = install_line(hub)
     for t in targets:
         for name in _artifact_names(t):
             files[_join(t.path, name)] = t.job_dir / name
-        cards[_join(t.path, CARD)] = job_card(t.job_dir, repo_id, t.path).encode()
-        repo_state["jobs"][t.job] = job_row(t.job_dir, t.path)
+        for name, content in _keras_folder(t.job_dir / "model.keras").items():
+            files[_join(t.path, name)] = content
+        cards[_join(t.path, CARD)] = job_card(t.job_dir, repo_id, t.path, hub.license, install).encode()
+        rows[t.job] = job_row(t.job_dir, t.path)
     if all(t.path for t in targets):  # jobs in sub-folders: the repo root gets the run's card
-        cards[CARD] = run_card(run_name, repo_id, list(repo_state["jobs"].values())).encode()
+        cards[CARD] = run_card(run_name, repo_id, list(rows.values()), hub.license).encode()
     if not overwrite_cards:
         for path in _cards_edited_on_hub(api, repo_id, cards):
-            click.echo(f"{repo_id}: {path} was edited on the Hub; kept (--overwrite-cards replaces it)", err=True)
+            log.warning("%s: %s was edited on the Hub; kept (--overwrite-cards replaces it)", repo_id, path)
             del cards[path]
     files.update(cards)
     jobs = ", ".join(t.job for t in targets[:5]) + (f" and {len(targets) - 5} more" if len(targets) > 5 else "")
@@ -244,8 +259,7 @@ def _retrying(call: Callable[[], T]) -> T:
                 wait = BACKOFF_SECONDS * 2 ** (attempt - 1)
             elif wait > MAX_WAIT_SECONDS:  # e.g. the hourly commit limit: waiting here would hold up the run
                 raise
-            click.echo(f"Hub: {_failure_name(cause)}; retrying in {wait:.0f} s ({attempt}/{MAX_ATTEMPTS - 1})",
-                       err=True)
+            log.warning("Hub: %s; retrying in %.0f s (%d/%d)", _failure_name(cause), wait, attempt, MAX_ATTEMPTS - 1)
             time.sleep(wait)
     return call()  # the last attempt: its failure is the caller's
 
@@ -344,18 +358,32 @@ def _hub_config(hub: HubConfig, repo_id: str | None, private: bool | None, run_d
 
 
 @contextmanager
-def _state_lock(run_dir: Path) -> Iterator[None]:
-    """Processes sharing a run directory push one at a time: each reads hub_state.json, pushes against
-    it and rewrites it, so two at once would lose each other's card records."""
-    with open(run_dir / f"{STATE_FILE}.lock", "w") as lock:
+def _push_lock(run_dir: Path) -> Iterator[None]:
+    """Processes sharing a run directory push one at a time: each makes the run card from the ledger's record
+    of what is pushed, so two at once could each leave out the other's jobs."""
+    with open(run_dir / PUSH_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
         yield
 
 
-def _load_state(run_dir: Path) -> dict:
-    path = run_dir / STATE_FILE
-    return json.loads(path.read_text())["repos"] if path.is_file() else {}
+def _keras_folder(model_file: Path) -> dict[str, bytes]:
+    """model.keras unzipped (config.json, metadata.json, model.weights.h5): a folder Keras loads as it is, so
+    that `keras.saving.load_model("hf://NS/NAME")` works on a repo holding one job at its root."""
+    with zipfile.ZipFile(model_file) as archive:
+        return {name: archive.read(name) for name in archive.namelist() if "/" not in name}
 
 
-def _save_state(run_dir: Path, repos: dict) -> None:
-    atomic_write(run_dir / STATE_FILE, lambda tmp: tmp.write_text(json.dumps({"repos": repos}, indent=1)))
+def install_line(hub: HubConfig) -> str:
+    """What a model card says to install cryptotrain with: hub.install, else pip from the git repository this
+    cryptotrain runs from (until the package is published)."""
+    if hub.install:
+        return hub.install
+    source = Path(__file__).resolve().parent.parent
+    try:
+        url = subprocess.run(["git", "-C", str(source), "remote", "get-url", "origin"], capture_output=True,
+                             text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        url = ""
+    if url:
+        return f'pip install "cryptotrain @ git+{url}"'
+    return "pip install -e .  # in a clone of the cryptotrain repository"

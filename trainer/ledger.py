@@ -27,7 +27,7 @@ from .files import pid_alive
 
 STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds
-SCHEMA_VERSION = 2  # 2: jobs.inputs
+SCHEMA_VERSION = 3  # 2: jobs.inputs; 3: jobs.selected_at
 STATUSES = ("pending", "running", "done", "failed")
 _MAX_LISTED_CHANGES = 5
 
@@ -56,7 +56,8 @@ _SCHEMA = (
         pushed_commit TEXT,
         pushed_url TEXT,
         pushed_at REAL,
-        inputs TEXT)""",
+        inputs TEXT,
+        selected_at REAL)""",
     """CREATE TABLE attempts (
         job TEXT NOT NULL REFERENCES jobs (name),
         attempt INTEGER NOT NULL,
@@ -94,6 +95,7 @@ class JobRecord:
     host: str | None
     heartbeat_at: float | None
     inputs: str | None  # a digest of what a failed job was given (data.input_digest): changed, it is retried
+    selected_at: float | None  # when a run first asked for it (--only, --timeframes); None: never yet
 
 
 class Ledger:
@@ -145,8 +147,12 @@ class Ledger:
                 for statement in _SCHEMA:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            elif version == 1:  # a ledger of an earlier cryptotrain: the one column it lacks
-                conn.execute("ALTER TABLE jobs ADD COLUMN inputs TEXT")
+            elif version in (1, 2):  # a ledger of an earlier cryptotrain: the columns it lacks
+                if version == 1:
+                    conn.execute("ALTER TABLE jobs ADD COLUMN inputs TEXT")
+                conn.execute("ALTER TABLE jobs ADD COLUMN selected_at REAL")
+                # Which of its jobs a run asked for was not recorded: all of them, as status then showed.
+                conn.execute("UPDATE jobs SET selected_at = (SELECT created_at FROM run)")
                 conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             elif version != SCHEMA_VERSION:
                 raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads "
@@ -171,7 +177,7 @@ class Ledger:
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         """BEGIN IMMEDIATE takes the write lock before the first read, so a read-then-write (a claim)
         can never interleave with another process's."""
-        with self._lock:
+        with self._lock, self._intact():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -180,10 +186,26 @@ class Ledger:
                 raise
             self._conn.execute("COMMIT")
 
+    @contextmanager
+    def _intact(self) -> Iterator[None]:
+        """A ledger whose pages are damaged (a disk error, a copy taken mid-write) is found by whichever
+        read touches them first: one line saying so and how to recover, whenever that happens."""
+        try:
+            yield
+        except sqlite3.DatabaseError as exc:
+            if isinstance(exc, sqlite3.OperationalError):  # locked, busy, disk I/O: not damage to the file
+                raise
+            raise UserError(f"{self.path}: the run ledger is damaged ({exc}); move it aside (mv {self.path} "
+                            f"{self.path}.damaged) and run the same command again: finished jobs are recognised "
+                            "from their verified files") from None
+
     # --- the run -----------------------------------------------------------------------------
 
-    def open_run(self, fingerprint: str, config_data: dict) -> None:
-        """Record the run's config on first use; afterwards refuse a config with another fingerprint."""
+    def open_run(self, fingerprint: str, config_data: dict, ignored: tuple[str, ...] = ()) -> None:
+        """Record the run's config on first use; afterwards refuse a config with another fingerprint, naming the
+        keys that changed. Keys in `ignored` (dotted paths) may change: the record follows the latest config.
+        A fingerprint that differs with only such keys changed (one computed by an earlier version, which still
+        counted them) is taken over."""
         config_json = json.dumps(config_data)
         with self._transaction() as conn:
             row = conn.execute("SELECT fingerprint, config_json FROM run").fetchone()
@@ -191,19 +213,25 @@ class Ledger:
                 conn.execute("INSERT INTO run (id, fingerprint, config_json, created_at) VALUES (1, ?, ?, ?)",
                              (fingerprint, config_json, time.time()))
                 return
-        if row["fingerprint"] != fingerprint:
-            changes = _changed_keys(json.loads(row["config_json"]), json.loads(config_json))
-            raise UserError(f"{self.run_dir}: made with a different config ({_describe(changes)}); "
-                            "run with --new-run to start over")
+            changes = [change for change in _changed_keys(json.loads(row["config_json"]), config_data)
+                       if change.split(" ", 1)[0] not in ignored]
+            if row["fingerprint"] != fingerprint and changes:
+                raise UserError(f"{self.run_dir}: made with a different config ({_describe(changes)}); "
+                                "run with --new-run to start over")
+            conn.execute("UPDATE run SET fingerprint = ?, config_json = ?", (fingerprint, config_json))
 
-    def add_jobs(self, names: list[str]) -> None:
-        """Add jobs not yet in the ledger, after the existing ones, in the given order."""
+    def add_jobs(self, names: list[str], selected: list[str] | None = None) -> None:
+        """Add jobs not yet in the ledger, after the existing ones, in the given order. `selected`: those a run
+        asks for now (default: all of `names`); the others are the config's, shown apart until one is."""
         with self._transaction() as conn:
+            now = time.time()
             last = conn.execute("SELECT COALESCE(MAX(position), -1) FROM jobs").fetchone()[0]
             known = {row[0] for row in conn.execute("SELECT name FROM jobs")}
             new = [name for name in dict.fromkeys(names) if name not in known]
             conn.executemany("INSERT INTO jobs (name, position) VALUES (?, ?)",
                              [(name, last + 1 + i) for i, name in enumerate(new)])
+            conn.executemany("UPDATE jobs SET selected_at = ? WHERE name = ? AND selected_at IS NULL",
+                             [(now, name) for name in (names if selected is None else selected)])
 
     # --- one attempt at a job: claim, heartbeat, then done / failed / released ---------------
 
@@ -327,13 +355,13 @@ class Ledger:
     # --- reading -----------------------------------------------------------------------------
 
     def jobs(self) -> list[JobRecord]:
-        with self._lock:
+        with self._lock, self._intact():
             rows = self._conn.execute("SELECT * FROM jobs ORDER BY position").fetchall()
         return [_record(row) for row in rows]
 
     def counts(self) -> dict[str, int]:
         """Jobs per status; every status is present, zero included."""
-        with self._lock:
+        with self._lock, self._intact():
             rows = self._conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
         return {**dict.fromkeys(STATUSES, 0), **{status: count for status, count in rows}}
 
@@ -375,8 +403,6 @@ def _short(value: object, limit: int = 30) -> str:
 
 
 def _describe(changes: list[str]) -> str:
-    if not changes:
-        return "no config key differs, but its fingerprint does"
     listed = ", ".join(changes[:_MAX_LISTED_CHANGES])
     more = len(changes) - _MAX_LISTED_CHANGES
     return f"changed: {listed}" + (f", +{more} more" if more > 0 else "")

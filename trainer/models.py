@@ -61,14 +61,18 @@ OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
 def build_model(cfg: RunConfig, n_features: int) -> keras.Model:
     """The compiled model: inputs (lookback, n_features), outputs a dict keyed by head name."""
     model = _assemble(cfg, n_features)
-    model.compile(
-        optimizer=_optimizer(cfg.train),
-        loss={head.name: head.loss for head in cfg.heads},
-        loss_weights={head.name: head.weight for head in cfg.heads},
-        steps_per_execution=cfg.train.steps_per_execution,
-        jit_compile=False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
-    )
+    model.compile(optimizer=_optimizer(cfg.train), **compile_settings(cfg))
     return model
+
+
+def compile_settings(cfg: RunConfig) -> dict:
+    """compile()'s arguments other than the optimizer (training.WindowTrainer is compiled with them too)."""
+    return {
+        "loss": {head.name: head.loss for head in cfg.heads},
+        "loss_weights": {head.name: head.weight for head in cfg.heads},
+        "steps_per_execution": cfg.train.steps_per_execution,
+        "jit_compile": False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
+    }
 
 
 def output_shapes(model: keras.Model) -> dict[str, tuple[int, ...]]:

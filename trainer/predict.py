@@ -6,6 +6,8 @@ how to scale them and which columns each head predicts. The forecast follows the
 from __future__ import annotations
 
 import json
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import keras
@@ -25,68 +27,70 @@ from .windows import Preprocessing
 PREPROCESSING = "preprocessing.json"
 
 
-def predict_command(model_ref: str, symbol: str | None, timeframe: str | None, data_path: Path | None,
-                    config_path: str | None, as_json: bool) -> None:
-    """`cryptotrain predict`: print the forecast as a table, or as JSON."""
+@dataclass(frozen=True)
+class Prediction:
+    """A forecast from a trained job, with what it was made from and the model's track record."""
+    symbol: str
+    timeframe: str
+    model: str  # the reference given (an hf:// one completed with symbol and timeframe)
+    candles_source: str | None  # where the candles came from (their attrs["source"])
+    synthetic: bool  # made from synthetic candles: a demonstration, not a market
+    last_candle: pd.Timestamp  # open time of the last candle given; the forecast follows it
+    forecast: pd.DataFrame  # predict_next's frame
+    test_skill: dict  # track_record's
+
+    def as_dict(self) -> dict:
+        """JSON-ready, as `cryptotrain predict --json` prints it."""
+        return {
+            "symbol": self.symbol, "timeframe": self.timeframe, "model": self.model,
+            "last_candle": self.last_candle.isoformat(), "source": self.candles_source,
+            "synthetic": self.synthetic,
+            "test_skill": self.test_skill,
+            "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(self.forecast.index,
+                                                                               self.forecast.to_dict("records"))],
+        }
+
+
+def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_path: Path | None,
+                config_path: str | None) -> Prediction:
+    """`cryptotrain predict`: the forecast of a job (a job directory, a run directory with symbol and
+    timeframe, or an hf:// reference) from the candles of `data_path`, else `config_path`'s data source, else
+    the job's own."""
     if _is_hub_repo(model_ref) and symbol and timeframe:
         model_ref = f"{model_ref.rstrip('/')}/{symbol}/{timeframe}"
     job_dir = resolve_job_dir(model_ref, symbol, timeframe)
     if verify(job_dir) is None:
         raise UserError(f"{model_ref}: its files do not match {MANIFEST} (incomplete or changed); train the job again")
-    prep = _preprocessing(job_dir)
+    prep = _job_file(job_dir, PREPROCESSING, _read_preprocessing)
     for given, own, option in ((symbol, prep["symbol"], "--symbol"), (timeframe, prep["timeframe"], "--timeframe")):
         if given is not None and given != own:
             raise UserError(f"{option} {given}: the model {model_ref} is for {prep['symbol']} {prep['timeframe']}")
     candles = _candles(job_dir, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles)
-    last = candles.index[-1]
-    record = track_record(job_dir)
-    if as_json:
-        print(json.dumps({
-            "symbol": prep["symbol"], "timeframe": prep["timeframe"], "model": model_ref,
-            "last_candle": last.isoformat(), "source": candles.attrs.get("source"),
-            "synthetic": bool(candles.attrs.get("synthetic")),
-            "test_skill": record,
-            "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(forecast.index,
-                                                                               forecast.to_dict("records"))],
-        }, indent=1))
-    else:
-        synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if candles.attrs.get("synthetic") else ""
-        _print_table(forecast, f"{prep['symbol']} {prep['timeframe']}: the next {len(forecast)} candle(s) after "
-                               f"{last:%Y-%m-%d %H:%M} UTC, from {candles.attrs.get('source')}{synthetic}")
-        print(_track_record_text(record))
+    return Prediction(prep["symbol"], prep["timeframe"], model_ref, candles.attrs.get("source"),
+                      bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
 
 
 def track_record(job_dir: Path) -> dict:
     """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
     worse than persistence: what a forecast is worth."""
-    metrics = json.loads((job_dir / "metrics.json").read_text())
-    line = headline(metrics)
+    metrics = _job_file(job_dir, "metrics.json", lambda path: json.loads(path.read_text()))
+    line = _job_file(job_dir, "metrics.json", lambda _: headline(metrics))
     return {"head": line["head"], "column": line["column"], "skill": line["skill"], "mae": line["mae"],
             "persistence_mae": line["persistence_mae"], "test_range": metrics["test_range"],
             "worse_than_persistence": line["skill"] is not None and line["skill"] < 0}
 
 
-def _track_record_text(record: dict) -> str:
-    what = f"{record['head']}.{record['column']}" if record["column"] else record["head"]
-    skill = "n/a" if record["skill"] is None else f"{record['skill']:+.3f}"
-    text = (f"On its test split ({record['test_range'][0][:10]} to {record['test_range'][1][:10]}) this model's "
-            f"{what} MAE was {record['mae']:.6g} against persistence's {record['persistence_mae']:.6g}: skill {skill}.")
-    if record["worse_than_persistence"]:
-        text += " It was WORSE than persistence: repeating the last candle forecast better than this model."
-    return text
-
-
 def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column)."""
-    saved = _preprocessing(job_dir)
-    prep = Preprocessing.from_dict(saved)
+    saved = _job_file(job_dir, PREPROCESSING, _read_preprocessing)
+    prep = _job_file(job_dir, PREPROCESSING, lambda _: Preprocessing.from_dict(saved))
     # Only the sections predicting needs: a job saved by an earlier version need not pass today's whole schema.
-    saved_config = yaml.safe_load((job_dir / "config.yaml").read_text())
-    x, last_close = prep.make_inputs(compute_features(candles, FeaturesConfig.model_validate(saved_config["features"])))
-    setup(TrainConfig.model_validate(saved_config["train"]))  # before TensorFlow touches a GPU: memory growth, threads
-    model = keras.saving.load_model(job_dir / "model.keras", compile=False)
+    features, train = _job_file(job_dir, "config.yaml", _read_sections)
+    x, last_close = prep.make_inputs(compute_features(candles, features))
+    setup(train)  # before TensorFlow touches a GPU: memory growth, threads
+    model = _job_file(job_dir, "model.keras", _read_model)
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
     prices = prep.to_prices(outputs, last_close)
     horizon, heads = prep.horizon, prep.heads
@@ -139,11 +143,31 @@ def _candles(job_dir: Path, prep: dict, data_path: Path | None, config_path: str
     return load_candles(cfg, symbol, timeframe)
 
 
-def _preprocessing(job_dir: Path) -> dict:
-    return json.loads((job_dir / PREPROCESSING).read_text())
+def _job_file(job_dir: Path, name: str, read):
+    """`read(job_dir / name)`; a file that is there but cannot be read as what it should be (garbage, a
+    truncated copy, a format this version does not know) is one line of bad input naming it."""
+    try:
+        return read(job_dir / name)
+    except Exception as exc:  # json, yaml, zip, h5, pydantic, a missing key: whatever the garbage trips
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        raise UserError(f"{job_dir / name}: cannot be read ({type(exc).__name__}: {reason}); train the job "
+                        "again, or download it again") from None
 
 
-def _print_table(forecast: pd.DataFrame, title: str) -> None:
-    # pandas' plain text never truncates a number to fit a narrow (or non-)terminal, unlike a rich table.
-    table = forecast.set_axis(forecast.index.strftime("%Y-%m-%d %H:%M").rename("open time (UTC)"))
-    print(f"{title}\n{table.to_string(float_format=lambda value: f'{value:.8g}')}")
+def _read_preprocessing(path: Path) -> dict:
+    saved = json.loads(path.read_text())
+    if not (isinstance(saved, dict) and {"symbol", "timeframe"} <= saved.keys()):
+        raise ValueError("no symbol and timeframe")
+    return saved
+
+
+def _read_model(path: Path) -> keras.Model:
+    if not zipfile.is_zipfile(path):  # Keras would call it "File not found"
+        raise ValueError("not a .keras (zip) file")
+    return keras.saving.load_model(path, compile=False)
+
+
+def _read_sections(path: Path) -> tuple[FeaturesConfig, TrainConfig]:
+    saved = yaml.safe_load(path.read_text())
+    return FeaturesConfig.model_validate(saved["features"]), TrainConfig.model_validate(saved["train"])
+

@@ -1,15 +1,24 @@
-"""What a run shows and leaves behind for people: the live progress display, the summary table and
-files (summary.csv / summary.json), and `cryptotrain status` (which needs no TensorFlow, so answers at once)."""
+"""What the command line shows and a run leaves behind for people: the live progress display, the summary
+table and files (summary.csv / summary.json), `cryptotrain status` (which needs no TensorFlow, so answers at
+once), and the rendering of what the other commands' library functions return (plan, doctor, features, data
+download, predict). The library never prints; cli.py calls these."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import sys
+import threading
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich import box
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -19,58 +28,118 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 from rich.table import Table
+from rich.text import Text
 
 from .errors import UserError
 from .files import atomic_write
 from .jobs import Job, selected
 from .ledger import STATUSES, Ledger
 
+if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
+    from .data import DownloadOutcome
+    from .features import FeatureOutcome
+    from .planning import Plan
+    from .predict import Prediction
+
 console = Console(stderr=True)  # progress and warnings; tables go to stdout
 
 
 # ----------------------------------------------------------------------------- progress
 class JobProgress:
-    """Rich progress: one bar for the jobs (i/N, ETA), one for the current job's epochs and losses."""
+    """What a run shows while it works (pipeline.Events, for every job under way). On a terminal: one bar for
+    the jobs (i/N, ETA) and one per job under way for its epochs and losses, with a line per finished job above
+    them. Piped to a file or another program: no bars, the same line per finished job. `verbose`: a line per
+    epoch too.
 
-    def __init__(self, total: int, done: int) -> None:
+    While the bars are live, whatever native code writes to the process's stderr (TensorFlow's C++ log) is
+    shown above them as a line of its own (NativeStderr) instead of tearing them."""
+
+    def __init__(self, verbose: bool = False) -> None:
+        self.live = console.is_terminal
+        self.verbose = verbose
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                                 console=console, transient=False)
-        self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
-        self.epoch_task = None
-        self._job = ""
+                                 console=console, transient=False, disable=not self.live)
+        self.jobs_task = None
+        self._bars: dict[str, int] = {}  # job -> its epochs bar
+        self._epochs: dict[str, int] = {}
         self._finished: set[str] = set()  # a job retried after a failure counts once
 
-    def __enter__(self) -> JobProgress:
-        self.progress.start()
+    @contextlib.contextmanager
+    def running(self, total: int, done: int) -> Iterator[None]:
+        """The bars, live while the jobs run (`done` of `total` already)."""
+        self.jobs_task = self.progress.add_task("jobs", total=total, completed=done, info="")
+        with NativeStderr() if self.live else contextlib.nullcontext():
+            self.progress.start()
+            try:
+                yield
+            finally:
+                self.progress.stop()
+
+    def start_job(self, job: Job) -> None:
+        self._bars[job.name] = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
+
+    def finish_job(self, job: Job, line: str, failed: bool = False) -> None:
+        if (bar := self._bars.pop(job.name, None)) is not None:
+            self.progress.remove_task(bar)
+        if job.name not in self._finished:
+            self._finished.add(job.name)
+            if self.jobs_task is not None:
+                self.progress.advance(self.jobs_task)
+        self.note(f"{job.name}: {'failed: ' if failed else ''}{line}", style="red" if failed else None)
+
+    def training_started(self, job: str, epochs: int, done: int = 0) -> None:
+        """`done`: epochs an interrupted run of this job had finished, which training goes on after."""
+        self._epochs[job] = epochs
+        if (bar := self._bars.get(job)) is not None:
+            self.progress.update(bar, total=epochs, completed=done,
+                                 info=f"resuming at epoch {done + 1}" if done else "training")
+        if done:
+            saved = "epoch 1 was" if done == 1 else f"epochs 1-{done} were"
+            self.note(f"{job}: resuming at epoch {done + 1} of {epochs} ({saved} saved)")
+
+    def epoch_ended(self, job: str, epoch: int, logs: dict) -> None:
+        info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
+        if (bar := self._bars.get(job)) is not None:
+            self.progress.update(bar, completed=epoch + 1, info=info)
+        if self.verbose:
+            self.note(f"{job}: epoch {epoch + 1}/{self._epochs.get(job, '?')}  {info}")
+
+    def note(self, line: str, style: str | None = None) -> None:
+        """One line, never wrapped (a log file keeps one line per event), never read as markup."""
+        console.print(Text(line, style=style or ""), soft_wrap=True)
+
+
+class NativeStderr:
+    """While active, file descriptor 2 is a pipe read by a thread that prints each line through the console
+    (dimmed), so that the live display stays whole; Python's sys.stderr writes to the real stderr meanwhile
+    (rich's live display routes it above the bars)."""
+
+    def __enter__(self) -> NativeStderr:
+        sys.stderr.flush()
+        self._saved_fd = os.dup(2)
+        read_fd, write_fd = os.pipe()
+        os.dup2(write_fd, 2)
+        os.close(write_fd)
+        self._python_stderr = sys.stderr
+        sys.stderr = open(self._saved_fd, "w", buffering=1, closefd=False, errors="replace")
+        self._relay = threading.Thread(target=self._print_lines, args=(read_fd,), daemon=True,
+                                       name="native-stderr")
+        self._relay.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.progress.stop()
+        os.dup2(self._saved_fd, 2)  # the pipe's last write end closes: the relay reads to the end and stops
+        self._relay.join(timeout=5)
+        sys.stderr.close()
+        sys.stderr = self._python_stderr
+        os.close(self._saved_fd)
 
-    def start_job(self, job: Job) -> None:
-        if self.epoch_task is not None:
-            self.progress.remove_task(self.epoch_task)
-        self.epoch_task = self.progress.add_task(f"  {job.name}", total=None, info="loading data")
-        self._job = job.name
-
-    def finish_job(self, job: Job, line: str) -> None:
-        if job.name not in self._finished:
-            self._finished.add(job.name)
-            self.progress.advance(self.jobs_task)
-        self.progress.console.print(f"{job.name}: {line}")
-
-    def training_started(self, epochs: int, done: int = 0) -> None:
-        """`done`: epochs an interrupted run of this job had finished, which training goes on after."""
-        self.progress.update(self.epoch_task, total=epochs, completed=done,
-                             info=f"resuming at epoch {done + 1}" if done else "training")
-        if done:
-            saved = "epoch 1 was" if done == 1 else f"epochs 1-{done} were"
-            self.progress.console.print(f"{self._job}: resuming at epoch {done + 1} of {epochs} ({saved} saved)")
-
-    def epoch_ended(self, epoch: int, logs: dict) -> None:
-        info = f"loss {logs.get('loss', float('nan')):.4g}  val {logs.get('val_loss', float('nan')):.4g}"
-        self.progress.update(self.epoch_task, completed=epoch + 1, info=info)
+    @staticmethod
+    def _print_lines(read_fd: int) -> None:
+        with open(read_fd, "rb") as pipe:
+            for line in pipe:
+                console.print(Text(line.decode(errors="replace").rstrip(), style="dim"), soft_wrap=True)
 
 
 # ----------------------------------------------------------------------------- summary and status
@@ -129,6 +198,29 @@ def print_summary_table(records) -> None:
             out.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
 
 
+def print_run_end(outcome) -> None:
+    """After a run (runner.Outcome): the summary table, the totals with where to look, how to retry."""
+    records = outcome.records
+    print_summary_table(records)
+    notes = [f"{outcome.count('pending')} pending"] if outcome.count("pending") else []
+    notes += [f"{outcome.count('running')} still running in another process"] if outcome.count("running") else []
+    notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
+    console.print(f"{outcome.count('done')}/{len(records)} jobs done, {outcome.count('failed')} failed"
+                  + "".join(f", {note}" for note in notes) + f"; run directory: {outcome.run_dir}"
+                  + (f"; report: {outcome.report}" if outcome.report else ""), soft_wrap=True, markup=False,
+                  highlight=False)
+    if outcome.count("failed"):
+        console.print("Failed jobs whose candles you fix are retried when you run the same command again; to retry "
+                      f"the others as they are, add --retry-failed (or --retries {outcome.retries + 1})",
+                      soft_wrap=True, markup=False, highlight=False)
+
+
+def print_resume_hint(command: str, jobs: list[str]) -> None:
+    during = f" during {', '.join(jobs)}" if jobs else ""
+    console.print(f"\nInterrupted{during}; finished epochs are saved. Resume with:\n  {command}",
+                  soft_wrap=True, markup=False, highlight=False)  # one line, to copy and paste
+
+
 def _fmt(value, spec: str = ".4g") -> str:
     if value is None:  # e.g. the skill when persistence is exact (its MAE 0)
         return "-"
@@ -136,18 +228,21 @@ def _fmt(value, spec: str = ".4g") -> str:
 
 
 def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (),
-                 timeframes: tuple[str, ...] = ()) -> None:
+                 timeframes: tuple[str, ...] = (), show_all: bool = False) -> None:
     """The run's jobs (those matching --only / --timeframes), one line each, errors cut to fit the line
-    (whole in --json)."""
+    (whole in --json). Jobs of the config that no run has asked for yet are counted apart from the pending
+    ones (listed with `show_all`; always in --json, with selected_at null)."""
     if not (run_dir / "ledger.sqlite").is_file():
         raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
     ledger = Ledger(run_dir)
-    records = [r for r in ledger.jobs() if selected(r.name, only, timeframes)]
-    if (only or timeframes) and not records:
+    matching = [r for r in ledger.jobs() if selected(r.name, only, timeframes)]
+    if (only or timeframes) and not matching:
         raise UserError(f"{run_dir}: no job matches {' '.join([*only, *timeframes])}")
     if as_json:
-        print(json.dumps([vars(r) for r in records], indent=1, default=str))
+        print(json.dumps([vars(r) for r in matching], indent=1, default=str))
         return
+    records = [r for r in matching if show_all or r.selected_at is not None]
+    never = [r.name for r in matching if r.selected_at is None]
     repos = sorted({r.pushed_repo for r in records if r.pushed_commit})
     table = Table(title=f"{run_dir}", caption=f"pushed to {', '.join(repos)}" if repos else None,
                   box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
@@ -156,7 +251,8 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
         s = r.summary or {}
         owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
         error = " ".join((r.error or "").split())  # one line, however many the error had
-        rows.append((r.name, r.status, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
+        state = r.status if r.selected_at is not None else "not selected"
+        rows.append((r.name, state, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
                      _fmt(r.seconds, ".0f"), (r.pushed_commit or "")[:7], error or owner))
     # Every column keeps its width; the error is what is cut to fit the terminal (whole in --json).
     out = Console()
@@ -169,11 +265,189 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
     for row in rows:
         table.add_row(*row[:-1], row[-1] if len(row[-1]) <= room else row[-1][:room - 1] + "…")
     out.print(table)
-    counts = Counter(r.status for r in records)
-    print(", ".join(f"{counts[status]} {status}" for status in STATUSES))
+    counts = Counter(r.status for r in matching if r.selected_at is not None)
+    print(", ".join(f"{counts[status]} {status}" for status in STATUSES)
+          + (f"; {len(never)} never selected" if never else ""))
+    if never and not show_all:  # jobs of the config that runs so far left out with --only / --timeframes
+        listed = ", ".join(never[:3]) + (", ..." if len(never) > 3 else "")
+        print(f"never selected: {listed} (--all lists them)")
 
 
 def _ago(timestamp: float | None) -> str:
     if timestamp is None:
         return "never"
     return f"{time.time() - timestamp:.0f}s ago at {datetime.fromtimestamp(timestamp, timezone.utc):%H:%M:%S}Z"
+
+
+# ----------------------------------------------------------------------------- plan
+def print_plan(plan: Plan) -> None:
+    """`cryptotrain plan`: the run's settings, its recurrent layers' cuDNN eligibility and the job table."""
+    cfg, jobs, n_features, params = plan.cfg, plan.jobs, plan.n_features, plan.params
+    out = Console()
+    source = cfg.data.source + (" (SYNTHETIC candles)" if cfg.data.source == "synthetic" else "")
+    out.print(f"[bold]{cfg.name}[/]: {len(jobs)} jobs, data from {source}, run directory {cfg.run_dir}")
+    out.print(f"inputs ({n_features}): {', '.join(cfg.features.columns)}")
+    heads = ", ".join(f"{h.name} ({', '.join(h.columns)}) weight {h.weight:g}, {h.loss}" for h in cfg.heads)
+    out.print(f"heads: {heads}", markup=False)
+    out.print(f"model: {params:,} parameters, {plan.flops_per_sample / 1e6:.1f} MFLOP per sample "
+              f"(forward); batch {cfg.train.batch_size}, up to {cfg.train.epochs} epochs, "
+              f"precision {cfg.train.precision}")
+
+    eligibility = Table(title="recurrent layers: fused cuDNN kernel on a GPU")
+    for column in ("layer", "kind", "cuDNN", "why not"):
+        eligibility.add_column(column)
+    for layer in plan.layers:
+        eligibility.add_row(f"model.layers[{layer.index}]", layer.kind, "yes" if layer.eligible else "[red]no[/]",
+                            "; ".join(layer.blockers))
+    out.print(eligibility)
+
+    table = Table(title="jobs")
+    for column in ("#", "job", "symbol", "timeframe", "params", "lookback", "horizon", "heads"):
+        table.add_column(column, no_wrap=column == "job")
+    head_names = ", ".join(h.name for h in cfg.heads)
+    for i, job in enumerate(jobs, 1):
+        table.add_row(str(i), job.name, job.symbol, job.timeframe, f"{params:,}", str(cfg.window.lookback),
+                      str(cfg.window.horizon), head_names)
+    out.print(table)
+
+
+# ----------------------------------------------------------------------------- features, data download
+class JobLines:
+    """A line per finished job on stdout, under a transient progress bar while the jobs go on (on a terminal):
+    `with JobLines("Downloading", len(jobs)) as lines:`, then `lines.add(line, failed)` per job, and
+    `lines.summary(line)` once the bar is gone."""
+
+    def __init__(self, description: str, total: int) -> None:
+        self.console = Console(soft_wrap=True)  # one line per job, however long
+        self.progress = Progress(*Progress.get_default_columns(), console=self.console, transient=True)
+        self._task = self.progress.add_task(description, total=total)
+
+    def __enter__(self) -> JobLines:
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def add(self, line: str, failed: bool = False) -> None:
+        """One job's line, never read as markup; a failure in red."""
+        self.console.print(line, style="red" if failed else None, markup=False, highlight=False)
+        self.progress.advance(self._task)
+
+    def summary(self, line: str) -> None:
+        """A closing line (after the bar is gone)."""
+        self.console.print(line)
+
+
+def feature_line(outcome: FeatureOutcome) -> str:
+    if outcome.failed:
+        return f"{outcome.job.name}: FAILED: {outcome.error}"
+    return (f"{outcome.job.name}: {'cache hit' if outcome.hit else 'computed'}, {outcome.rows} rows x "
+            f"{outcome.columns} columns <- {outcome.source}")
+
+
+def features_summary(outcomes: list[FeatureOutcome]) -> str:
+    failed = sum(o.failed for o in outcomes)
+    hits = sum(o.hit for o in outcomes if not o.failed)
+    return f"features: {hits} cache hits, {len(outcomes) - hits - failed} misses, {failed} failed"
+
+
+def download_line(outcome: DownloadOutcome) -> str:
+    if outcome.failed:
+        return f"{outcome.job.name}: FAILED: {outcome.error}"
+    news = "" if outcome.added is None else f", {outcome.added} new"
+    return (f"{outcome.job.name}: {outcome.rows} candles{news}, {outcome.first:%Y-%m-%d %H:%M} .. "
+            f"{outcome.last:%Y-%m-%d %H:%M} UTC, {outcome.gaps} gaps <- {outcome.source}")
+
+
+def download_summary(outcomes: list[DownloadOutcome]) -> str:
+    failed = sum(o.failed for o in outcomes)
+    return f"{len(outcomes) - failed} of {len(outcomes)} jobs ready, {failed} failed"
+
+
+# ----------------------------------------------------------------------------- predict
+def print_prediction(prediction: Prediction, as_json: bool) -> None:
+    """`cryptotrain predict`: the forecast as a table and the model's track record in a sentence, or as JSON."""
+    if as_json:
+        print(json.dumps(prediction.as_dict(), indent=1))
+        return
+    forecast = prediction.forecast
+    synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if prediction.synthetic else ""
+    title = (f"{prediction.symbol} {prediction.timeframe}: the next {len(forecast)} candle(s) after "
+             f"{prediction.last_candle:%Y-%m-%d %H:%M} UTC, from {prediction.candles_source}{synthetic}")
+    # pandas' plain text never truncates a number to fit a narrow (or non-)terminal, unlike a rich table.
+    table = forecast.set_axis(forecast.index.strftime("%Y-%m-%d %H:%M").rename("open time (UTC)"))
+    print(f"{title}\n{table.to_string(float_format=lambda value: f'{value:.8g}')}")
+    print(track_record_text(prediction.test_skill))
+
+
+def track_record_text(record: dict) -> str:
+    """predict.track_record's dict, said plainly."""
+    what = f"{record['head']}.{record['column']}" if record["column"] else record["head"]
+    skill = "n/a" if record["skill"] is None else f"{record['skill']:+.3f}"
+    text = (f"On its test split ({record['test_range'][0][:10]} to {record['test_range'][1][:10]}) this model's "
+            f"{what} MAE was {record['mae']:.6g} against persistence's {record['persistence_mae']:.6g}: skill {skill}.")
+    if record["worse_than_persistence"]:
+        text += " It was WORSE than persistence: repeating the last candle forecast better than this model."
+    return text
+
+
+# ----------------------------------------------------------------------------- doctor
+def doctor_problems(report: dict) -> int:
+    """How many of device.diagnose()'s findings are problems (notices are not)."""
+    return sum(f["severity"] == "problem" for f in report["findings"])
+
+
+def print_doctor(report: dict, out: Console | None = None, as_json: bool = False) -> None:
+    """`cryptotrain doctor`: device.diagnose()'s report as tables and findings with their fixes, or as JSON."""
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    out = out or Console()
+    v = report["versions"]
+    cuda = f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if v["cuda_build"] else "CPU-only build"
+    out.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, TensorFlow {v['tensorflow']} ({cuda}), "
+              f"Keras {v['keras']}")
+
+    devices = Table(title="devices TensorFlow sees")
+    for column in ("device", "kind", "memory", "compute capability", "memory growth"):
+        devices.add_column(column)
+    for d in report["devices"]:
+        if d["name"] == "CPU":
+            devices.add_row("CPU", d["kind"], f"{_size(d['memory_bytes'])} RAM", "", "n/a")
+        else:
+            devices.add_row(d["name"], d["kind"], "nvidia-smi below", d["compute_capability"],
+                            "on" if d["memory_growth"] else "[red]off[/]")
+    out.print(devices)
+    threads = report["devices"][0]["threads"]
+    out.print(f"CPU threads: {threads['usable_cpus']} usable CPUs; TensorFlow intra-op {threads['intra_op']}, "
+              f"inter-op {threads['inter_op']}")
+    driver = report["driver"]
+    if driver["gpus"]:
+        out.print("driver (nvidia-smi): " + "; ".join(
+            escape(f"GPU {g['index']} {g['name']}, {_size(g['memory_total_bytes'])} "
+                   f"({_size(g['memory_used_bytes'])} used), driver {g['driver']}") for g in driver["gpus"]))
+    else:
+        why = escape(driver["error"]) if driver["error"] else "lists none" if driver["found"] else "not found"
+        out.print(f"driver (nvidia-smi): [yellow]no GPU visible[/] ({why})")
+
+    steps = Table(title=f"one training step of a small model ({report['train_steps'][0]['model']})")
+    for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):
+        steps.add_column(column)
+    for s in report["train_steps"]:
+        on_gpu = s["device"].startswith("GPU")
+        steps.add_row(s["device"], s["precision"], f"{s['step_ms']:.1f}", f"{s['samples_per_s']:.0f}",
+                      _size(s["peak_memory_bytes"]) if on_gpu else "n/a (CPU)",
+                      ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
+    out.print(steps)
+    out.print(f"precision 'auto' resolves to: {report['precision_auto']}")
+
+    for f in report["findings"]:
+        style = "red" if f["severity"] == "problem" else "yellow"
+        out.print(f"[{style}]{f['severity']}[/]: {escape(f['message'])}\n  fix: {escape(f['fix'])}")
+    ok = not doctor_problems(report)
+    out.print(f"verdict: [{'green' if ok else 'red'}]{report['verdict']}[/]")
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 2**30:.1f} GiB" if n_bytes >= 2**30 else f"{n_bytes / 2**20:.1f} MiB"

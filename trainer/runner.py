@@ -1,152 +1,264 @@
-"""The loop: claim a job -> data -> features -> windows -> train -> evaluate -> artifacts -> ledger.
+"""The driver: claim a job -> prepare its data (pipeline.prepare) -> hand it to an executor (this process, or
+Ray workers) -> commit its artifacts -> record it in the ledger.
 
-One process, one TensorFlow context, one compiled model per shape. Every job's outcome is in the
-ledger; running the same command again skips what is done and resumes what was interrupted.
+The driver alone touches the run directory and its ledger. Locally: one process, one TensorFlow context, one
+compiled model per shape. Every job's outcome is in the ledger; running the same command again skips what is
+done and resumes what was interrupted.
 """
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
 import gc
 import json
 import logging
 import math
-import os
-import shlex
 import shutil
-import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-import keras
-import numpy as np
 import pandas as pd
+import yaml
 
 from . import artifacts
-from .config import HubConfig, RunConfig
-from .data import input_digest, load_candles
+from .config import BUDGET_KEYS, FREE_KEYS, ExecutorConfig, HubConfig, RunConfig, TrainConfig
+from .data import input_digest
 from .device import cudnn_report, setup
-from .errors import JobError, UserError
-from .evaluate import choose_shrink, evaluate, predict_fixed_batches
-from .features import collinear_columns, load_features
+from .errors import Interrupted, JobError, RunStopped, UserError
+from .executors import Executor, open_executor
 from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
 from .ledger import JobRecord, Ledger, LostClaim
-from .models import output_shapes
-from .reporting import JobProgress, console, print_summary_table, summary_line, write_summary
-from .training import FitResult, ModelCache, ReportProgress, fit
-from .windows import Preprocessing, Windows, make_windows
+from .pipeline import JobResult, prepare, tensorboard_dir
+from .reporting import summary_line, write_summary
+from .training import FINISHED, EpochCheckpoint, replay_budget
 
 log = logging.getLogger("cryptotrain")
 
 # `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
 # would otherwise approach the Hub's limit of about 128 commits per hour per repo.
 PUSH_EVERY_S = 60.0
-BACKUPS = ".backup"  # in the run directory: per job, the epoch backups an interrupted job resumes from
+# In the run directory: per job, the checkpoint of its last epoch, which an interrupted job resumes from and a
+# finished job's training goes on from when the config allows it more epochs or patience (budget_plan).
+BACKUPS = ".backup"
 
 
 @dataclass
 class Outcome:
-    done: int
-    failed: int
-    pending: int  # left unclaimed (none, unless the ledger changed under this process)
-    running_elsewhere: int  # claimed by other live processes sharing the run directory: theirs to report
+    run_dir: Path
+    records: list[JobRecord]  # the ledger's records of the jobs asked for, after the run
+    report: Path | None  # the run's report.html (None: it could not be written)
+    retries: int
     not_pushed: int  # with --push: finished jobs still not on the Hub at the end
 
+    def count(self, status: str) -> int:
+        return sum(1 for record in self.records if record.status == status)
+
     @property
-    def exit_code(self) -> int:
-        return 0 if self.failed == self.pending == self.not_pushed == 0 else 1
+    def complete(self) -> bool:
+        """Every job asked for is done (or running in another process sharing the run directory), and pushed."""
+        return self.count("failed") == self.count("pending") == self.not_pushed == 0
 
 
-def run_config(cfg: RunConfig, jobs: list[Job], new_run: bool = False, retries: int = 1,
-               push: bool = False, retry_failed: bool = False) -> Outcome:
+def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, new_run: bool = False,
+               retries: int = 1, push: bool = False, retry_failed: bool = False,
+               executor: ExecutorConfig | None = None) -> Outcome:
+    """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
+    either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
+    reporting.JobProgress; by default nowhere). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
+    the jobs under way are released to resume."""
     if push and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
+    display = display or Display()
     device = setup(cfg.train)
-    cache = ModelCache()
-    cache.model_for(cfg, len(cfg.features.columns))  # a model the config cannot build is bad input: say so
-    ledger = _open_run(cfg, new_run)                 # before a run directory records that config
-    run_dir = ledger.run_dir
-    names = [job.name for job in jobs]
-    by_name = {job.name: job for job in jobs}
-    ledger.add_jobs([job.name for job in make_jobs(cfg)])
-    artifacts.remove_abandoned_staging(run_dir)
-    remove_abandoned_temp_files(run_dir)
-    _recheck_done_jobs(run_dir, ledger, names)
-    _retry_failed_jobs(cfg, ledger, by_name, retries, retry_failed)
-    _warn_cudnn(cfg, device)
+    # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
+    with open_executor(cfg, executor or cfg.executor) as workers:
+        ledger = _open_run(cfg, new_run, display)
+        run_dir = ledger.run_dir
+        names = [job.name for job in jobs]
+        by_name = {job.name: job for job in jobs}
+        ledger.add_jobs([job.name for job in make_jobs(cfg)], selected=names)
+        artifacts.remove_abandoned_staging(run_dir)
+        remove_abandoned_temp_files(run_dir)
+        _recheck_done_jobs(run_dir, ledger, names)
+        _fit_done_jobs_to_budget(cfg, ledger, names)
+        _retry_failed_jobs(cfg, ledger, by_name, retries, retry_failed)
+        _warn_cudnn(cfg, device)
 
-    last_push = -math.inf
-    with JobProgress(total=len(names), done=_count(ledger, names, "done")) as progress, _unfreeze_at_exit():
-        while (name := ledger.claim(retries, names)) is not None:
-            job = by_name[name]
-            progress.start_job(job)
-            started = time.perf_counter()
+        driver = _Driver(cfg, ledger, names, display, push)
+        with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
             try:
-                with Heartbeat(ledger, name):
-                    manifest_sha, summary = train_job(cfg, job, run_dir, cache, progress)
-                ledger.mark_done(name, manifest_sha, summary, time.perf_counter() - started)
+                while True:
+                    while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, names)):
+                        driver.start(by_name[name], workers)
+                    if not driver.in_flight:
+                        break
+                    for job, outcome in workers.wait(display):
+                        driver.finish(job, outcome)
             except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (errors.Terminated)
-                ledger.release(name)
-                _print_resume_hint(name)
-                raise SystemExit(getattr(stop, "exit_code", 130)) from None
-            except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
-                ledger.release(name)
+                driver.release_all()
+                raise Interrupted(sorted(driver.stopped), getattr(stop, "exit_code", 130)) from None
+            except BaseException:
+                driver.release_all()
                 raise
-            except LostClaim:
-                log.warning("%s: another process reclaimed this job; leaving it to that process", name)
-                continue
-            except Exception as exc:
-                if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
-                    _stop_on_full_disk(ledger, name, exc)
-                error = _describe_failure(exc, run_dir, name)
-                ledger.mark_failed(name, error, time.perf_counter() - started,
-                                   inputs=input_digest(cfg, job.symbol, job.timeframe))
-                progress.finish_job(job, f"[red]failed[/]: {error}")
-                if not isinstance(exc, JobError):
-                    cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
-                continue
-            progress.finish_job(job, summary_line(summary))
-            write_summary(run_dir, ledger)
-            if push and time.monotonic() - last_push >= PUSH_EVERY_S:
-                _push(run_dir, _unpushed(ledger.jobs(), names, cfg.hub), cfg)
-                last_push = time.monotonic()
 
     if push and (unpushed := _unpushed(ledger.jobs(), names, cfg.hub)):
-        _push(run_dir, unpushed, cfg)
+        _push(run_dir, unpushed, cfg, display)
     write_summary(run_dir, ledger)
-    with contextlib.suppress(OSError):  # no interrupted job left a backup to resume from
-        (run_dir / BACKUPS).rmdir()
     records = [j for j in ledger.jobs() if j.name in by_name]
-    print_summary_table(records)
-    statuses = [j.status for j in records]
-    outcome = Outcome(done=statuses.count("done"), failed=statuses.count("failed"), pending=statuses.count("pending"),
-                      running_elsewhere=statuses.count("running"),
-                      not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
-    notes = [f"{outcome.pending} pending"] if outcome.pending else []
-    notes += [f"{outcome.running_elsewhere} still running in another process"] if outcome.running_elsewhere else []
-    notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
-    console.print(f"{outcome.done}/{len(records)} jobs done, {outcome.failed} failed"
-                  + "".join(f", {note}" for note in notes) + f"; run directory: {run_dir}", soft_wrap=True)
-    if outcome.failed:
-        console.print("Failed jobs whose candles you fix are retried when you run the same command again; to retry "
-                      f"the others as they are, add --retry-failed (or --retries {retries + 1})", soft_wrap=True,
-                      markup=False, highlight=False)
-    return outcome
+    return Outcome(run_dir=run_dir, records=records, report=_write_report(run_dir), retries=retries,
+                   not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
 
 
-def _open_run(cfg: RunConfig, new_run: bool) -> Ledger:
+class Display:
+    """Where a run's events go (pipeline.Events and the rest): nowhere. reporting.JobProgress shows them."""
+
+    @contextlib.contextmanager
+    def running(self, total: int, done: int) -> Iterator[None]:
+        yield
+
+    def start_job(self, job: Job) -> None: ...
+
+    def finish_job(self, job: Job, line: str, failed: bool = False) -> None: ...
+
+    def training_started(self, job: str, epochs: int, done: int) -> None: ...
+
+    def epoch_ended(self, job: str, epoch: int, logs: dict) -> None: ...
+
+    def note(self, line: str, style: str | None = None) -> None: ...
+
+
+class _Driver:
+    """The jobs this process has claimed and handed to the workers, and what becomes of each: its artifacts
+    committed and the ledger told, or its failure recorded."""
+
+    def __init__(self, cfg: RunConfig, ledger: Ledger, names: list[str], progress: Display, push: bool) -> None:
+        self.cfg, self.ledger, self.names, self.progress, self.push = cfg, ledger, names, progress, push
+        self.run_dir = ledger.run_dir
+        self.in_flight: dict[str, tuple[float, Heartbeat]] = {}
+        self.stopped: set[str] = set()  # jobs released by an interrupt, for the resume hint
+        self.last_push = -math.inf
+
+    def start(self, job: Job, workers: Executor) -> None:
+        """Claimed: done already (finished by a process that died before recording it), or prepared here and
+        handed to a worker."""
+        self.progress.start_job(job)
+        heartbeat = Heartbeat(self.ledger, job.name).__enter__()
+        self.in_flight[job.name] = (time.perf_counter(), heartbeat)
+        backup = self.run_dir / BACKUPS / job.name
+        try:
+            finished = _finished_already(self.cfg, job, self.run_dir, backup, self.progress)
+            if finished is None:
+                workers.submit(job, prepare(self.cfg, job), backup)
+                return
+        except Exception as exc:  # the candles could not be read, say
+            self.finish(job, exc)
+            return
+        self.finish(job, finished)
+
+    def finish(self, job: Job, outcome: JobResult | tuple[str, dict] | BaseException) -> None:
+        name = job.name
+        started, heartbeat = self.in_flight.pop(name)
+        heartbeat.__exit__(None, None, None)
+        seconds = time.perf_counter() - started
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if isinstance(outcome, JobResult):
+                _write_tensorboard(self.run_dir, name, outcome.tensorboard)
+                manifest_sha, metrics = artifacts.commit_files(self.run_dir, name, outcome.files), outcome.metrics
+            else:
+                manifest_sha, metrics = outcome
+            summary = _job_summary(metrics)
+            self.ledger.mark_done(name, manifest_sha, summary, seconds)
+        except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
+            self._release(name)
+            raise
+        except LostClaim:
+            log.warning("%s: another process reclaimed this job; leaving it to that process", name)
+            return
+        except Exception as exc:
+            if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+                self._release(name)
+                raise _full_disk(name, exc) from None
+            error = _describe_failure(exc, self.run_dir, name)
+            self.ledger.mark_failed(name, error, seconds, inputs=input_digest(self.cfg, job.symbol, job.timeframe))
+            self.progress.finish_job(job, error, failed=True)
+            return
+        self.progress.finish_job(job, summary_line(summary))
+        write_summary(self.run_dir, self.ledger)
+        if self.push and time.monotonic() - self.last_push >= PUSH_EVERY_S:
+            _push(self.run_dir, _unpushed(self.ledger.jobs(), self.names, self.cfg.hub), self.cfg, self.progress)
+            self.last_push = time.monotonic()
+
+    def release_all(self) -> None:
+        """Interrupted: the jobs in hand go back to pending (not a failed attempt), to resume from their last
+        checkpointed epoch."""
+        for name in list(self.in_flight):
+            _, heartbeat = self.in_flight.pop(name)
+            heartbeat.__exit__(None, None, None)
+            self._release(name)
+            self.stopped.add(name)
+
+    def _release(self, name: str) -> None:
+        with contextlib.suppress(Exception):  # the ledger may not be writable (a full disk): the job is reclaimed
+            self.ledger.release(name)
+
+
+def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
+                      progress: Display) -> tuple[str, dict] | None:
+    """(manifest sha256, metrics) of a job directory this config finished (a process that died before the
+    ledger knew, or a ledger moved aside), unless the training budget now asks for more or less (budget_plan:
+    its checkpoints are then set up to go on from, or cleared)."""
+    final = artifacts.jobs_dir(run_dir) / job.name
+    existing = artifacts.verify(final)
+    if not existing:
+        return None
+    metrics = json.loads((final / "metrics.json").read_text())
+    if metrics.get("fingerprint") != cfg.fingerprint():
+        return None
+    plan = budget_plan(cfg, final, backup)
+    if plan is None or plan.action == "keep":
+        return existing, metrics
+    progress.note(f"{job.name}: {plan.reason}")
+    if plan.action == "extend":  # the checkpoint of its last epoch is where training goes on
+        (backup / FINISHED).unlink(missing_ok=True)
+    else:
+        shutil.rmtree(backup, ignore_errors=True)
+    return None
+
+
+def _write_tensorboard(run_dir: Path, name: str, files: dict[str, bytes]) -> None:
+    """TensorBoard event files a job's worker wrote elsewhere (a Ray worker's), where a local run writes them."""
+    for relative, content in files.items():
+        path = tensorboard_dir(run_dir, name) / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp, content=content: tmp.write_bytes(content))
+
+
+def _write_report(run_dir: Path) -> Path | None:
+    """The run's report.html; a report that cannot be written never fails the run."""
+    from .report import write_report
+
+    try:
+        return write_report(run_dir)
+    except Exception as exc:
+        log.warning("report.html not written: %s", exc)
+        return None
+
+
+def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> Ledger:
     """The run's ledger; a run directory made with another config is refused, or moved aside with
     --new-run (kept, renamed with a timestamp: nothing already done is lost)."""
     run_dir = cfg.run_dir
     ledger = Ledger(run_dir)
     try:
-        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data())
+        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
     except UserError:
         busy = ledger.in_use() if new_run else []
         ledger.close()
@@ -157,9 +269,9 @@ def _open_run(cfg: RunConfig, new_run: bool) -> Ledger:
                             f"({', '.join(busy)}); stop it first, or give this config another output_dir") from None
         kept = run_dir.with_name(f"{run_dir.name}-{datetime.now():%Y%m%d-%H%M%S}")
         run_dir.rename(kept)
-        console.print(f"Config changed: the previous run was moved to {kept}")
+        display.note(f"Config changed: the previous run was moved to {kept}")
         ledger = Ledger(run_dir)
-        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data())
+        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
     atomic_write(run_dir / "config.yaml", lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
     return ledger
 
@@ -172,6 +284,50 @@ def _recheck_done_jobs(run_dir: Path, ledger: Ledger, names: list[str]) -> None:
         if artifacts.verify(artifacts.jobs_dir(run_dir) / record.name) != record.manifest_sha256:
             log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
             ledger.mark_pending(record.name, "artifacts failed verification")
+
+
+def _fit_done_jobs_to_budget(cfg: RunConfig, ledger: Ledger, names: list[str]) -> None:
+    """Done jobs that train.epochs or early-stopping patience (BUDGET_KEYS) would now have trained otherwise go
+    back to pending: train_job extends or retrains them (see budget_plan)."""
+    for record in ledger.jobs():
+        if record.name in names and record.status == "done":
+            plan = budget_plan(cfg, artifacts.jobs_dir(cfg.run_dir) / record.name, cfg.run_dir / BACKUPS / record.name)
+            if plan is not None and plan.action != "keep":
+                ledger.mark_pending(record.name, plan.reason)
+
+
+@dataclass(frozen=True)
+class BudgetPlan:
+    action: str  # keep | extend | retrain
+    reason: str
+
+
+def budget_plan(cfg: RunConfig, job_dir: Path, backup: Path) -> BudgetPlan | None:
+    """What a finished job needs when the config's training budget (BUDGET_KEYS) is not the one it trained with;
+    None when it is. Its recorded epochs are replayed against the new budget (training.replay_budget):
+    - the new budget would have stopped it before its last epoch: trained again from scratch (the weights of
+      that epoch are not kept);
+    - it would have stopped at the same epoch: kept as it is;
+    - it would have gone on: training goes on from its last epoch's checkpoint, as if never stopped (from
+      scratch when no checkpoint was kept)."""
+    trained = TrainConfig.model_validate(yaml.safe_load((job_dir / "config.yaml").read_text())["train"])
+    changes = [f"{key} {old} -> {new}" for key, old, new in zip(BUDGET_KEYS, _budget(trained), _budget(cfg.train))
+               if old != new]
+    if not changes:
+        return None
+    history = pd.read_csv(job_dir / "history.csv")
+    stop, ran = replay_budget(history, cfg.train), len(history)
+    if stop == ran:
+        return BudgetPlan("keep", f"{', '.join(changes)}: trains it the same ({ran} epochs)")
+    if stop is None and EpochCheckpoint(backup).exists():
+        return BudgetPlan("extend", f"{', '.join(changes)}: training goes on after epoch {ran}")
+    why = f"would have stopped at epoch {stop} of its {ran}" if stop is not None else "no checkpoint kept to go on from"
+    return BudgetPlan("retrain", f"{', '.join(changes)}: trained again from scratch ({why})")
+
+
+def _budget(train: TrainConfig) -> tuple[int, int | None]:
+    """train's values of BUDGET_KEYS, in that order."""
+    return train.epochs, train.early_stopping.patience if train.early_stopping else None
 
 
 def _retry_failed_jobs(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int,
@@ -196,89 +352,6 @@ def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
                     layer.index, layer.kind, "; ".join(layer.blockers))
 
 
-# ----------------------------------------------------------------------------- one job
-def train_job(cfg: RunConfig, job: Job, run_dir: Path, cache: ModelCache,
-              progress: JobProgress) -> tuple[str, dict]:
-    final = artifacts.jobs_dir(run_dir) / job.name
-    backup = run_dir / BACKUPS / job.name
-    existing = artifacts.verify(final)
-    if existing:  # finished by a process that died before recording it, unless it was made by another config
-        metrics = json.loads((final / "metrics.json").read_text())
-        if metrics.get("fingerprint") == cfg.fingerprint():
-            shutil.rmtree(backup, ignore_errors=True)
-            return existing, _job_summary(metrics)
-
-    started = time.perf_counter()
-    candles = load_candles(cfg, job.symbol, job.timeframe)
-    frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    _warn_collinear_once(frame, cfg)
-    model = cache.model_for(cfg, len(cfg.features.columns))
-    source = candles.attrs["source"]
-    with _naming(source):
-        windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
-    result = fit(model, windows, cfg, backup, callbacks=[ReportProgress(progress)])
-    prep = windows.preprocessing
-    if cfg.window.shrink:
-        prep = choose_shrink(predict_fixed_batches(model, windows.val.x), windows.val, prep)
-    outputs = predict_fixed_batches(model, windows.test.x)
-    predictions = prep.to_prices(outputs, windows.test.last_close)
-    unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
-    release_free_memory()
-    with _naming(source):
-        scores = evaluate(predictions, windows.test, prep, unshrunk)
-    metrics = {
-        "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
-        "run": cfg.name, "fingerprint": cfg.fingerprint(),
-        "data": {"source": candles.attrs.get("source"), "synthetic": bool(candles.attrs.get("synthetic")),
-                 "first": candles.index[0].isoformat(), "last": candles.index[-1].isoformat(),
-                 "rows": len(candles), "gaps": int(candles.attrs.get("gaps", 0))},
-        "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
-        "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
-        "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-        **scores,
-    }
-    metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
-    if (bad := artifacts.non_finite(metrics)) is not None:  # a number that means nothing never counts as done
-        raise JobError(f"{source}: the test metrics are not finite ({bad[0]} is {bad[1]}); "
-                       "check the candles for absurd values")
-    stage = artifacts.staging_dir(run_dir, job.name)
-    write_job_files(stage, cfg, job, model, prep, windows, result, metrics, predictions)
-    manifest_sha = artifacts.commit(stage, final)
-    shutil.rmtree(backup, ignore_errors=True)
-    return manifest_sha, _job_summary(metrics)
-
-
-@contextlib.contextmanager
-def _naming(source: str):
-    """A job error raised inside (a value the windows cannot frame, predictions that are not finite) names the
-    candles it comes from."""
-    try:
-        yield
-    except JobError as exc:
-        raise JobError(f"{source}: {exc}") from None
-
-
-def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
-                    windows: Windows, result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
-    model.save(stage / "model.keras")
-    preprocessing = {**prep.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
-                     "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
-    artifacts.write_json(stage / "preprocessing.json", preprocessing)
-    artifacts.write_json(stage / "metrics.json", metrics)
-    # Published with the model: where this machine keeps its runs and caches is nobody's business.
-    artifacts.write_config(stage / "config.yaml", cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir"}))
-    result.history.to_csv(stage / "history.csv", index=False)
-    np.savez(stage / "predictions.npz", target_times=windows.test.target_times.astype("datetime64[ns]"),
-             **predictions)
-    close_head = next((h for h in cfg.heads if "close" in h.columns), None)
-    if close_head is not None:
-        column = close_head.columns.index("close")
-        actual = windows.test.y_raw[close_head.name]
-        first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
-        artifacts.plot(stage / "plot.png", result.history, windows.test.target_times,
-                       predictions[close_head.name][first_step], actual[first_step], job.name)
-
-
 def _job_summary(metrics: dict) -> dict:
     """The row of the run's summary table: the job's headline test metrics (evaluate.headline) next to
     persistence's."""
@@ -295,19 +368,6 @@ def _job_summary(metrics: dict) -> dict:
     }
 
 
-def release_free_memory() -> None:
-    """Hand freed heap pages back to the OS. glibc keeps them after each job's arrays are freed, which over
-    40 jobs reads like a leak of ~25 MB a job; with this the RSS stays flat (malloc_trim: a no-op off glibc).
-
-    The survivors of each collection (TensorFlow, Keras, the compiled model) live for the whole run; frozen,
-    the next job's collection skips them and scans only that job's objects: 5 ms instead of 150 ms.
-    ModelCache unfreezes them when it replaces the model."""
-    gc.collect()
-    gc.freeze()
-    with contextlib.suppress(AttributeError, OSError):
-        ctypes.CDLL(None).malloc_trim(0)
-
-
 @contextlib.contextmanager
 def _unfreeze_at_exit():
     """After the run, the calling process (a notebook, say) gets its usual garbage collection back."""
@@ -315,27 +375,6 @@ def _unfreeze_at_exit():
         yield
     finally:
         gc.unfreeze()
-
-
-def current_rss_mb() -> float | None:
-    """Resident memory now (not the peak), to show it stays flat across jobs; None off Linux."""
-    statm = Path("/proc/self/statm")
-    if not statm.exists():
-        return None
-    pages = int(statm.read_text().split()[1])
-    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
-
-
-_collinear_warned: set[str] = set()
-
-
-def _warn_collinear_once(frame, cfg: RunConfig) -> None:
-    if cfg.name in _collinear_warned:
-        return
-    _collinear_warned.add(cfg.name)
-    for a, b, corr in collinear_columns(frame, cfg.features.columns):
-        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
-                    a, b, corr)
 
 
 def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
@@ -353,14 +392,12 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
 
 
-def _stop_on_full_disk(ledger: Ledger, name: str, exc: OSError) -> None:
-    """No job can be done on a full disk: leave this one resumable (not a failed attempt) and stop the run."""
-    with contextlib.suppress(Exception):  # the ledger may not be writable either; the job is then reclaimed
-        ledger.release(name)
+def _full_disk(name: str, exc: OSError) -> RunStopped:
+    """No job can be done on a full disk: the job is left resumable (released, not a failed attempt), and the
+    run stops."""
     where = f" writing {exc.filename}" if exc.filename else ""
-    console.print(f"{name}: stopped: no space left on the device{where}; free some space and run the same "
-                  "command again (finished epochs are kept)", soft_wrap=True, markup=False, highlight=False)
-    raise SystemExit(1)
+    return RunStopped(f"{name}: stopped: no space left on the device{where}; free some space and run the same "
+                      "command again (finished epochs are kept)")
 
 
 def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> list[str]:
@@ -371,7 +408,7 @@ def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> lis
             and not (r.pushed_commit and r.pushed_repo == repo_of(hub, r.name))]
 
 
-def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
+def _push(run_dir: Path, names: list[str], cfg: RunConfig, display: Display) -> None:
     from huggingface_hub.utils import disable_progress_bars
 
     from .hub import push_jobs, scrub
@@ -381,14 +418,8 @@ def _push(run_dir: Path, names: list[str], cfg: RunConfig) -> None:
         push_jobs(run_dir, names, cfg.hub)
     except Exception as exc:  # whatever went wrong, a failed push never ends the training run
         reason = str(exc) if isinstance(exc, (UserError, JobError)) else f"{type(exc).__name__}: {scrub(str(exc))}"
-        console.print(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run_dir})",
-                      style="red", soft_wrap=True, markup=False, highlight=False)
-
-
-def _print_resume_hint(name: str) -> None:
-    command = shlex.join(["cryptotrain", *sys.argv[1:]])
-    console.print(f"\nInterrupted during {name}; finished epochs are saved. Resume with:\n  {command}",
-                  soft_wrap=True, markup=False, highlight=False)  # one line, to copy and paste
+        display.note(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run_dir})",
+                     style="red")
 
 
 def _count(ledger: Ledger, names: list[str], status: str) -> int:

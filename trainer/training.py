@@ -9,21 +9,21 @@ import logging
 import math
 import os
 import time
-import weakref
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import keras
 import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from .config import RunConfig
+from .config import RunConfig, TrainConfig
 from .device import apply_precision
 from .errors import JobError
 from .evaluate import INFERENCE_BATCH_SIZE
 from .files import atomic_write
-from .models import build_model
+from .models import build_model, compile_settings
 from .windows import SplitWindows, Windows
 
 log = logging.getLogger("cryptotrain")
@@ -31,7 +31,7 @@ log = logging.getLogger("cryptotrain")
 
 # ----------------------------------------------------------------------------- compiled-model reuse
 class ModelCache:
-    """Holds the one compiled model of the current shape.
+    """Holds the one compiled model (a WindowTrainer) of the current shape.
 
     A fresh model costs seconds of graph tracing before its first step. For the next job of the same
     spec and input shape, the same model is reset instead: its weights, its dropout layers' random state
@@ -45,12 +45,12 @@ class ModelCache:
 
     def __init__(self) -> None:
         self._key: str | None = None
-        self._model: keras.Model | None = None
+        self._model: WindowTrainer | None = None
         self._initial_state: list[np.ndarray] = []  # weights and dropout seed states
         self._initial_optimizer_state: list[np.ndarray] = []
         self.builds = 0
 
-    def model_for(self, cfg: RunConfig, n_features: int) -> keras.Model:
+    def model_for(self, cfg: RunConfig, n_features: int) -> WindowTrainer:
         key = model_signature(cfg, n_features)
         if key != self._key:
             # A new shape: drop the old graph and state, then restore what clear_session resets.
@@ -58,7 +58,10 @@ class ModelCache:
             keras.backend.clear_session()
             apply_precision(cfg.train.precision)
             keras.utils.set_random_seed(cfg.train.seed)
-            self._model = build_model(cfg, n_features)
+            network = build_model(cfg, n_features)
+            self._model = WindowTrainer(network)
+            # The network's own optimizer, so that the model.keras it saves holds the trained state as before.
+            self._model.compile(optimizer=network.optimizer, **compile_settings(cfg))
             self._initial_state = [v.numpy() for v in self._model.variables]
             # Built now rather than at the first step, so that its initial state can be kept too.
             self._model.optimizer.build(self._model.trainable_variables)
@@ -91,6 +94,7 @@ def model_signature(cfg: RunConfig, n_features: int) -> str:
 
 
 # ----------------------------------------------------------------------------- fitting
+FINISHED = "finished_weights.npz"  # in a job's backup directory: the weights training ended with
 @dataclass
 class FitResult:
     history: pd.DataFrame  # one row per epoch, including epochs run before a restart
@@ -99,7 +103,7 @@ class FitResult:
     step_seconds: float  # time inside train steps in this process (for overhead accounting)
 
 
-def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
+def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path,
         callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
     """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
 
@@ -108,16 +112,16 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
     """
     train = cfg.train
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
-    finished = backup_dir / "finished_weights.npz"
+    finished = backup_dir / FINISHED
     if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
         model.set_weights(load_weights(finished))
         return _result(ResumableState(backup_dir, done_epochs=None), restores_best, step_seconds=0.0)
     checkpoint = EpochCheckpoint(backup_dir)
     state = ResumableState(backup_dir, checkpoint.restore(model))  # weights, optimizer state: the epoch to go on at
 
-    feed = DeviceFeed.of(model, windows)
-    train_data = feed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
-    val_data = feed.batches(windows.val, INFERENCE_BATCH_SIZE)
+    model.feed_for(windows)
+    train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
+    val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
 
     early_stopping = reduce_lr = None
     standard: list[keras.callbacks.Callback] = [StopOnNaN()]
@@ -133,11 +137,29 @@ def fit(model: keras.Model, windows: Windows, cfg: RunConfig, backup_dir: Path,
     standard += [state, checkpoint]
     timer = StepTimer()
     # A job that early stopping had ended when it was killed trains no further epoch on resume.
-    epochs = state.stopped_at() or train.epochs
+    epochs = state.stopped_at(train.early_stopping.patience if train.early_stopping else None) or train.epochs
     model.fit(train_data, validation_data=val_data, initial_epoch=state.done_epochs, epochs=epochs, verbose=0,
               shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     save_weights(finished, model.get_weights())
     return _result(state, restores_best, step_seconds=timer.seconds)
+
+
+def replay_budget(history: pd.DataFrame, train: TrainConfig) -> int | None:
+    """The epoch (1-based) at which `train`'s epochs and early stopping would have ended a training that went as
+    `history` records (its rows, one per epoch, hold the monitored values), or None when it would go on after
+    the recorded epochs. Keras's own EarlyStopping decides, replayed over the record."""
+    limit = train.epochs if train.epochs <= len(history) else None
+    if train.early_stopping is not None:
+        early_stopping = keras.callbacks.EarlyStopping(**{**train.early_stopping.model_dump(),
+                                                          "restore_best_weights": False})
+        stops = SimpleNamespace(stop_training=False)  # all of a model that EarlyStopping touches
+        early_stopping.set_model(stops)
+        early_stopping.on_train_begin()
+        for epoch, logs in enumerate(history.to_dict("records")[:limit]):
+            early_stopping.on_epoch_end(epoch, logs)
+            if stops.stop_training:
+                return epoch + 1
+    return limit
 
 
 def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> FitResult:
@@ -152,36 +174,77 @@ def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> 
     return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds)
 
 
+class WindowTrainer(keras.Model):
+    """A network (models.build_model's functional model) trained on windows gathered on the device.
+
+    Its train and test steps take batches of sample numbers (DeviceFeed.batches), gather their input windows
+    and targets from its DeviceFeed, then do what keras.Model's own steps do. Everything else is the network's:
+    calling the model (predict, predict_on_batch) calls the network, its variables and weights are the
+    network's, in the network's order (what EpochCheckpoint saves), its input and output are the network's,
+    and save() writes the network, a plain functional model that keras.saving.load_model reads without custom
+    objects. The feed's variables are not among the model's: their shapes change from job to job.
+    """
+
+    def __init__(self, network: keras.Model) -> None:
+        # float32, a policy with nothing to cast: the network gets its inputs, and applies its precision policy,
+        # as when it is called on its own.
+        super().__init__(name=network.name, dtype="float32")
+        self.network = network
+        self.output_names = network.output_names  # compile() pairs the losses with the outputs in this order
+        self.feed: DeviceFeed | None = None  # a plain object: Keras does not track the variables it holds
+        self.built = True  # the network is
+
+    @property
+    def input(self):
+        return self.network.input
+
+    @property
+    def output(self):
+        return self.network.output
+
+    def call(self, inputs, training=None):
+        return self.network(inputs, training=training)
+
+    def feed_for(self, windows: Windows) -> DeviceFeed:
+        """The model's feed, loaded with this job's rows and scalers. Made at the model's first job: its gather
+        is traced into the train and test steps once, and a reused model's feed only gets the next job's rows
+        and scalers."""
+        if self.feed is None:
+            self.feed = DeviceFeed(windows)
+        self.feed.load(windows)
+        return self.feed
+
+    def train_step(self, first_target_rows):
+        return super().train_step(self._batch(first_target_rows))
+
+    def test_step(self, first_target_rows):
+        return super().test_step(self._batch(first_target_rows))
+
+    def _batch(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
+        if self.feed is None:
+            raise RuntimeError("WindowTrainer: no job's windows to train on; call feed_for(windows) first")
+        return self.feed.gather(first_target_rows)
+
+    def save(self, filepath, *args, **kwargs):
+        """Saves the network (with its compile settings and its optimizer's state, shared with this model)."""
+        return self.network.save(filepath, *args, **kwargs)
+
+
 class DeviceFeed:
     """Training input without materialised windows, placed on the training device once per job.
 
     A job's encoded rows (Windows.rows, a few hundred KB) and its scalers are written into variables on the
     device that trains (the GPU when there is one). tf.data carries only batches of sample numbers (each
-    sample's first target row); the model's train and test steps gather each batch's input windows and
+    sample's first target row); WindowTrainer's train and test steps gather each batch's input windows and
     targets from those variables, then frame and scale them, on the device, as make_windows does on the host.
     So per batch only a few bytes of indices cross to the device, and no (N, lookback, F) copy of the data
     is made for training.
 
-    One per model, made at its first fit: its gather is traced into the model's train step once and a
-    reused model only gets the next job's rows and scalers.
+    One per model (WindowTrainer.feed_for), made at its first fit: its gather is traced into the model's train
+    step once and a reused model only gets the next job's rows and scalers.
     """
 
-    _of_model: weakref.WeakKeyDictionary[keras.Model, DeviceFeed] = weakref.WeakKeyDictionary()
-
-    @classmethod
-    def of(cls, model: keras.Model, windows: Windows) -> DeviceFeed:
-        """The model's feed, loaded with this job's rows and scalers."""
-        feed = cls._of_model.get(model)
-        if feed is None:
-            feed = cls._of_model[model] = cls(model, windows)
-        prep = windows.preprocessing
-        feed.rows.assign(windows.rows)
-        for (offset, scale), scaler in zip(feed.scalers, [prep.scaler, *(h.scaler for h in prep.heads)]):
-            offset.assign(scaler.offset.astype(np.float32))
-            scale.assign(scaler.scale.astype(np.float32))
-        return feed
-
-    def __init__(self, model: keras.Model, windows: Windows) -> None:
+    def __init__(self, windows: Windows) -> None:
         prep = windows.preprocessing
         n_features = windows.rows.shape[1]
         self.rows = tf.Variable(tf.zeros((0, n_features)), shape=tf.TensorShape([None, n_features]),
@@ -193,9 +256,15 @@ class DeviceFeed:
         # (model_signature), so they stay as traced.
         self.lookback, self.horizon, self.framing = prep.lookback, prep.horizon, prep.framing
         self.heads = [(h.name, prep.head_positions(h), h.shape) for h in prep.heads]
-        train_step, test_step = model.train_step, model.test_step
-        model.train_step = lambda first_target_rows: train_step(self.gather(first_target_rows))
-        model.test_step = lambda first_target_rows: test_step(self.gather(first_target_rows))
+
+    def load(self, windows: Windows) -> None:
+        """Replace the rows and scalers with this job's."""
+        prep = windows.preprocessing
+        self.rows.assign(windows.rows)
+        for (offset, scale), scaler in zip(self.scalers, [prep.scaler, *(h.scaler for h in prep.heads)],
+                                           strict=True):
+            offset.assign(scaler.offset.astype(np.float32))
+            scale.assign(scaler.scale.astype(np.float32))
 
     def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """(inputs, targets per head) of the samples whose first target rows are given, as make_windows
@@ -245,6 +314,9 @@ class EpochCheckpoint(keras.callbacks.Callback):
         super().__init__()
         self.latest, self.previous = backup_dir / "checkpoint.npz", backup_dir / "checkpoint.previous.npz"
 
+    def exists(self) -> bool:
+        return self.latest.exists() or self.previous.exists()
+
     def restore(self, model: keras.Model) -> int:
         """Load the newest usable checkpoint into `model`; returns its epoch (0: none, start afresh)."""
         for path in (self.latest, self.previous):
@@ -259,7 +331,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
             _assign(model.variables, weights)
             _assign(model.optimizer.variables, optimizer_state)
             return epoch
-        if self.latest.exists() or self.previous.exists():
+        if self.exists():
             log.warning("%s: no usable checkpoint; training this job from its first epoch", self.latest.parent)
         return 0
 
@@ -376,9 +448,13 @@ class ResumableState(keras.callbacks.Callback):
         saved = json.loads(self.path.read_text())
         return [row for row in saved if self.done_epochs is None or row["epoch"] <= self.done_epochs]
 
-    def stopped_at(self) -> int | None:
-        """The epoch early stopping ended training at, if the backed-up state says it did."""
-        return self.rows[-1]["epoch"] if self.rows and self.rows[-1].get("stopped") else None
+    def stopped_at(self, patience: int | None) -> int | None:
+        """The epoch early stopping ended training at, if the backed-up state says it did and early stopping with
+        `patience` (None: off) would have too: a job extended with more patience goes on."""
+        last = self.rows[-1] if self.rows else {}
+        if not last.get("stopped") or patience is None or last.get("early_stopping", {}).get("wait", 0) < patience:
+            return None
+        return last["epoch"]
 
     def on_train_begin(self, logs=None):
         if not self.rows:

@@ -1,0 +1,135 @@
+"""The same N small real-data jobs in one local `cryptotrain run` process vs on Ray with 2 single-threaded
+workers, measured side by side in one run on this machine.
+
+  make bench-ray
+  python benchmarks/bench_ray.py --epochs 3 --rows 3000
+
+  (a) local  `cryptotrain run`: one process, one TensorFlow context (its thread pools sized to the machine).
+  (b) ray    `cryptotrain run --executor ray --workers 2 --cpus-per-worker 1`: the same process drives 2 Ray
+             workers (one TensorFlow context each, one thread-pool CPU each), Ray started for the run on this
+             machine (127.0.0.1) and stopped at its end: the wall time includes that.
+  (c) start  Ray's start-up cost alone: ray.init on this machine, then 2 cryptotrain workers up (TensorFlow
+             imported and configured in each), as (b) pays it before its first job.
+
+The jobs: the bundled real candles (data/ohlcv: BTC, ETH, SOL, DOGE x 15m, 1h), a V7-shaped model with small
+layers. Prints the wall times, the ratio and the start-up cost; writes JSON to benchmarks/results/ray.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO = BENCH_DIR.parent
+RESULTS = BENCH_DIR / "results" / "ray.json"
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+
+STARTUP = """
+import time
+started = time.perf_counter()
+import ray
+from trainer.config import load_config
+from trainer.distributed import _Worker
+ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
+initialised = time.perf_counter()
+cfg = load_config(%r)
+workers = [_Worker.options(num_cpus=1).remote(cfg, 1) for _ in range(2)]
+ray.get([worker.pid.remote() for worker in workers])
+ready = time.perf_counter()
+ray.shutdown()
+print(initialised - started, ready - started)
+"""
+
+
+def bench_config(run_dir: Path, cache_dir: Path, epochs: int, rows: int) -> dict:
+    family = yaml.safe_load((REPO / "configs" / "v7.yaml").read_text())
+    return {
+        "name": "bench_ray", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
+        "data": {"source": "local", "local": {"path": str(REPO / "data" / "ohlcv")},
+                 "symbols": ["BTCUSDT", "ETHUSDT", "SOLUSDT", "DOGEUSDT"], "timeframes": ["15m", "1h"],
+                 "max_rows": rows},
+        "features": family["features"], "window": {**family["window"], "lookback": 30, "horizon": 5},
+        "heads": family["heads"],
+        "model": {"layers": [{"kind": "bilstm", "units": 16, "return_sequences": True},
+                             {"kind": "lstm", "units": 16}, {"kind": "dropout", "rate": 0.2},
+                             {"kind": "dense", "units": 16, "activation": "relu"}]},
+        "train": {**family["train"], "batch_size": 64, "epochs": epochs, "early_stopping": None},
+    }
+
+
+def timed_run(config: Path, *extra: str) -> float:
+    started = time.perf_counter()
+    result = subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), *extra], cwd=REPO,
+                            capture_output=True, text=True, env=ENV)
+    if result.returncode != 0:
+        raise SystemExit(f"cryptotrain run {' '.join(extra)} failed:\n{result.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def job_seconds(run_dir: Path) -> float:
+    with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+        return db.execute("SELECT SUM(seconds) FROM jobs WHERE status = 'done'").fetchone()[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--epochs", type=int, default=3)
+    parser.add_argument("--rows", type=int, default=3000)
+    args = parser.parse_args()
+    console = Console()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise SystemExit("bench-ray needs Ray: pip install 'cryptotrain[ray]' (make install includes it)") from None
+
+    with tempfile.TemporaryDirectory(prefix="bench-ray-") as tmp:
+        tmp = Path(tmp)
+        configs = {}
+        for name in ("local", "ray"):
+            configs[name] = tmp / f"{name}.yaml"
+            configs[name].write_text(yaml.safe_dump(bench_config(tmp / name, tmp / "cache", args.epochs, args.rows)))
+        subprocess.run([sys.executable, "-m", "trainer", "features", "--config", str(configs["local"])], cwd=REPO,
+                       capture_output=True, env=ENV, check=True)  # both start with the features cached
+        console.print(f"8 jobs, {args.epochs} epochs, the last {args.rows} candles each; "
+                      f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})")
+        local = timed_run(configs["local"])
+        on_ray = timed_run(configs["ray"], "--executor", "ray", "--workers", "2", "--cpus-per-worker", "1")
+        out = subprocess.run([sys.executable, "-c", STARTUP % str(configs["local"])], cwd=REPO, capture_output=True,
+                             text=True, env=ENV, check=True).stdout.split()
+        ray_init, workers_ready = float(out[0]), float(out[1])
+        local_jobs, ray_jobs = job_seconds(tmp / "local"), job_seconds(tmp / "ray")
+
+    table = Table(title="same 8 real-data jobs: one local process vs 2 single-threaded Ray workers")
+    for column in ("executor", "wall s", "sum of job s (ledger)"):
+        table.add_column(column, justify="right" if column != "executor" else "left")
+    table.add_row("local (1 process)", f"{local:.1f}", f"{local_jobs:.1f}")
+    table.add_row("ray (2 workers x 1 CPU)", f"{on_ray:.1f}", f"{ray_jobs:.1f}")
+    console.print(table)
+    console.print(f"ray / local wall time: x{local / on_ray:.2f} faster" if on_ray < local
+                  else f"ray / local wall time: x{on_ray / local:.2f} slower")
+    console.print(f"Ray start-up: ray.init {ray_init:.1f} s, 2 workers ready (TensorFlow imported) "
+                  f"{workers_ready:.1f} s")
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "jobs": 8, "epochs": args.epochs, "rows": args.rows, "cpus": os.cpu_count(),
+        "local_wall_s": round(local, 2), "ray_wall_s": round(on_ray, 2), "speedup": round(local / on_ray, 3),
+        "local_job_s": round(local_jobs, 2), "ray_job_s": round(ray_jobs, 2),
+        "ray_init_s": round(ray_init, 2), "ray_workers_ready_s": round(workers_ready, 2),
+    }, indent=1))
+    console.print(f"written {RESULTS.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()

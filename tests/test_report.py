@@ -1,0 +1,261 @@
+"""`report.write_report`: the HTML page of a real run (two jobs done, two failed, two pending), checked as
+HTML: every job present, heatmap cells equal to metrics.json, nothing fetched from elsewhere, errors and
+missing files shown, charts drawn from the run's own files; and the per-job plot.png."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import REPO, tiny_config_dict
+from trainer import artifacts
+from trainer.errors import UserError
+from trainer.ledger import Ledger
+from trainer.report import write_report
+
+DONE = ["BTCUSDT_15m", "BTCUSDT_1h"]
+FAILED = ["NOSUCHUSDT_15m", "NOSUCHUSDT_1h"]
+PENDING = ["ETHUSDT_15m", "ETHUSDT_1h"]
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A real run of the tiny config in a subprocess: BTC's two jobs trained, NOSUCHUSDT's failed (no candle
+    file), ETH's left pending (not selected by --only)."""
+    tmp = tmp_path_factory.mktemp("report")
+    config = tmp / "tiny.yaml"
+    cfg = tiny_config_dict(tmp)
+    cfg["data"] = {**cfg["data"], "symbols": ["BTCUSDT", "ETHUSDT", "NOSUCHUSDT"], "timeframes": ["15m", "1h"]}
+    config.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    result = subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), "--only", "BTC*",
+                             "--only", "NOSUCH*", "--retries", "0"], cwd=REPO, capture_output=True, text=True,
+                            timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
+    assert result.returncode == 1, result.stderr[-3000:]  # the failed jobs make it 1
+    ledger = tmp / "run" / "ledger.sqlite"
+    statuses = {r.name: r.status for r in Ledger(tmp / "run").jobs()} if ledger.exists() else {}
+    expected = {**dict.fromkeys(DONE, "done"), **dict.fromkeys(FAILED, "failed"), **dict.fromkeys(PENDING, "pending")}
+    assert statuses == expected, result.stderr[-3000:]
+    return tmp / "run"
+
+
+@pytest.fixture
+def run_copy(run_dir, tmp_path) -> Path:
+    """A copy of the run to damage."""
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    return copy
+
+
+class Page(HTMLParser):
+    """What the tests look at: every tag with its attributes, heatmap cells, and the text of each job's
+    <details>, of each table row, and of the whole page."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.cells: dict[str, dict] = {}  # heatmap: job -> the cell's attributes
+        self.rows: dict[str, str] = {}  # jobs table: job -> the row's text
+        self.details: dict[str, str] = {}  # job -> its <details>' text
+        self.svgs: dict[str, int] = {}  # job -> <svg> elements in its details
+        self.polylines: dict[str, int] = {}
+        self.text: list[str] = []
+        self._open: list[tuple[str, str, dict]] = []  # (tag, job, kind) for the details and rows being read
+        self.feed(text)
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        self.tags.append((tag, attrs))
+        job = attrs.get("data-job")
+        if tag == "td" and job and "data-skill" in attrs:
+            self.cells[job] = attrs
+        if tag in ("details", "tr") and job:
+            self._open.append((tag, job, self.details if tag == "details" else self.rows))
+        inside = [j for t, j, _ in self._open if t == "details"]
+        if inside and tag in ("svg", "polyline"):
+            counts = self.svgs if tag == "svg" else self.polylines
+            counts[inside[-1]] = counts.get(inside[-1], 0) + 1
+
+    def handle_endtag(self, tag):
+        if self._open and self._open[-1][0] == tag:
+            self._open.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+        for _, job, into in self._open:
+            into[job] = into.get(job, "") + data
+
+
+def _page(run: Path, **kwargs) -> Page:
+    return Page(write_report(run, **kwargs).read_text(encoding="utf-8"))
+
+
+def _metrics(run: Path, job: str) -> dict:
+    return json.loads((run / "jobs" / job / "metrics.json").read_text())
+
+
+def _squeezed(text: str) -> str:
+    return " ".join(text.split())
+
+
+def test_every_job_is_in_the_heatmap_the_table_and_the_details(run_dir):
+    out = write_report(run_dir)
+    assert out == run_dir / "report.html" and not list(run_dir.glob("tmp*"))  # written atomically, in place
+    page = Page(out.read_text(encoding="utf-8"))
+    jobs = [r.name for r in Ledger(run_dir).jobs()]
+    assert sorted(jobs) == sorted(DONE + FAILED + PENDING)
+    assert set(page.cells) == set(page.rows) == set(page.details) == set(jobs)
+    for job in jobs:
+        assert page.cells[job]["data-status"] == ("done" if job in DONE else "failed" if job in FAILED else "pending")
+    text = _squeezed(" ".join(page.text))
+    assert "6: 2 done, 2 failed, 2 pending" in text
+    wall = sum(r.seconds or 0 for r in Ledger(run_dir).jobs())
+    assert "wall time" in text and (f"{wall:.1f} s" in text or " min " in text)
+    assert "SYNTHETIC" not in text  # real candles
+
+
+def test_heatmap_cells_carry_the_headline_skill_of_metrics_json(run_dir):
+    page = _page(run_dir)
+    for job in DONE:
+        skill = _metrics(run_dir, job)["headline"]["skill"]
+        assert float(page.cells[job]["data-skill"]) == pytest.approx(skill, abs=1e-12)
+        assert f"{skill:+.3f}" in " ".join(page.text)
+        assert page.cells[job].get("style", "").startswith("background:")  # coloured by its skill
+    for job in FAILED + PENDING:  # marked, with no skill
+        assert page.cells[job]["data-skill"] == ""
+
+
+def test_the_page_fetches_nothing_from_elsewhere(run_dir):
+    page = _page(run_dir)
+    for tag, attrs in page.tags:
+        for name in ("src", "href", "xlink:href", "action", "data", "poster"):
+            value = (attrs.get(name) or "").strip().lower()
+            assert not value.startswith(("http:", "https:", "//", "ftp:")), (tag, name, value)
+        assert not (tag == "link" and "stylesheet" in (attrs.get("rel") or "")), "an external style sheet"
+        assert not (tag == "script" and attrs.get("src")), "an external script"
+        assert not (tag == "img" and attrs.get("src")), "charts are inline SVG, not images"
+    html = (run_dir / "report.html").read_text()
+    assert "@import" not in html and "url(http" not in html
+
+
+def test_failed_jobs_show_their_error_in_the_table_and_their_details(run_dir):
+    page = _page(run_dir)
+    errors = {r.name: r.error for r in Ledger(run_dir).jobs() if r.status == "failed"}
+    assert set(errors) == set(FAILED)
+    for job, error in errors.items():
+        assert "NOSUCHUSDT" in error and error in page.details[job] and error in page.rows[job]
+        assert "failed" in page.rows[job]
+    assert "Not trained yet" in page.details["ETHUSDT_1h"]
+
+
+def test_each_done_job_has_its_loss_curves_and_its_test_close_against_persistence(run_dir):
+    page = _page(run_dir)
+    for job in DONE:
+        details = _squeezed(page.details[job])
+        assert page.svgs[job] >= 2 and page.polylines[job] >= 5  # 2 loss curves; actual, predicted, persistence
+        for words in ("train loss", "validation loss", "actual close", "predicted close", "persistence (last close)",
+                      "epoch", "target time (UTC)"):
+            assert words in details, (job, words)
+        assert "from predictions.npz" in details
+        assert "is missing" not in details and "unreadable" not in details and "no price chart" not in details
+
+
+def test_the_actual_and_persistence_closes_agree_with_the_jobs_own_metrics(run_dir):
+    """The chart's series give back the first step's skill of metrics.json: they are the test split's closes."""
+    from trainer.report import _price_series
+
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for job in DONE:
+        job_dir = run_dir / "jobs" / job
+        metrics = _metrics(run_dir, job)
+        prices = _price_series(job_dir / "predictions.npz", job_dir, metrics, config)
+        first_step = 1 - np.mean(np.abs(prices["predicted"] - prices["actual"])) / np.mean(
+            np.abs(prices["persistence"] - prices["actual"]))
+        assert first_step == pytest.approx(metrics["heads"]["ohlc"]["close"]["skill_by_step"][0], abs=1e-9)
+        np.testing.assert_array_equal(prices["persistence"][1:], prices["actual"][:-1])  # consecutive bars
+
+
+def test_missing_or_damaged_job_files_are_noted_not_fatal(run_copy):
+    (run_copy / "jobs" / "BTCUSDT_1h" / "history.csv").unlink()
+    (run_copy / "jobs" / "BTCUSDT_1h" / "predictions.npz").write_bytes(b"not a zip")
+    (run_copy / "jobs" / "BTCUSDT_15m" / "metrics.json").unlink()
+    page = _page(run_copy)
+    one_h, fifteen = _squeezed(page.details["BTCUSDT_1h"]), _squeezed(page.details["BTCUSDT_15m"])
+    assert "history.csv is missing" in one_h and "predictions.npz is unreadable" in one_h
+    assert "manifest does not verify" in one_h
+    assert "metrics.json is missing" in fifteen and "from the run ledger" in fifteen
+    # metrics.json gone: the heatmap falls back on the ledger's summary of the job
+    summary = next(r.summary for r in Ledger(run_copy).jobs() if r.name == "BTCUSDT_15m")
+    assert float(page.cells["BTCUSDT_15m"]["data-skill"]) == pytest.approx(summary["skill"])
+
+    shutil.rmtree(run_copy / "jobs" / "BTCUSDT_1h")
+    page = _page(run_copy)
+    assert "directory" in page.details["BTCUSDT_1h"] and "is missing" in page.details["BTCUSDT_1h"]
+
+
+def test_a_run_of_an_earlier_version_without_closes_gets_a_note_instead_of_a_chart(run_copy):
+    job_dir = run_copy / "jobs" / "BTCUSDT_1h"
+    with np.load(job_dir / "predictions.npz") as saved:
+        arrays = {key: saved[key] for key in saved.files if key not in ("actual_close", "persistence_close")}
+    np.savez(job_dir / "predictions.npz", **arrays)
+    details = _squeezed(_page(run_copy).details["BTCUSDT_1h"])
+    assert "no price chart: predictions.npz holds no actual close" in details
+    assert "train loss" in details  # the rest of the job is still shown
+
+
+def test_a_synthetic_job_labels_the_whole_page(run_copy):
+    metrics = _metrics(run_copy, "BTCUSDT_1h")
+    metrics["data"]["synthetic"] = True
+    (run_copy / "jobs" / "BTCUSDT_1h" / "metrics.json").write_text(json.dumps(metrics))
+    assert "SYNTHETIC" in " ".join(_page(run_copy).text)
+
+
+def test_the_table_sorts_on_numbers_each_cell_carries(run_dir):
+    page = _page(run_dir)
+    sortable = [attrs for tag, attrs in page.tags if tag == "th" and "data-col" in attrs]
+    assert [int(a["data-col"]) for a in sortable] == list(range(len(sortable)))
+    html = (run_dir / "report.html").read_text()
+    assert "addEventListener('click'" in html and "data-v=" in html
+
+
+def test_another_output_path_and_a_directory_that_is_not_a_run(run_dir, tmp_path):
+    out = write_report(run_dir, tmp_path / "elsewhere" / "page.html")
+    assert out == tmp_path / "elsewhere" / "page.html" and out.read_text().startswith("<!DOCTYPE html>")
+    with pytest.raises(UserError, match="not a run directory") as caught:
+        write_report(tmp_path)
+    assert "\n" not in str(caught.value)
+    assert not (tmp_path / "ledger.sqlite").exists()  # nothing created there
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(UserError, match="cannot write the report"):
+        write_report(run_dir, tmp_path / "a_file" / "page.html")  # its folder is a file
+
+
+def test_the_report_loads_neither_tensorflow_nor_keras_and_prints_nothing(run_dir, tmp_path):
+    script = ("import sys; from pathlib import Path; from trainer.report import write_report; "
+              "write_report(Path(sys.argv[1]), Path(sys.argv[2])); "
+              "sys.stderr.write(' '.join(m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", script, str(run_dir), str(tmp_path / "r.html")], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
+    assert (tmp_path / "r.html").is_file()
+
+
+def test_the_job_plot_states_its_scores_persistence_and_synthetic_data(tmp_path):
+    history = pd.DataFrame({"epoch": [1, 2, 3], "loss": [1.0, 0.5, 0.4], "val_loss": [1.2, 0.9, 0.8]})
+    times = np.arange("2024-01-01T00", "2024-01-03T00", dtype="datetime64[h]").astype("datetime64[ns]")
+    actual = 100 + np.cumsum(np.random.default_rng(0).normal(size=len(times)))
+    scores = {"head": "ohlc", "column": "close", "mae": 1.5, "persistence_mae": 1.4, "skill": -0.0714}
+    artifacts.plot(tmp_path / "new.png", history, times, actual + 0.1, actual, "BTCUSDT_1h",
+                   persistence_close=np.roll(actual, 1), scores=scores, synthetic=True)
+    artifacts.plot(tmp_path / "old.png", history, times, actual + 0.1, actual, "BTCUSDT_1h")  # the former call
+    for name in ("new.png", "old.png"):
+        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,39 @@
+"""`train.tensorboard` / `run --tensorboard`: Keras's own TensorBoard callback writes each job's epoch logs under
+RUN/tensorboard/JOB; read back with tensorboard's event reader, they hold the losses history.csv records."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from tests.conftest import tiny_config_dict
+from trainer.cli import main
+
+event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+
+
+def epoch_values(log_dir, tag: str) -> list[float]:
+    """The scalars Keras wrote under `tag`, one per epoch, in order."""
+    import tensorflow as tf
+
+    events = event_accumulator.EventAccumulator(str(log_dir), size_guidance={event_accumulator.TENSORS: 0})
+    events.Reload()
+    return [float(tf.make_ndarray(event.tensor_proto)) for event in sorted(events.Tensors(tag), key=lambda e: e.step)]
+
+
+def test_each_job_gets_event_files_holding_its_epoch_losses(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path)))
+    result = CliRunner().invoke(main, ["run", "--config", str(config), "--tensorboard"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+        logs = tmp_path / "run" / "tensorboard" / job
+        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")
+        np.testing.assert_allclose(epoch_values(logs / "train", "epoch_loss"), history["loss"], rtol=1e-6)
+        np.testing.assert_allclose(epoch_values(logs / "validation", "epoch_loss"), history["val_loss"], rtol=1e-6)
+
+    # Not part of the run's identity: turned off (or on) on an existing run, nothing is refused or retrained.
+    again = CliRunner().invoke(main, ["run", "--config", str(config)], catch_exceptions=False)
+    assert again.exit_code == 0 and "0/2" not in again.output, again.output

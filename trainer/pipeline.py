@@ -1,0 +1,206 @@
+"""One job, top to bottom: candles -> features (prepare) -> windows -> train -> evaluate -> the job's files
+(train_one).
+
+`prepare` runs where the data is (the driver, with its feature cache); `train_one` runs anywhere — in the
+driver's process for a local run, in a Ray worker for a distributed one. Neither prints nor touches the run
+directory: training progress goes to an Events object, the outcome comes back as a JobResult (its metrics and
+the bytes of every file of the job directory) that the driver commits, and the only path train_one writes to
+is the backup directory it is given (the job's epoch checkpoints).
+"""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import logging
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import keras
+import numpy as np
+import pandas as pd
+
+from . import artifacts
+from .config import RunConfig
+from .data import load_candles
+from .errors import JobError
+from .evaluate import choose_shrink, evaluate, predict_fixed_batches
+from .features import collinear_columns, load_features
+from .jobs import Job
+from .models import output_shapes
+from .training import FitResult, ModelCache, ReportProgress, fit
+from .windows import Preprocessing, Windows, make_windows
+
+log = logging.getLogger("cryptotrain")
+
+
+class Events(Protocol):
+    """Where a job's training progress goes: the driver's display (reporting.JobProgress), or, from a Ray
+    worker, a queue the driver reads."""
+
+    def training_started(self, job: str, epochs: int, done: int) -> None: ...
+
+    def epoch_ended(self, job: str, epoch: int, logs: dict) -> None: ...
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A job's input, made where the data is: its feature rows, and where its candles came from (metrics.json's
+    "data": source, synthetic, first, last, rows, gaps)."""
+    frame: pd.DataFrame
+    data: dict
+
+
+@dataclass(frozen=True)
+class JobResult:
+    job: Job
+    metrics: dict  # as metrics.json holds it
+    files: dict[str, bytes]  # every file of the job directory but its manifest (artifacts.commit_files adds it)
+    # TensorBoard event files (path relative to the job's log directory -> bytes) written where the driver cannot
+    # see them (a Ray worker): the driver writes them under tensorboard_dir. Empty when written there already.
+    tensorboard: dict[str, bytes] = field(default_factory=dict)
+
+
+def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
+    return run_dir / "tensorboard" / job_name
+
+
+def prepare(cfg: RunConfig, job: Job) -> Prepared:
+    candles = load_candles(cfg, job.symbol, job.timeframe)
+    frame, _ = load_features(candles, cfg.features, cfg.cache_path)
+    _warn_collinear_once(frame, cfg)
+    data = {"source": candles.attrs["source"], "synthetic": bool(candles.attrs.get("synthetic")),
+            "first": candles.index[0].isoformat(), "last": candles.index[-1].isoformat(),
+            "rows": len(candles), "gaps": int(candles.attrs.get("gaps", 0))}
+    return Prepared(frame, data)
+
+
+def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
+              callbacks: tuple[keras.callbacks.Callback, ...] = (), tensorboard: Path | None = None) -> JobResult:
+    """Train and evaluate one job. `backup_dir` holds its epoch checkpoints: an interrupted or extended job goes
+    on from the last one there. With train.tensorboard, Keras's TensorBoard callback writes the job's epoch logs
+    into `tensorboard`. JobError: the job failed for its own reasons (data, a non-finite loss)."""
+    started = time.perf_counter()
+    if cfg.train.tensorboard:
+        callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
+                                                             write_graph=False, update_freq="epoch"))
+    source = prepared.data["source"]
+    model = cache.model_for(cfg, len(cfg.features.columns))
+    with _naming(source):
+        windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+    # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
+    result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
+    prep = windows.preprocessing
+    if cfg.window.shrink:
+        prep = choose_shrink(predict_fixed_batches(model, windows.val.x), windows.val, prep)
+    outputs = predict_fixed_batches(model, windows.test.x)
+    predictions = prep.to_prices(outputs, windows.test.last_close)
+    unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
+    release_free_memory()
+    with _naming(source):
+        scores = evaluate(predictions, windows.test, prep, unshrunk)
+    metrics = {
+        "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
+        "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
+        "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
+        "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
+        "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
+        **scores,
+    }
+    metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
+    if (bad := artifacts.non_finite(metrics)) is not None:  # a number that means nothing never counts as done
+        raise JobError(f"{source}: the test metrics are not finite ({bad[0]} is {bad[1]}); "
+                       "check the candles for absurd values")
+    with tempfile.TemporaryDirectory(prefix="cryptotrain-job-") as tmp:
+        write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions)
+        files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
+    return JobResult(job, metrics, files)
+
+
+class _OfJob:
+    """Events of one job, as training.ReportProgress reports them."""
+
+    def __init__(self, events: Events, name: str) -> None:
+        self.events, self.name = events, name
+
+    def training_started(self, epochs: int, done: int = 0) -> None:
+        self.events.training_started(self.name, epochs, done)
+
+    def epoch_ended(self, epoch: int, logs: dict) -> None:
+        self.events.epoch_ended(self.name, epoch, {k: float(v) for k, v in logs.items()})
+
+
+@contextlib.contextmanager
+def _naming(source: str):
+    """A job error raised inside (a value the windows cannot frame, predictions that are not finite) names the
+    candles it comes from."""
+    try:
+        yield
+    except JobError as exc:
+        raise JobError(f"{source}: {exc}") from None
+
+
+def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
+                    windows: Windows, result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
+    model.save(stage / "model.keras")
+    preprocessing = {**prep.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
+                     "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
+    artifacts.write_json(stage / "preprocessing.json", preprocessing)
+    artifacts.write_json(stage / "metrics.json", metrics)
+    # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
+    artifacts.write_config(stage / "config.yaml",
+                           cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}))
+    result.history.to_csv(stage / "history.csv", index=False)
+    close_head = next((h for h in cfg.heads if "close" in h.columns), None)
+    closes = {}
+    if close_head is not None:  # for the report's chart: the test split's actual close, and persistence's forecast
+        column = close_head.columns.index("close")
+        closes = {"actual_close": windows.test.y_raw[close_head.name][..., column],
+                  "persistence_close": windows.test.last_inputs[close_head.name][:, column]}
+    np.savez(stage / "predictions.npz", target_times=windows.test.target_times.astype("datetime64[ns]"),
+             **predictions, **closes)
+    if close_head is not None:
+        actual = windows.test.y_raw[close_head.name]
+        first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
+        artifacts.plot(stage / "plot.png", result.history, windows.test.target_times,
+                       predictions[close_head.name][first_step], actual[first_step], job.name,
+                       persistence_close=closes["persistence_close"], scores=metrics["headline"],
+                       synthetic=metrics["data"]["synthetic"])
+
+
+def release_free_memory() -> None:
+    """Hand freed heap pages back to the OS. glibc keeps them after each job's arrays are freed, which over
+    40 jobs reads like a leak of ~25 MB a job; with this the RSS stays flat (malloc_trim: a no-op off glibc).
+
+    The survivors of each collection (TensorFlow, Keras, the compiled model) live for the whole run; frozen,
+    the next job's collection skips them and scans only that job's objects: 5 ms instead of 150 ms.
+    ModelCache unfreezes them when it replaces the model."""
+    gc.collect()
+    gc.freeze()
+    with contextlib.suppress(AttributeError, OSError):
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def current_rss_mb() -> float | None:
+    """Resident memory now (not the peak), to show it stays flat across jobs; None off Linux."""
+    statm = Path("/proc/self/statm")
+    if not statm.exists():
+        return None
+    pages = int(statm.read_text().split()[1])
+    return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
+
+
+_collinear_warned: set[str] = set()
+
+
+def _warn_collinear_once(frame, cfg: RunConfig) -> None:
+    if cfg.name in _collinear_warned:
+        return
+    _collinear_warned.add(cfg.name)
+    for a, b, corr in collinear_columns(frame, cfg.features.columns):
+        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
+                    a, b, corr)

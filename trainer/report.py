@@ -1,0 +1,777 @@
+"""`cryptotrain report`: one self-contained HTML page about a run, made from the run directory alone.
+
+The page: a header (config, data, a SYNTHETIC label, totals, wall time), a symbol x timeframe heatmap of
+the headline test skill against persistence, a sortable table of every job, and per job (collapsible) its
+loss curves, its predicted vs actual close on the test split beside persistence, and its error. Charts are
+inline SVG drawn here; nothing is fetched from anywhere, so the file opens from disk offline. No TensorFlow,
+no Keras: the page is written at once, for a run that is finished, failed, or still going.
+
+Every number comes from the run's own files (ledger.sqlite, config.yaml, jobs/NAME/*); a job whose files
+are missing or unreadable is shown with a note saying which, never a crash.
+"""
+from __future__ import annotations
+
+import contextlib
+import html
+import itertools
+import json
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from . import __version__
+from .artifacts import MANIFEST, headline, jobs_dir, verify
+from .errors import UserError
+from .files import atomic_write
+from .ledger import JobRecord, Ledger
+from .reporting import verdict
+
+REPORT = "report.html"
+MAX_POINTS = 1600  # per price line: longer test splits keep each pixel column's lowest and highest value
+ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart
+_chart_ids = itertools.count()  # clip paths need ids unique within the page
+
+
+def write_report(run_dir: Path, out: Path | None = None) -> Path:
+    """Write the run's HTML report (default run_dir/report.html, atomically) and return its path."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "ledger.sqlite").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
+    ledger = Ledger(run_dir)
+    try:
+        records = ledger.jobs()
+    finally:
+        ledger.close()
+    config, config_note = _read_config(run_dir / "config.yaml")
+    jobs = [_load_job(run_dir, record, config) for record in records]
+    page = _page(run_dir, config, config_note, jobs)
+    out = Path(out) if out is not None else run_dir / REPORT
+    try:
+        atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
+    except OSError as exc:
+        raise UserError(f"{out}: cannot write the report ({exc.strerror or exc}); give another path with -o") from None
+    return out
+
+
+# ----------------------------------------------------------------------------- reading a run
+@dataclass
+class _Job:
+    record: JobRecord
+    symbol: str
+    timeframe: str
+    metrics: dict | None = None
+    line: dict | None = None  # the headline: metrics.json's, else the ledger's summary
+    history: pd.DataFrame | None = None
+    prices: dict | None = None  # times, predicted, actual, persistence (first forecast step), source
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.record.name
+
+    @property
+    def status(self) -> str:
+        return self.record.status
+
+    @property
+    def skill(self) -> float | None:
+        return self.line.get("skill") if self.line and self.status == "done" else None
+
+    @property
+    def synthetic(self) -> bool:
+        if self.metrics is not None:
+            return bool(self.metrics.get("data", {}).get("synthetic"))
+        return bool((self.record.summary or {}).get("synthetic"))
+
+
+def _read_config(path: Path) -> tuple[dict, str | None]:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        return {}, "config.yaml is missing from the run directory"
+    except (OSError, yaml.YAMLError) as exc:
+        return {}, f"config.yaml is unreadable ({_one_line(exc)})"
+    return (data, None) if isinstance(data, dict) else ({}, "config.yaml holds no mapping")
+
+
+def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:
+    symbol, _, timeframe = record.name.rpartition("_")
+    job = _Job(record, symbol, timeframe)
+    if record.status != "done":
+        return job  # a failed, pending or running job has no files of its own worth showing
+    job_dir = jobs_dir(run_dir) / record.name
+    if not job_dir.is_dir():
+        job.notes.append(f"its directory {job_dir} is missing: no metrics, curves or predictions to show")
+    else:
+        if not (job_dir / MANIFEST).is_file() or verify(job_dir) != record.manifest_sha256:
+            job.notes.append("its files are missing or changed since the job finished (the manifest does not "
+                             "verify); a rerun of the same command trains it again")
+        job.metrics = _read(job_dir / "metrics.json", lambda p: json.loads(p.read_text()), job.notes)
+        job.history = _read(job_dir / "history.csv", pd.read_csv, job.notes)
+        if job.metrics is not None:
+            job.prices = _read(job_dir / "predictions.npz",
+                               lambda p: _price_series(p, job_dir, job.metrics, config), job.notes)
+    if job.metrics is not None:
+        try:
+            job.line = headline(job.metrics)
+        except (KeyError, StopIteration, TypeError, AttributeError):
+            job.notes.append("metrics.json holds no test metrics this report can read")
+    if job.line is None and record.summary:  # the ledger keeps the headline too
+        s = record.summary
+        job.line = {"head": s.get("head"), "column": None, "skill": s.get("skill"), "mae": s.get("test_mae"),
+                    "persistence_mae": s.get("persistence_mae"), "direction_accuracy": s.get("direction_accuracy"),
+                    "majority_rate": s.get("majority_rate")}
+        job.notes.append("the headline numbers come from the run ledger")
+    return job
+
+
+def _read(path: Path, parse, notes: list[str]):
+    """`parse(path)`, or None with a note saying why the file could not be used."""
+    if not path.is_file():
+        notes.append(f"{path.name} is missing")
+        return None
+    try:
+        return parse(path)
+    except _NoChart as exc:
+        notes.append(f"no price chart: {exc}")
+    except Exception as exc:  # a corrupt or foreign file: said, never a crash
+        notes.append(f"{path.name} is unreadable ({_one_line(exc)})")
+    return None
+
+
+class _NoChart(Exception):
+    """Why the test-split price chart cannot be drawn from what the run stored."""
+
+
+def _price_series(path: Path, job_dir: Path, metrics: dict, config: dict) -> dict:
+    """The first forecast step of the headline head's close on the test split: target times, predicted,
+    actual and persistence (the last input close), all from predictions.npz (keys HEAD, actual_close and
+    persistence_close)."""
+    line = headline(metrics)
+    head = line["head"]
+    columns = _head_columns(job_dir, config, head)
+    if "close" not in columns:
+        raise _NoChart(f"head {head} predicts no close")
+    with np.load(path) as saved:
+        if head not in saved or "target_times" not in saved:
+            raise _NoChart(f"predictions.npz holds no {head} predictions")
+        if "actual_close" not in saved or "persistence_close" not in saved:
+            raise _NoChart("predictions.npz holds no actual close (runs of an earlier cryptotrain did not keep it)")
+        times = saved["target_times"].astype("datetime64[ns]")
+        predicted = _first_step(saved[head], len(times))[:, columns.index("close")]
+        actual = saved["actual_close"].reshape(len(times), -1)[:, 0]
+        persistence = saved["persistence_close"].reshape(len(times))
+    return {"times": times, "predicted": predicted.astype(float), "actual": actual.astype(float),
+            "persistence": persistence.astype(float), "source": "predictions.npz"}
+
+
+def _head_columns(job_dir: Path, config: dict, head: str) -> list[str]:
+    """The head's columns, from the job's preprocessing.json, else the run's config."""
+    heads = []
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        heads = json.loads((job_dir / "preprocessing.json").read_text()).get("heads", [])
+    heads = heads or config.get("heads") or []
+    for spec in heads:
+        if isinstance(spec, dict) and spec.get("name") == head:
+            return list(spec.get("columns", []))
+    raise _NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
+
+
+def _first_step(values: np.ndarray, n: int) -> np.ndarray:
+    """(N, horizon, C) or (N, C) -> (N, C): the first forecast step."""
+    return values[:, 0, :] if values.ndim == 3 else values.reshape(n, -1)
+
+
+# ----------------------------------------------------------------------------- the page
+def _page(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]) -> str:
+    name = config.get("name") or run_dir.name
+    body = [f"<h1>{_e(name)} <span class=sub>run report</span></h1>", _header(run_dir, config, config_note, jobs)]
+    if not jobs:
+        body.append("<p class=note>The ledger lists no jobs yet.</p>")
+    else:
+        body += ["<h2>Test skill against persistence</h2>", _heatmap(config, jobs),
+                 "<h2>Jobs</h2>", _table(jobs),
+                 "<h2>Per job</h2>",
+                 "<p class=hint><button type=button id=open-all>expand all</button> "
+                 "<button type=button id=close-all>collapse all</button></p>",
+                 *(_details(job) for job in jobs)]
+    return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
+            f"<meta name=viewport content=\"width=device-width, initial-scale=1\">\n"
+            f"<title>{_e(name)}: cryptotrain run report</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
+            + "\n".join(body) + f"\n<script>{_JS}</script>\n</body>\n</html>\n")
+
+
+def _header(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]) -> str:
+    counts = Counter(job.status for job in jobs)
+    seconds = sum(job.record.seconds or 0.0 for job in jobs)
+    data = config.get("data") or {}
+    window = config.get("window") or {}
+    train = config.get("train") or {}
+    facts = [("run directory", _e(str(run_dir.resolve()))),
+             ("data", _e(_source_text(data))),
+             ("symbols", _e(", ".join(data.get("symbols") or sorted({j.symbol for j in jobs})))),
+             ("timeframes", _e(", ".join(data.get("timeframes") or sorted({j.timeframe for j in jobs}))))]
+    firsts, lasts, tests = [], [], []
+    for job in jobs:
+        if job.metrics:
+            firsts.append(job.metrics.get("data", {}).get("first"))
+            lasts.append(job.metrics.get("data", {}).get("last"))
+            tests += list(job.metrics.get("test_range") or [])
+    firsts, lasts, tests = [x for x in firsts if x], [x for x in lasts if x], [x for x in tests if x]
+    if firsts and lasts:
+        facts.append(("candles", f"{_e(_when(min(firsts)))} to {_e(_when(max(lasts)))} UTC"
+                                 + (f" (at most {data['max_rows']:,} rows a job)" if data.get("max_rows") else "")))
+    if tests:
+        facts.append(("test split", f"{_e(_when(min(tests)))} to {_e(_when(max(tests)))} UTC (target times)"))
+    if window:
+        heads = ", ".join(str(h.get("name")) for h in config.get("heads") or [] if isinstance(h, dict))
+        facts.append(("model", _e(f"lookback {window.get('lookback')}, horizon {window.get('horizon')}; "
+                                  f"heads {heads or '-'}; up to {train.get('epochs', '-')} epochs")))
+    shown = [s for s in ("done", "failed", "pending", "running") if counts[s] or s != "running"]
+    facts.append(("jobs", _e(f"{len(jobs)}: " + ", ".join(f"{counts[s]} {s}" for s in shown))))
+    facts.append(("wall time", _e(f"{_duration(seconds)} (the sum of the jobs' seconds)")))
+    facts.append(("report", _e(f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by cryptotrain "
+                               f"{__version__}")))
+    out = []
+    if any(job.synthetic for job in jobs) or data.get("source") == "synthetic":
+        out.append("<p class=synthetic>SYNTHETIC candles: these jobs were trained on generated data. The numbers "
+                   "show the pipeline works, not what a model is worth on a market.</p>")
+    if config_note:
+        out.append(f"<p class=note>{_e(config_note)}</p>")
+    out.append("<dl class=facts>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>")
+    return "\n".join(out)
+
+
+def _source_text(data: dict) -> str:
+    source = data.get("source")
+    if source == "local":
+        local = data.get("local") or {}
+        return f"local files {local.get('path', '?')}/{local.get('pattern', '')}"
+    if source == "hf":
+        hf = data.get("hf") or {}
+        return f"Hugging Face {hf.get('repo_type', 'dataset')} {hf.get('repo_id', '?')}@{hf.get('revision', 'main')}"
+    if source == "binance":
+        binance = data.get("binance") or {}
+        return f"Binance klines from {binance.get('start')} to {binance.get('end') or 'the time of download'}"
+    if source == "freqtrade":
+        return f"freqtrade data directory {(data.get('freqtrade') or {}).get('path', '?')}"
+    if source == "synthetic":
+        synthetic = data.get("synthetic") or {}
+        return f"SYNTHETIC candles (seed {synthetic.get('seed')}, {synthetic.get('rows')} rows)"
+    return str(source or "unknown (no config.yaml)")
+
+
+# ----------------------------------------------------------------------------- heatmap
+def _heatmap(config: dict, jobs: list[_Job]) -> str:
+    data = config.get("data") or {}
+    symbols = list(dict.fromkeys([*(data.get("symbols") or []), *(j.symbol for j in jobs)]))
+    timeframes = list(dict.fromkeys([*(data.get("timeframes") or []), *(j.timeframe for j in jobs)]))
+    by_cell = {(j.symbol, j.timeframe): j for j in jobs}
+    skills = [abs(j.skill) for j in jobs if j.skill is not None]
+    scale = _nice_ceiling(max([*skills, 0.01]))
+    rows = ["<tr><th></th>" + "".join(f"<th scope=col>{_e(tf)}</th>" for tf in timeframes) + "</tr>"]
+    for symbol in symbols:
+        cells = []
+        for timeframe in timeframes:
+            job = by_cell.get((symbol, timeframe))
+            if job is None:
+                cells.append("<td class=absent>not in this run</td>")
+                continue
+            attrs = f' data-job="{_e(job.name)}" data-status="{_e(job.status)}"'
+            if job.status == "done" and job.skill is not None:
+                attrs += f' data-skill="{job.skill!r}" style="{_skill_style(job.skill, scale)}"'
+                text, title = f"{job.skill:+.3f}", f"{job.name}: skill {job.skill:+.4f}{verdict(job.skill)}"
+            elif job.status == "done":
+                attrs += ' data-skill=""'
+                text = "n/a" if job.line else "no metrics"
+                title = f"{job.name}: " + ("no skill (persistence was exact)" if job.line else "; ".join(job.notes))
+            else:
+                attrs += f' data-skill="" class="{_e(job.status)}"'
+                text = job.status
+                title = f"{job.name} {job.status}" + (f": {_one_line(job.record.error)}" if job.record.error else "")
+            cells.append(f'<td{attrs} title="{_e(title)}"><a href="#job-{_e(job.name)}">{_e(text)}</a></td>')
+        rows.append(f"<tr><th scope=row>{_e(symbol)}</th>{''.join(cells)}</tr>")
+    legend = (f"<div class=scale><span>skill</span><span>{-scale:+.3g}</span><span class=bar></span>"
+              f"<span>{scale:+.3g}</span></div>"
+              "<p class=hint>skill = 1 - MAE / persistence MAE of the close on the test split, every horizon step "
+              "(metrics.json headline). Green: better than repeating the last close; red: worse; white: no "
+              "better. Hatched: failed or not yet done. Click a cell for the job's details.</p>")
+    return f"<div class=heatwrap><table class=heatmap>{''.join(rows)}</table>{legend}</div>"
+
+
+def _skill_style(skill: float, scale: float) -> str:
+    t = min(1.0, abs(skill) / scale)
+    end = (26, 152, 80) if skill > 0 else (215, 48, 39)  # green / red
+    rgb = tuple(round(255 + (c - 255) * t) for c in end)
+    ink = "#fff" if t > 0.55 else "#111"
+    return f"background:rgb{rgb};color:{ink}"
+
+
+# ----------------------------------------------------------------------------- table
+def _table(jobs: list[_Job]) -> str:
+    heads = list(dict.fromkeys(h for j in jobs if j.metrics for h in (j.metrics.get("heads") or {})))
+    with_direction = {h for j in jobs if j.metrics for h, s in (j.metrics.get("heads") or {}).items()
+                      if (s.get("model") or {}).get("direction_accuracy") is not None}
+    groups: list[tuple[str, list[tuple[str, str]]]] = [
+        ("", [("job", "the job: SYMBOL_TIMEFRAME"), ("status", "done, failed, pending or running"),
+              ("epochs", "epochs run (the best epoch is in the job's details)"),
+              ("secs", "the job's wall time in seconds (its last attempt)")]),
+        ("close (headline)", [("MAE", "test MAE of the close, every horizon step, price units"),
+                              ("persist.", "MAE of persistence: the last close repeated"),
+                              ("skill", "1 - MAE / persistence MAE"),
+                              ("dir.", "direction accuracy of the close"),
+                              ("up", "up-move rate: the share of test moves that went up"),
+                              ("major.", "majority rate: always answering the most frequent move (up, down, "
+                                         "flat); the direction accuracy to beat")])]
+    for head in heads:
+        columns = [("MAE", f"{head}: test MAE over its columns, every horizon step"),
+                   ("persist.", f"{head}: persistence MAE over its columns"),
+                   ("skill", f"{head}: 1 - MAE / persistence MAE")]
+        if head in with_direction:
+            columns.append(("dir.", f"{head}: direction accuracy of its close"))
+        groups.append((f"head {head}", columns))
+    errors = any(job.record.error and job.status != "done" for job in jobs)
+    if errors:
+        groups.append(("", [("error", "why the job failed (whole in the job's details)")]))
+
+    top = "".join(f"<th colspan={len(cols)} class=group>{_e(title)}</th>" if title else
+                  f"<th colspan={len(cols)}></th>" for title, cols in groups)
+    labels = [column for _, cols in groups for column in cols]
+    names = [f'<th data-col={i} title="{_e(tip)}">{_e(label)}</th>' for i, (label, tip) in enumerate(labels)]
+    rows = []
+    for job in jobs:
+        line = job.line or {}
+        close = _close_scores(job)
+        m = job.metrics or {}
+        epochs = m.get("epochs_run", (job.record.summary or {}).get("epochs"))
+        cells = [_cell(job.name, link=f"#job-{job.name}"), _cell(job.status, css=job.status),
+                 _num(epochs, "d"), _num(job.record.seconds, ".1f"),
+                 _num(line.get("mae"), ".5g"), _num(line.get("persistence_mae"), ".5g"),
+                 _num(job.skill, "+.4f", css=_sign(job.skill)),
+                 _num(line.get("direction_accuracy"), ".3f"), _num(close.get("up_move_rate"), ".3f"),
+                 _num(line.get("majority_rate"), ".3f")]
+        for head in heads:
+            scores = (m.get("heads") or {}).get(head) or {}
+            skill = scores.get("skill") if job.status == "done" else None
+            cells += [_num((scores.get("model") or {}).get("mae"), ".5g"),
+                      _num((scores.get("persistence") or {}).get("mae"), ".5g"),
+                      _num(skill, "+.4f", css=_sign(skill))]
+            if head in with_direction:
+                cells.append(_num((scores.get("model") or {}).get("direction_accuracy"), ".3f"))
+        error = job.record.error if job.status != "done" else ""
+        if errors:
+            cells.append(_error_cell(error or ""))
+        rows.append(f'<tr data-job="{_e(job.name)}">{"".join(cells)}</tr>')
+    return (f"<div class=scroll><table class=\"jobs sortable\"><thead><tr>{top}</tr><tr>{''.join(names)}</tr>"
+            f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
+            "<p class=hint>Click a column header to sort (again to reverse). MAE in price units on the test split. "
+            "Direction accuracy means something only above the majority rate.</p>")
+
+
+def _close_scores(job: _Job) -> dict:
+    line = job.line or {}
+    heads = (job.metrics or {}).get("heads") or {}
+    return (heads.get(line.get("head")) or {}).get("close") or {} if line.get("column") == "close" else {}
+
+
+def _cell(text: str, css: str = "", link: str | None = None) -> str:
+    content = f'<a href="{_e(link)}">{_e(text)}</a>' if link else _e(text)
+    return f'<td{f" class={css}" if css else ""} data-v="{_e(text)}">{content}</td>'
+
+
+def _error_cell(error: str) -> str:
+    """The error in at most three lines; whole in its tooltip, and in the job's details."""
+    if not error:
+        return '<td data-v=""></td>'
+    return f'<td class=err data-v="{_e(error)}" title="{_e(error)}"><div class=clamp>{_e(error)}</div></td>'
+
+
+def _num(value, spec: str, css: str = "") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return f'<td class="num none{f" {css}" if css else ""}" data-v="">-</td>'
+    try:
+        text = format(value, spec)
+    except (TypeError, ValueError):
+        text = str(value)
+    return f'<td class="num{f" {css}" if css else ""}" data-v="{_e(value)}">{_e(text)}</td>'
+
+
+def _sign(value: float | None) -> str:
+    return "" if value is None or value == 0 else "pos" if value > 0 else "neg"
+
+
+# ----------------------------------------------------------------------------- per job
+def _details(job: _Job) -> str:
+    summary = f"<span class=jobname>{_e(job.name)}</span> <span class=\"badge {job.status}\">{job.status}</span>"
+    if job.skill is not None:
+        summary += f" skill <b class={_sign(job.skill)}>{job.skill:+.4f}</b>{_e(verdict(job.skill))}"
+        if (job.line or {}).get("shrink") == 0:
+            summary += "<span class=hint>: validation found no deviation from no change worth keeping</span>"
+    elif job.status == "failed" and job.record.error:
+        summary += f" <span class=err>{_e(_shorten(_one_line(job.record.error), 140))}</span>"
+    parts = []
+    if job.record.error:
+        what = "error" if job.status == "failed" else "last note"
+        parts.append(f"<p><b>{what}</b> (attempt {job.record.attempts}):</p><pre class=error>{_e(job.record.error)}"
+                     "</pre>")
+    if job.status in ("pending", "running") and not job.record.error:
+        parts.append(f"<p class=hint>{'Not trained yet.' if job.status == 'pending' else 'Being trained now.'}</p>")
+    parts += [f"<p class=note>{_e(note)}</p>" for note in job.notes]
+    if job.metrics:
+        parts.append(_job_facts(job))
+    if job.history is not None or job.prices is not None:
+        loss = _loss_chart(job.history) if job.history is not None else ""
+        prices = _price_charts(job.prices) if job.prices is not None else ""
+        parts.append(f"<div class=charts><div>{loss}</div><div>{prices}</div></div>")
+    return (f'<details id="job-{_e(job.name)}" data-job="{_e(job.name)}"><summary>{summary}</summary>'
+            f"<div class=body>{''.join(parts)}</div></details>")
+
+
+def _job_facts(job: _Job) -> str:
+    m = job.metrics
+    data = m.get("data") or {}
+    line = job.line or {}
+    facts = [("candles", f"{data.get('source', '?')}: {_when(data.get('first'))} to {_when(data.get('last'))} UTC, "
+                         f"{data.get('rows', '?')} rows, {data.get('gaps', 0)} gaps"
+                         + (" (SYNTHETIC)" if data.get("synthetic") else "")),
+             ("test split", f"{m.get('n_test', '?')} samples, targets "
+                            f"{' to '.join(map(_when, m.get('test_range', [])))} UTC")]
+    if line:
+        what = f"{line.get('head')}.{line.get('column')}" if line.get("column") else str(line.get("head"))
+        facts.append(("headline", f"{what}: MAE {_fmt(line.get('mae'))} vs persistence "
+                                  f"{_fmt(line.get('persistence_mae'))}, skill {_fmt(line.get('skill'), '+.4f')}; "
+                                  f"direction {_fmt(line.get('direction_accuracy'), '.3f')} vs majority "
+                                  f"{_fmt(line.get('majority_rate'), '.3f')}; shrink {_fmt(line.get('shrink'))}"))
+        by_step = _close_scores(job).get("skill_by_step")
+        if by_step:
+            facts.append(("skill by step", ", ".join(_fmt(s, "+.4f") for s in by_step)))
+    facts.append(("training", f"{m.get('epochs_run', '?')} epochs, best {m.get('best_epoch', '?')} (val loss "
+                              f"{_fmt(m.get('best_val_loss'))}); {_fmt(m.get('seconds'), '.1f')} s from loading to "
+                              "evaluation, "
+                              f"{_fmt(m.get('train_step_seconds'), '.3f')} s per train step, "
+                              f"RSS {_fmt(m.get('rss_mb'), '.0f')} MB"))
+    return "<dl class=facts>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
+
+
+def _loss_chart(history: pd.DataFrame) -> str:
+    if "epoch" not in history or "loss" not in history:
+        return "<p class=note>history.csv has no epoch / loss columns</p>"
+    epochs = history["epoch"].to_numpy(dtype=float)
+    lines = [_Line("train loss", epochs, history["loss"].to_numpy(dtype=float), "#1f77b4", markers=len(epochs) <= 40)]
+    if "val_loss" in history:
+        lines.append(_Line("validation loss", epochs, history["val_loss"].to_numpy(dtype=float), "#ff7f0e",
+                           markers=len(epochs) <= 40))
+    values = np.concatenate([line.y for line in lines])
+    values = values[np.isfinite(values)]
+    log_y = len(values) > 0 and values.min() > 0 and values.max() / values.min() >= 20
+    return _figure(_svg_chart(lines, width=440, height=300, x_label="epoch", y_label="loss" + (" (log)" if log_y
+                                                                                                else ""),
+                              log_y=log_y, integer_x=True), "training and validation loss")
+
+
+def _price_charts(prices: dict) -> str:
+    times = prices["times"].astype("datetime64[ns]").astype(np.int64) / 1e9
+    # Persistence last, dashed: where the forecast is no change at all it lies on the prediction, still seen.
+    series = [("actual close", prices["actual"], "#222", None, 1.6),
+              ("predicted close", prices["predicted"], "#d62728", None, 1.4),
+              ("persistence (last close)", prices["persistence"], "#1f77b4", "5 4", 1.4)]
+    caption = (f"the close on the test split, first forecast step (next bar), price units; actual and persistence "
+               f"from {prices['source']}")
+    out = [_figure(_svg_chart([_Line(label, *_decimate(times, y), color, dash, width)
+                               for label, y, color, dash, width in series],
+                              width=820, height=300, x_label="target time (UTC)", y_label="price", time_x=True),
+                   caption)]
+    if len(times) > 2 * ZOOM_BARS:
+        tail = slice(-ZOOM_BARS, None)
+        out.append(_figure(_svg_chart([_Line(label, times[tail], y[tail], color, dash, width, markers=True)
+                                       for label, y, color, dash, width in series],
+                                      width=820, height=280, x_label="target time (UTC)", y_label="price",
+                                      time_x=True),
+                           f"the last {ZOOM_BARS} bars of the test split, close up"))
+    return "".join(out)
+
+
+def _figure(svg: str, caption: str) -> str:
+    return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
+
+
+# ----------------------------------------------------------------------------- SVG charts
+@dataclass
+class _Line:
+    label: str
+    x: np.ndarray
+    y: np.ndarray
+    color: str
+    dash: str | None = None
+    width: float = 1.5
+    markers: bool = False
+
+
+def _svg_chart(lines: list[_Line], *, width: int, height: int, x_label: str, y_label: str, time_x: bool = False,
+               log_y: bool = False, integer_x: bool = False) -> str:
+    """A line chart: axes with ticks and labels, a light grid, and the legend in a band above the plot area."""
+    left, right, top, bottom = 74, 14, 30, 44
+    pw, ph = width - left - right, height - top - bottom
+    xs = np.concatenate([line.x for line in lines]) if lines else np.array([])
+    ys = np.concatenate([line.y for line in lines]) if lines else np.array([])
+    ok = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
+    if not ok.any():
+        return "<p class=note>nothing to draw: no finite values</p>"
+    x0, x1 = float(xs[ok].min()), float(xs[ok].max())
+    if x1 == x0:
+        x0, x1 = x0 - 1, x1 + 1
+    yv = np.log10(ys[ok]) if log_y else ys[ok]
+    y0, y1 = float(yv.min()), float(yv.max())
+    pad = (y1 - y0) * 0.05 or (abs(y0) * 0.05 or 1.0)
+    y0, y1 = y0 - pad, y1 + pad
+
+    def sx(x):
+        return left + (np.asarray(x, dtype=float) - x0) / (x1 - x0) * pw
+
+    def sy(y):
+        v = np.log10(np.asarray(y, dtype=float)) if log_y else np.asarray(y, dtype=float)
+        return top + ph - (v - y0) / (y1 - y0) * ph
+
+    clip = f"clip{next(_chart_ids)}"
+    out = [f'<svg viewBox="0 0 {width} {height}" width="{width}" '
+           f'height="{height}" role="img" aria-label="{_e(y_label)} against {_e(x_label)}">']
+    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>')
+    for value, label in (_log_ticks(y0, y1) if log_y else _linear_ticks(y0, y1, 6)):
+        y = top + ph - ((math.log10(value) if log_y else value) - y0) / (y1 - y0) * ph
+        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
+                   f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_e(label)}</text>')
+    x_ticks = _time_ticks(x0, x1) if time_x else _linear_ticks(x0, x1, 7, integer=integer_x)
+    for value, label in x_ticks:
+        x = float(sx(value))
+        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
+                   f'<text x="{x:.1f}" y="{top + ph + 16}" class="tick" text-anchor="middle">{_e(label)}</text>')
+    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" class="axis" text-anchor="middle">{_e(x_label)}</text>')
+    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" class="axis" '
+               f'text-anchor="middle">{_e(y_label)}</text>')
+    out.append(f'<clipPath id="{clip}"><rect x="{left}" y="{top}" width="{pw}" height="{ph}"/></clipPath>')
+    out.append(f'<g clip-path="url(#{clip})">')
+    for line in lines:
+        keep = np.isfinite(line.x) & np.isfinite(line.y) & ((line.y > 0) if log_y else True)
+        px, py = sx(line.x[keep]), sy(line.y[keep])
+        points = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))
+        dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
+        out.append(f'<polyline points="{points}" fill="none" stroke="{line.color}" stroke-width="{line.width}"'
+                   f'{dash} stroke-linejoin="round"/>')
+        if line.markers:
+            out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.6" fill="{line.color}"/>' for a, b in zip(px, py)]
+    out.append("</g>")
+    x = left
+    for line in lines:  # the legend, above the plot area: never over the data
+        dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
+        out.append(f'<line x1="{x}" x2="{x + 22}" y1="{top - 12}" y2="{top - 12}" stroke="{line.color}" '
+                   f'stroke-width="{max(line.width, 2)}"{dash}/>'
+                   f'<text x="{x + 27}" y="{top - 8}" class="legend">{_e(line.label)}</text>')
+        x += 27 + 7 * len(line.label) + 18
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _decimate(x: np.ndarray, y: np.ndarray, points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
+    """At most about `points` points: each of points/2 runs keeps its lowest and highest value, in order."""
+    if len(x) <= points:
+        return x, y
+    keep = []
+    for run in np.array_split(np.arange(len(x)), points // 2):
+        finite = run[np.isfinite(y[run])]
+        if len(finite):
+            keep += sorted({int(finite[np.argmin(y[finite])]), int(finite[np.argmax(y[finite])])})
+    return x[keep], y[keep]
+
+
+def _nice_step(raw: float) -> float:
+    magnitude = 10 ** math.floor(math.log10(raw))
+    return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+
+
+def _nice_ceiling(value: float) -> float:
+    magnitude = 10 ** math.floor(math.log10(value))
+    return next(m * magnitude for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * magnitude >= value - 1e-12)
+
+
+def _linear_ticks(lo: float, hi: float, count: int, integer: bool = False) -> list[tuple[float, str]]:
+    step = _nice_step((hi - lo) / max(count - 1, 1))
+    if integer:
+        step = max(1.0, round(step))
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if str(step).rstrip("0").endswith("25") else 0))
+    first = math.ceil(lo / step - 1e-9) * step
+    ticks = []
+    value = first
+    while value <= hi + 1e-9 * abs(step):
+        ticks.append((value, f"{value:,.{decimals}f}" if abs(value) >= 1e4 else f"{value:.{decimals}f}"))
+        value = first + len(ticks) * step
+    return ticks
+
+
+def _log_ticks(lo: float, hi: float) -> list[tuple[float, str]]:
+    """lo, hi: log10 of the range. Ticks at 1, 2, 5 x 10^k inside it."""
+    ticks = [(m * 10.0**k, f"{m * 10.0**k:g}") for k in range(math.floor(lo), math.ceil(hi) + 1) for m in (1, 2, 5)
+             if lo <= math.log10(m * 10.0**k) <= hi]
+    return ticks if len(ticks) >= 2 else [(10**v, f"{10**v:.3g}") for v, _ in _linear_ticks(lo, hi, 4)]
+
+
+_TIME_STEPS = [60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400,
+               14 * 86400]
+
+
+def _time_ticks(lo: float, hi: float, most: int = 7) -> list[tuple[float, str]]:
+    """Unix seconds -> ticks at round UTC times (month starts beyond a few months), labelled to the precision
+    the step needs."""
+    step = next((s for s in _TIME_STEPS if (hi - lo) / s <= most), None)
+    if step is None:
+        months = next(m for m in itertools.chain((1, 2, 3, 6), itertools.count(12, 12))
+                      if (hi - lo) / (m * 30.44 * 86400) <= most)
+        start = pd.Timestamp(lo, unit="s", tz="UTC").normalize().replace(day=1) + pd.DateOffset(months=1)
+        stamps = pd.date_range(start, pd.Timestamp(hi, unit="s", tz="UTC"), freq=f"{months}MS")
+        return [(stamp.timestamp(), stamp.strftime("%Y-%m")) for stamp in stamps]
+    first = math.ceil(lo / step) * step
+    form = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M"
+    return [(t, datetime.fromtimestamp(t, timezone.utc).strftime(form)) for t in np.arange(first, hi + 1, step)]
+
+
+# ----------------------------------------------------------------------------- text
+def _e(text: object) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _one_line(text: object) -> str:
+    return " ".join(str(text).split())
+
+
+def _shorten(text: str, limit: int) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _fmt(value, spec: str = ".5g") -> str:
+    if value is None:
+        return "-"
+    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
+
+
+def _when(iso: str | None) -> str:
+    """"2026-01-21T09:45:00+00:00" -> "2026-01-21 09:45"."""
+    if not iso:
+        return "?"
+    return str(iso).replace("T", " ")[:16]
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min {secs:02d} s" if hours else f"{minutes} min {secs:02d} s"
+
+
+_CSS = """
+:root { --ink: #1b1f24; --muted: #5b6470; --line: #d0d7de; --bg: #f6f8fa; }
+* { box-sizing: border-box; }
+body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--ink); margin: 24px auto; max-width: 1480px; padding: 0 20px; }
+h1 { margin: 0 0 12px; font-size: 26px; } h1 .sub { color: var(--muted); font-weight: normal; font-size: 18px; }
+h2 { margin: 28px 0 10px; font-size: 19px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
+a { color: inherit; }
+.synthetic { background: #fff1c2; border: 2px solid #d4a000; color: #6b4e00; font-weight: bold; padding: 8px 12px;
+             border-radius: 4px; font-size: 15px; }
+.note { color: #8a4b00; background: #fff7e6; border-left: 3px solid #e69500; padding: 4px 10px; margin: 6px 0; }
+.hint { color: var(--muted); font-size: 12.5px; margin: 6px 0; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 8px 0; }
+dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
+.heatwrap { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 6px 24px; }
+.heatmap { border-collapse: separate; border-spacing: 3px; }
+.heatmap th { font-weight: 600; padding: 4px 10px; text-align: center; }
+.heatmap th[scope=row] { text-align: right; }
+.heatmap td { width: 104px; height: 46px; text-align: center; font: 600 15px ui-monospace, SFMono-Regular, Menlo,
+              Consolas, monospace; border: 1px solid var(--line); border-radius: 3px; }
+.heatmap td a { text-decoration: none; display: block; }
+.heatmap td.failed { background: repeating-linear-gradient(45deg, #f3d3d0, #f3d3d0 6px, #fff 6px, #fff 12px);
+                     color: #a1160a; font: 600 13px system-ui, sans-serif; }
+.heatmap td.pending, .heatmap td.running, .heatmap td.absent {
+  background: repeating-linear-gradient(45deg, #eceff2, #eceff2 6px, #fff 6px, #fff 12px);
+  color: var(--muted); font: 13px system-ui, sans-serif; }
+.heatmap td.absent { font-size: 11px; }
+.scale { display: flex; align-items: center; gap: 6px; font: 12px ui-monospace, monospace; margin-top: 8px; }
+.scale .bar { display: inline-block; width: 220px; height: 12px; border: 1px solid var(--line);
+              background: linear-gradient(90deg, rgb(215,48,39), #fff 50%, rgb(26,152,80)); }
+.heatwrap .hint { max-width: 520px; }
+.scroll { overflow-x: auto; }
+table.jobs { border-collapse: collapse; font-size: 12px; white-space: nowrap; }
+table.jobs th, table.jobs td { border: 1px solid var(--line); padding: 3px 5px; }
+table.jobs thead th { background: var(--bg); position: sticky; top: 0; }
+table.jobs th[data-col] { cursor: pointer; user-select: none; }
+table.jobs th[data-col]:hover { background: #e7ecf0; }
+table.jobs th[data-dir=asc]::after { content: " \\25B2"; font-size: 9px; }
+table.jobs th[data-dir=desc]::after { content: " \\25BC"; font-size: 9px; }
+table.jobs th.group { text-align: center; font-weight: 600; }
+table.jobs td.num { text-align: right; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+table.jobs td.none { color: #a0a7b0; }
+table.jobs td.err { white-space: normal; color: #a1160a; font-size: 11.5px; }
+table.jobs td.err .clamp { width: 220px; display: -webkit-box; -webkit-line-clamp: 3; -webkit-box-orient: vertical;
+                           overflow: hidden; overflow-wrap: anywhere; }
+table.jobs tbody tr:nth-child(even) { background: #fafbfc; }
+td.done, .badge.done { color: #1a7f37; } td.failed, .badge.failed { color: #cf222e; font-weight: 600; }
+td.pending, .badge.pending, td.running, .badge.running { color: var(--muted); }
+.pos { color: #1a7f37; } .neg { color: #cf222e; }
+details { border: 1px solid var(--line); border-radius: 4px; margin: 6px 0; }
+details > summary { cursor: pointer; padding: 6px 10px; background: var(--bg); }
+details[open] > summary { border-bottom: 1px solid var(--line); }
+details .body { padding: 4px 12px 10px; }
+.jobname { font-weight: 600; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
+.badge { font-size: 12px; border: 1px solid currentColor; border-radius: 10px; padding: 0 7px; }
+summary .err { color: #cf222e; font-size: 12.5px; }
+pre.error { white-space: pre-wrap; word-break: break-word; background: #fff5f5; border: 1px solid #f1b8b3;
+            color: #82071e; padding: 8px 10px; border-radius: 4px; font-size: 12.5px; }
+.charts { display: grid; grid-template-columns: 440px minmax(0, 1fr); gap: 8px 24px; align-items: start; }
+@media (max-width: 1100px) { .charts { grid-template-columns: minmax(0, 1fr); } }
+figure { margin: 6px 0 10px; }
+figcaption { color: var(--muted); font-size: 12px; }
+svg { max-width: 100%; height: auto; font-family: system-ui, sans-serif; }
+svg .plot { fill: #fff; stroke: #9aa4ae; } svg .grid { stroke: #e6e9ec; }
+svg .tick { font-size: 11px; fill: #3d444d; } svg .axis { font-size: 12px; fill: #1b1f24; }
+svg .legend { font-size: 12px; fill: #1b1f24; }
+button { font: inherit; font-size: 12px; }
+"""
+
+_JS = """
+document.querySelectorAll('table.sortable').forEach(function (table) {
+  var heads = table.querySelectorAll('th[data-col]');
+  heads.forEach(function (th) {
+    th.addEventListener('click', function () {
+      var col = +th.dataset.col, asc = th.dataset.dir !== 'asc', body = table.tBodies[0];
+      heads.forEach(function (h) { delete h.dataset.dir; });
+      th.dataset.dir = asc ? 'asc' : 'desc';
+      var rows = Array.prototype.slice.call(body.rows);
+      rows.sort(function (a, b) {
+        var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
+        if (x === '' || y === '') return (x === '') - (y === '');  /* no value: last either way */
+        var nx = Number(x), ny = Number(y);
+        var c = isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny;
+        return asc ? c : -c;
+      });
+      rows.forEach(function (r) { body.appendChild(r); });
+    });
+  });
+});
+function openFromHash() {
+  var d = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
+  if (d && d.tagName === 'DETAILS') { d.open = true; d.scrollIntoView(); }
+}
+window.addEventListener('hashchange', openFromHash); openFromHash();
+function setAll(open) { document.querySelectorAll('details').forEach(function (d) { d.open = open; }); }
+document.getElementById('open-all') && document.getElementById('open-all').addEventListener('click',
+  function () { setAll(true); });
+document.getElementById('close-all') && document.getElementById('close-all').addEventListener('click',
+  function () { setAll(false); });
+"""
+
+__all__ = ["write_report"]
