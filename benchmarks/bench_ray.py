@@ -62,9 +62,11 @@ def bench_config(run_dir: Path, cache_dir: Path, epochs: int, rows: int) -> dict
                  "max_rows": rows},
         "features": family["features"], "window": {**family["window"], "lookback": 30, "horizon": 5},
         "heads": family["heads"],
+        # V7's shape, small: an encoder, then a sequence of `horizon` steps for the heads.
         "model": {"layers": [{"kind": "bilstm", "units": 16, "return_sequences": True},
-                             {"kind": "lstm", "units": 16}, {"kind": "dropout", "rate": 0.2},
-                             {"kind": "dense", "units": 16, "activation": "relu"}]},
+                             {"kind": "lstm", "units": 16}, {"kind": "repeat_vector"},
+                             {"kind": "lstm", "units": 16, "return_sequences": True},
+                             {"kind": "dropout", "rate": 0.2}]},
         "train": {**family["train"], "batch_size": 64, "epochs": epochs, "early_stopping": None},
     }
 

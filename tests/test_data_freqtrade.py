@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from tests.conftest import FREQTRADE_DIR, tiny_config_dict
-from trainer.cards import _public_data
+from trainer.cards import job_card
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
 from trainer.data import input_digest, load_candles
@@ -171,4 +171,5 @@ def test_a_run_trains_on_a_freqtrade_directory_end_to_end(tmp_path):
     metrics = json.loads((tmp_path / "run" / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())
     assert metrics["data"]["source"] == f"freqtrade:{BTC_1H}" and metrics["data"]["rows"] == 600
     assert metrics["heads"]["ohlc"]["model"]["mae"] > 0
-    assert _public_data(metrics["data"])["source"] == "freqtrade:BTC_USDT-1h.feather"  # a card names no directory
+    card = job_card(tmp_path / "run" / "jobs" / "BTCUSDT_1h", "me/cpb", "BTCUSDT/1h")
+    assert "freqtrade:BTC_USDT-1h.feather" in card and str(FREQTRADE_DIR) not in card  # a card names no directory

@@ -13,8 +13,9 @@ import pytest
 
 from tests.conftest import CANDLES_DIR
 from trainer import features as features_module
+from trainer import files
 from trainer.config import FeaturesConfig
-from trainer.data import read_candles_file, store
+from trainer.data import read_candles_file
 from trainer.features import compute_features, load_features
 
 SPEC = FeaturesConfig(indicators=[{"name": "rsi", "window": 14}, {"name": "bb_upper", "window": 20, "std": 2.0},
@@ -38,7 +39,7 @@ def test_second_load_is_a_hit_with_identical_features(tmp_path, candles):
     pd.testing.assert_frame_equal(second, first, check_exact=True)
     pd.testing.assert_frame_equal(second, compute_features(candles, SPEC))
     assert second.attrs == candles.attrs
-    assert [p.name for p in (tmp_path / "features").iterdir() if p.suffix == ".tmp"] == []  # no temp files left
+    assert [p.name for p in (tmp_path / "features").iterdir() if p.name.startswith("tmp")] == []  # no temp files left
 
 
 def test_a_hit_gives_bit_identical_results_downstream(tmp_path, candles):
@@ -126,7 +127,7 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, candles, monkeypatch):
     def crash(source, destination):  # written in full, interrupted before the rename
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store.os, "replace", crash)
+    monkeypatch.setattr(files.os, "replace", crash)
     with pytest.raises(KeyboardInterrupt):
         load_features(candles, SPEC, tmp_path)
     assert entries(tmp_path) == []  # neither a partial entry nor a temp file

@@ -8,8 +8,12 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import os
 import re
+import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import keras
@@ -17,7 +21,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import tiny_config_dict
+from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 from huggingface_hub import constants
 
@@ -33,6 +37,21 @@ from trainer.ledger import Ledger
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 REPO = "tester/cpb-tiny"
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
+
+
+def record_sleeps(monkeypatch) -> list[float]:
+    """The waits the push asks for (its own retries and the Hub client's backoff), recorded instead of slept.
+    The standard library's own polling (subprocess waiting for git) still sleeps, unrecorded."""
+    waits, real_sleep = [], time.sleep
+
+    def sleep(seconds: float) -> None:
+        if sys._getframe(1).f_code.co_filename == subprocess.__file__:
+            real_sleep(seconds)
+        else:
+            waits.append(seconds)
+
+    monkeypatch.setattr(hub_module.time, "sleep", sleep)
+    return waits
 
 
 @pytest.fixture
@@ -80,7 +99,8 @@ def make_job(run, name, cfg, seed, headline=None):
     (stage / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
     write_json(stage / "preprocessing.json", {
         "input_columns": ["open", "high", "low", "close", "rsi"], "lookback": 16, "horizon": 3,
-        "scaler": {"kind": "standard", "columns": ["open"], "offset": [1.0], "scale": [2.0]},
+        "scaler": {"kind": "standard", "columns": ["open", "high", "low", "close", "rsi"], "offset": [1.0] * 5,
+                   "scale": [2.0] * 5},
         "heads": [{"name": "ohlc", "columns": ["open", "high", "low", "close"], "target_shape": [3, 4]}],
         "symbol": symbol, "timeframe": timeframe})
     scores = {"mae": 101.5 + seed, "rmse": 150.25, "mape": 0.31, "direction_accuracy": 0.52}
@@ -140,6 +160,7 @@ def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
     assert f"--model hf://{REPO}/BTCUSDT/1h" in card
     assert "max_rows: 600" in card  # the config
     assert "/home/me/private" not in card and "output_dir" not in card  # nothing about the training machine
+    assert str(CANDLES_DIR) not in card and "path: ohlcv" in card  # the candles' directory by its own name only
     assert metadata["cryptotrain"]["data"]["source"] == "local:BTCUSDT_1h.csv.gz"
     assert metadata["cryptotrain"]["test_range"] == ["2024-01-22T00:00:00+00:00", "2024-01-26T00:00:00+00:00"]
 
@@ -212,14 +233,61 @@ def test_repo_per_job_template(hub, run_dir):
         assert len(hub.commits(repo)) == 1
 
 
+def _card_snippet(card: str) -> str:
+    """The Python block of a card's "How to use" section, as a reader would copy it."""
+    return re.search(r"```python\n(.*?)```", card, flags=re.DOTALL).group(1)
+
+
+@pytest.mark.parametrize("layout", ["a folder per job", "a repo per job"])
+def test_the_cards_load_one_liner_works_as_written(hub, run_dir, tmp_path, layout):
+    """The card's own snippet, run as it is by a reader whose client points at the Hub, gives the job's model
+    with its trained weights."""
+    if layout == "a folder per job":
+        push_run(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=())
+        card = hub.files(REPO)["ETHUSDT/1h/README.md"].decode()
+    else:
+        push_jobs(run_dir, ["ETHUSDT_1h"], HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
+        card = hub.files("tester/cpb-ETHUSDT-1h")["README.md"].decode()
+    snippet = _card_snippet(card)
+    assert ("hf_hub_download(" in snippet) is (layout == "a folder per job")
+
+    weights = tmp_path / "loaded.npz"
+    reader = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0",
+              "HF_HUB_DISABLE_XET": "1", "HF_HUB_CACHE": str(tmp_path / "reader-cache"), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    script = f"{snippet}\nimport numpy\nnumpy.savez({str(weights)!r}, *model.get_weights())\n"
+    result = subprocess.run([sys.executable, "-c", script], env=reader, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    local = keras.saving.load_model(jobs_dir(run_dir) / "ETHUSDT_1h" / "model.keras", compile=False).get_weights()
+    with np.load(weights) as loaded:
+        assert len(loaded.files) == len(local) > 0
+        for i, want in enumerate(local):
+            np.testing.assert_array_equal(loaded[f"arr_{i}"], want)
+
+
+@pytest.mark.parametrize("origin, line", [
+    ("https://me:hf_NotForCards@github.com/me/cryptotrain.git",
+     'pip install "cryptotrain @ git+https://github.com/me/cryptotrain.git"'),
+    ("git@github.com:me/cryptotrain.git", 'pip install "cryptotrain @ git+ssh://git@github.com/me/cryptotrain.git"'),
+    ("/home/me/src/cryptotrain", "pip install -e .  # in a clone of the cryptotrain repository"),
+    ("", "pip install -e .  # in a clone of the cryptotrain repository"),
+])
+def test_the_cards_install_line_is_the_public_origin_without_credentials(monkeypatch, origin, line):
+    """The git remote cryptotrain runs from becomes the card's install line only as anyone can clone it."""
+    monkeypatch.setattr(hub_module.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 0, origin, ""))
+    hub_module._public_origin.cache_clear()
+    try:
+        assert hub_module.install_line(HubConfig()) == line
+    finally:
+        hub_module._public_origin.cache_clear()
+
+
 def test_colliding_paths_are_refused(hub, run_dir):
     with pytest.raises(UserError, match="would both be written"):
         push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO, path_template="{timeframe}"))
 
 
 def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, monkeypatch, caplog):
-    waits = []
-    monkeypatch.setattr(hub_module.time, "sleep", waits.append)  # the client's own backoff sleeps too
+    waits = record_sleeps(monkeypatch)  # the client's own backoff sleeps too
     hub.fail("create", 429, retry_after="7")
     hub.fail("paths_info", 503, retry_after=None)
     hub.fail("preupload", 500)  # retried by the client itself
@@ -243,8 +311,7 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
 
 
 def test_retry_after_zero_retries_at_once_and_a_long_one_is_reported_not_waited(hub, run_dir, monkeypatch):
-    waits = []
-    monkeypatch.setattr(hub_module.time, "sleep", waits.append)
+    waits = record_sleeps(monkeypatch)
     hub.fail("create", 429, retry_after="0")
     hub.fail("commit", 429, retry_after="3600")  # the hourly commit limit
     with pytest.raises(JobError, match=rf"^{REPO}: could not push to the Hub: .*429"):
@@ -253,7 +320,7 @@ def test_retry_after_zero_retries_at_once_and_a_long_one_is_reported_not_waited(
 
 
 def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
-    monkeypatch.setattr(hub_module.time, "sleep", lambda seconds: None)
+    record_sleeps(monkeypatch)
     hub.fail("commit", 500, times=hub_module.MAX_ATTEMPTS)
     with pytest.raises(JobError) as err:
         push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO))
@@ -467,7 +534,7 @@ def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tm
 
 
 def test_a_failed_push_keeps_the_job_exits_1_and_the_same_command_pushes_it_later(hub, tmp_path, monkeypatch):
-    monkeypatch.setattr(hub_module.time, "sleep", lambda seconds: None)
+    record_sleeps(monkeypatch)
     hub.fail("commit", 500, times=2 * hub_module.MAX_ATTEMPTS)  # the push after the job, and the one at the end
 
     failed = run_with_push(tmp_path, ["BTCUSDT"])

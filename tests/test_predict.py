@@ -149,7 +149,7 @@ def test_bad_model_references(run, job_dir, model_ref, symbol, message):
     ("preprocessing.json", b'{"lookback":', "JSONDecodeError"),
     ("preprocessing.json", b'{"x": 1}', "no symbol and timeframe"),
     ("config.yaml", b"features: [", "ParserError|ScannerError"),
-    ("metrics.json", b"{}", "KeyError"),
+    ("metrics.json", b"{}", "ValidationError: job: Field required"),
 ])
 def test_garbage_job_files_under_a_valid_manifest_are_one_line(job_dir, tmp_path, name, content, reason):
     """Files that match their manifest but are not what they claim to be (written so, or published so)."""

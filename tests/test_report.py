@@ -21,6 +21,7 @@ from trainer import artifacts
 from trainer.errors import UserError
 from trainer.ledger import Ledger
 from trainer.report import write_report
+from trainer.results import Headline, JobMetrics
 
 DONE = ["BTCUSDT_15m", "BTCUSDT_1h"]
 FAILED = ["NOSUCHUSDT_15m", "NOSUCHUSDT_1h"]
@@ -176,7 +177,8 @@ def test_the_actual_and_persistence_closes_agree_with_the_jobs_own_metrics(run_d
     for job in DONE:
         job_dir = run_dir / "jobs" / job
         metrics = _metrics(run_dir, job)
-        prices = _price_series(job_dir / "predictions.npz", job_dir, metrics, config)
+        prices = _price_series(job_dir / "predictions.npz", job_dir, JobMetrics.from_file(job_dir / "metrics.json"),
+                               config)
         first_step = 1 - np.mean(np.abs(prices["predicted"] - prices["actual"])) / np.mean(
             np.abs(prices["persistence"] - prices["actual"]))
         assert first_step == pytest.approx(metrics["heads"]["ohlc"]["close"]["skill_by_step"][0], abs=1e-9)
@@ -253,7 +255,7 @@ def test_the_job_plot_states_its_scores_persistence_and_synthetic_data(tmp_path)
     history = pd.DataFrame({"epoch": [1, 2, 3], "loss": [1.0, 0.5, 0.4], "val_loss": [1.2, 0.9, 0.8]})
     times = np.arange("2024-01-01T00", "2024-01-03T00", dtype="datetime64[h]").astype("datetime64[ns]")
     actual = 100 + np.cumsum(np.random.default_rng(0).normal(size=len(times)))
-    scores = {"head": "ohlc", "column": "close", "mae": 1.5, "persistence_mae": 1.4, "skill": -0.0714}
+    scores = Headline(head="ohlc", column="close", mae=1.5, persistence_mae=1.4, skill=-0.0714)
     artifacts.plot(tmp_path / "new.png", history, times, actual + 0.1, actual, "BTCUSDT_1h",
                    persistence_close=np.roll(actual, 1), scores=scores, synthetic=True)
     artifacts.plot(tmp_path / "old.png", history, times, actual + 0.1, actual, "BTCUSDT_1h")  # the former call

@@ -15,6 +15,7 @@ import pandas as pd
 import yaml
 
 from .files import fsync, pid_alive, sha256_file
+from .results import Headline
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".staging-"
@@ -80,16 +81,6 @@ def remove_abandoned_staging(run_dir: Path) -> list[Path]:
     return removed
 
 
-def headline(metrics: dict) -> dict:
-    """What a job is judged by (metrics.json's headline, see evaluate.headline). Jobs written before
-    headlines existed: their first head's skill over its columns, with no direction baseline."""
-    if "headline" in metrics:
-        return metrics["headline"]
-    head, scores = next(iter(metrics["heads"].items()))
-    return {"head": head, "column": None, "skill": scores["skill"], "mae": scores["model"]["mae"],
-            "persistence_mae": scores["persistence"]["mae"], "direction_accuracy": None, "majority_rate": None}
-
-
 def write_json(path: Path, data: dict) -> None:
     """Strict JSON: a NaN or infinity is an error here, never a bare NaN/Infinity token in the file."""
     path.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
@@ -121,11 +112,11 @@ def _json_default(value):
 
 def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_close: np.ndarray,
          actual_close: np.ndarray, title: str, *, persistence_close: np.ndarray | None = None,
-         scores: dict | None = None, synthetic: bool = False) -> None:
+         scores: Headline | None = None, synthetic: bool = False) -> None:
     """Loss curves, and the predicted vs actual close of the first forecast step on the test split.
 
     persistence_close: each sample's last input close (persistence's forecast), drawn dashed.
-    scores: the job's headline test metrics (metrics.json "headline": mae, persistence_mae, skill), in the title.
+    scores: the job's headline test metrics (JobMetrics.headline: MAE, persistence's, skill), in the title.
     synthetic: the candles were generated; the figure says so in red.
     Legends sit right of the plots, never over the data."""
     # Imported here: report.py and `cryptotrain status` use this module and need no Matplotlib.
@@ -136,10 +127,9 @@ def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_
     fig = Figure(figsize=(11, 6.5))
     heading = f"{title}: training loss, and the test split in price units"
     if scores:
-        skill = scores.get("skill")
-        what = f"{scores.get('head')}.{scores['column']}" if scores.get("column") else scores.get("head", "test")
-        heading += (f"\ntest {what} (every horizon step): MAE {scores['mae']:.5g} vs persistence "
-                    f"{scores['persistence_mae']:.5g}, skill {'n/a' if skill is None else format(skill, '+.4f')}")
+        skill = scores.skill
+        heading += (f"\ntest {scores.label} (every horizon step): MAE {scores.mae:.5g} vs persistence "
+                    f"{scores.persistence_mae:.5g}, skill {'n/a' if skill is None else format(skill, '+.4f')}")
     fig.suptitle(heading, fontsize=11)
     if synthetic:
         fig.text(0.01, 0.985, "SYNTHETIC data", color="white", fontweight="bold", fontsize=11, ha="left", va="top",

@@ -11,7 +11,6 @@ whichever machine or run directory; any edit by hand breaks the match, and such 
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from pathlib import Path
 
@@ -19,7 +18,8 @@ import pandas as pd
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from .artifacts import headline
+from .results import DataInfo, JobMetrics
+from .windows import Preprocessing
 
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
@@ -33,10 +33,10 @@ def hf_uri(repo_id: str, path_in_repo: str) -> str:
 
 def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit", install: str = "") -> str:
     """`install`: the line that installs cryptotrain (see hub.install_line)."""
-    metrics = _read_json(job_dir / "metrics.json")
-    prep = _read_json(job_dir / "preprocessing.json")
-    symbol, timeframe, data = metrics["symbol"], metrics["timeframe"], _public_data(metrics["data"])
-    test_range = [_iso(t) for t in metrics["test_range"]]
+    metrics = JobMetrics.from_file(job_dir / "metrics.json")
+    prep = Preprocessing.from_file(job_dir / "preprocessing.json")
+    symbol, timeframe, data = metrics.symbol, metrics.timeframe, _public_data(metrics.data)
+    test_range = [_iso(t) for t in metrics.test_range]
     dataset = _hub_dataset(job_dir / "config.yaml")
     metadata = ModelCardData(
         library_name="keras",
@@ -44,24 +44,24 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
         license=license,
         datasets=[dataset] if dataset else None,
         tags=[*BASE_TAGS, symbol, timeframe] + (["synthetic-data"] if data["synthetic"] else []),
-        model_name=f"{metrics['run']}-{metrics['job']}",
+        model_name=f"{metrics.run}-{metrics.job}",
         eval_results=_eval_results(metrics, dataset),
         cryptotrain={
-            "run": metrics["run"], "job": metrics["job"], "symbol": symbol, "timeframe": timeframe,
-            "fingerprint": metrics["fingerprint"],
+            "run": metrics.run, "job": metrics.job, "symbol": symbol, "timeframe": timeframe,
+            "fingerprint": metrics.fingerprint,
             "data": data,
             "test_range": test_range,
         },
     )
-    horizon, lookback = prep["horizon"], prep["lookback"]
-    heads = ", ".join(f"`{h['name']}` ({', '.join(h['columns'])})" for h in prep["heads"])
+    horizon, lookback = prep.horizon, prep.lookback
+    heads = ", ".join(f"`{h.name}` ({', '.join(h.columns)})" for h in prep.heads)
     folder = f"{path_in_repo}/" if path_in_repo else ""
     sections = [
-        f"# {symbol} {timeframe} forecaster (run `{metrics['run']}`)",
+        f"# {symbol} {timeframe} forecaster (run `{metrics.run}`)",
         f"A Keras LSTM that forecasts the next {horizon} {timeframe} candle(s) of {symbol} from the last "
-        f"{lookback} candles of {', '.join(prep['input_columns'])}. Heads: {heads}. Trained with "
+        f"{lookback} candles of {', '.join(prep.input_columns)}. Heads: {heads}. Trained with "
         "cryptotrain.",
-        "## Data\n\n" + _data_text(data, metrics["n_test"], test_range),
+        "## Data\n\n" + _data_text(data, metrics.n_test, test_range),
         "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics),
         "## Training\n\n" + _training_text(metrics),
         "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo), install),
@@ -71,13 +71,8 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
 
 
 def job_row(job_dir: Path, path_in_repo: str) -> dict:
-    """One line of the run card's table: the job's first head, which the config lists as its main one."""
-    metrics = _read_json(job_dir / "metrics.json")
-    line = headline(metrics)
-    head = line["head"] + (f".{line['column']}" if line["column"] else "")
-    return {"job": metrics["job"], "path": path_in_repo, "head": head, "epochs": metrics["epochs_run"],
-            "mae": line["mae"], "persistence_mae": line["persistence_mae"],
-            "skill": line["skill"], "synthetic": metrics["data"]["synthetic"]}
+    """One line of the run card's table: the job's summary (JobMetrics.summary) and its folder in the repo."""
+    return {**JobMetrics.from_file(job_dir / "metrics.json").summary(), "path": path_in_repo}
 
 
 def run_card(run_name: str, repo_id: str, rows: list[dict], license: str = "mit") -> str:
@@ -88,7 +83,7 @@ def run_card(run_name: str, repo_id: str, rows: list[dict], license: str = "mit"
              "|---|---|---|---|---|---|---|"]
     for row in sorted(rows, key=lambda r: r["job"]):
         lines.append(f"| {row['job']} | [{row['path']}](./{row['path']}) | {row['epochs']} | {row['head']} | "
-                     f"{_num(row['mae'])} | {_num(row['persistence_mae'])} | {_num(row['skill'])} |")
+                     f"{_num(row['test_mae'])} | {_num(row['persistence_mae'])} | {_num(row['skill'])} |")
     synthetic = [row["job"] for row in rows if row["synthetic"]]
     warning = [f"**Trained on synthetic candles: {', '.join(synthetic)}.** Their metrics show the pipeline "
                "works, not how a market behaves."] if synthetic else []
@@ -120,18 +115,23 @@ def written_by_cryptotrain(card: str) -> bool:
     return hashlib.sha256(unsigned.encode()).hexdigest() == line.group(1)
 
 
-def _public_data(data: dict) -> dict:
+def _public_data(data: DataInfo) -> dict:
     """The data description without the directories of the machine that trained the model."""
-    kind, _, where = data["source"].partition(":")
-    source = f"{kind}:{Path(where).name}" if kind in ("local", "freqtrade") else data["source"]
-    return {"source": source, **{key: data[key] for key in ("synthetic", "first", "last", "rows")}}
+    kind, _, where = data.source.partition(":")
+    source = f"{kind}:{Path(where).name}" if kind in ("local", "freqtrade") else data.source
+    return {"source": source, **data.model_dump(include={"synthetic", "first", "last", "rows"})}
 
 
 def _public_config(path: Path) -> str:
-    """The run config, less where that machine kept its outputs and caches."""
+    """The run config, less where that machine kept its outputs, caches and candle files (a directory's own
+    name is kept)."""
     config = yaml.safe_load(path.read_text())
     for key in ("output_dir", "cache_dir"):
         config.pop(key, None)
+    for source in ("local", "freqtrade"):
+        settings = (config.get("data") or {}).get(source) or {}
+        if settings.get("path"):
+            settings["path"] = Path(settings["path"]).name
     return yaml.safe_dump(config, sort_keys=False)
 
 
@@ -150,48 +150,47 @@ def _data_text(data: dict, n_test: int, test_range: list[str]) -> str:
     return text
 
 
-def _headline_text(metrics: dict) -> str:
+def _headline_text(metrics: JobMetrics) -> str:
     """The one sentence a reader needs: better or worse than repeating the last candle, on unseen data."""
-    line = headline(metrics)
-    what = f"`{line['head']}` {line['column']} (every step of the horizon)" if line["column"] else f"`{line['head']}`"
-    text = (f"**Test skill vs persistence: {_num(line['skill'])}** for {what}: MAE {_num(line['mae'])} against "
-            f"{_num(line['persistence_mae'])} for repeating the last candle.")
-    if line["skill"] is not None and line["skill"] < 0:
+    line = metrics.headline
+    what = f"`{line.head}` {line.column} (every step of the horizon)" if line.column else f"`{line.head}`"
+    text = (f"**Test skill vs persistence: {_num(line.skill)}** for {what}: MAE {_num(line.mae)} against "
+            f"{_num(line.persistence_mae)} for repeating the last candle.")
+    if line.worse_than_persistence:
         text += (" **This model is worse than persistence**: on the test split, repeating the last candle "
                  "forecast better than it does.")
-    shrink = line.get("shrink", 1.0)
+    shrink = line.shrink
     if shrink == 0:
         text += (" Validation found no deviation from \"no change\" worth keeping, so this model forecasts the "
                  "close as the last close (its wicks and other heads are still its own).")
     elif shrink < 1:
         text += (f" The forecast's deviation from \"no change\" is weighted {shrink:.2f}, a factor chosen on the "
                  "validation split.")
-    if line["direction_accuracy"] is not None:
-        text += (f" Direction of the close: {_num(line['direction_accuracy'])} correct, against "
-                 f"{_num(line['majority_rate'])} for always answering the most frequent move.")
+    if line.direction_accuracy is not None:
+        text += (f" Direction of the close: {_num(line.direction_accuracy)} correct, against "
+                 f"{_num(line.majority_rate)} for always answering the most frequent move.")
     return text
 
 
-def _metrics_table(metrics: dict) -> str:
+def _metrics_table(metrics: JobMetrics) -> str:
     lines = ["On the held-out test split, in price units. Persistence repeats the last known candle; "
              "skill compares the model's error with persistence's (> 0: the model is better).", "",
              "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill | inconsistent candles |",
              "|---|---|---|---|---|---|---|---|"]
-    for head, scores in metrics["heads"].items():
-        candles = scores.get("inconsistent_candles", {})
-        for who in ("model", "persistence"):
-            m = scores[who]
-            skill = _num(scores["skill"]) if who == "model" else ""
-            direction = _num(m["direction_accuracy"]) if who == "model" else ""
+    for head, scores in metrics.heads.items():
+        candles = scores.inconsistent_candles or {}
+        for who, m in (("model", scores.model), ("persistence", scores.persistence)):
+            skill = _num(scores.skill) if who == "model" else ""
+            direction = _num(m.direction_accuracy) if who == "model" else ""
             inconsistent = _num(candles.get("model")) if who == "model" else ""
-            lines.append(f"| {head} | {who} | {_num(m['mae'])} | {_num(m['rmse'])} | {_num(m['mape'])} | "
+            lines.append(f"| {head} | {who} | {_num(m.mae)} | {_num(m.rmse)} | {_num(m.mape)} | "
                          f"{direction} | {skill} | {inconsistent} |")
     return "\n".join(lines)
 
 
-def _training_text(metrics: dict) -> str:
-    return (f"{metrics['epochs_run']} epoch(s) (best: epoch {metrics['best_epoch']}, validation loss "
-            f"{_num(metrics['best_val_loss'])}), {metrics['seconds']:.0f} s. Loss curves and the test-split "
+def _training_text(metrics: JobMetrics) -> str:
+    return (f"{metrics.epochs_run} epoch(s) (best: epoch {metrics.best_epoch}, validation loss "
+            f"{_num(metrics.best_val_loss)}), {metrics.seconds:.0f} s. Loss curves and the test-split "
             "forecast are in `plot.png`, per-epoch losses in `history.csv`.")
 
 
@@ -203,8 +202,8 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         "`timestamp,open,high,low,close,volume`):\n\n"
         f"```bash\n{install}\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
         "Or load the Keras model yourself (no custom objects needed):\n\n"
-        "```python\nimport keras\nfrom huggingface_hub import hf_hub_download\n\n"
-        f"model = {load}\n```\n\n"
+        "```python\nimport keras\n" + ("from huggingface_hub import hf_hub_download\n" if folder else "") +
+        f"\nmodel = {load}\n```\n\n"
         "Its inputs are the last `lookback` rows of `input_columns`, framed relative to the window's last close "
         "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
         "scaled as `(x - offset) / scale` with `preprocessing.json`'s scaler; its outputs are a dict of heads, "
@@ -219,23 +218,19 @@ def _hub_dataset(config_path: Path) -> str | None:
     return data.get("hf", {}).get("repo_id") if data.get("source") == "hf" else None
 
 
-def _eval_results(metrics: dict, dataset: str | None) -> list[EvalResult]:
+def _eval_results(metrics: JobMetrics, dataset: str | None) -> list[EvalResult]:
     """The headline test scores (the close, price units) in the Hub's model-index format."""
-    line = headline(metrics)
-    what = line["head"] + (f".{line['column']}" if line["column"] else "")
-    source = _public_data(metrics["data"])["source"]
+    line = metrics.headline
+    what = line.label
+    source = _public_data(metrics.data)["source"]
     common = {"task_type": PIPELINE_TAG, "dataset_type": dataset or "crypto-candles", "dataset_split": "test",
-              "dataset_name": f"{metrics['symbol']} {metrics['timeframe']} candles ({source})"}
-    scores = [("mae", line["mae"], f"MAE of {what} (price units)"),
-              ("mae", line["persistence_mae"], f"MAE of persistence, {what} (price units)"),
-              ("skill", line["skill"], "skill vs persistence (1 - MAE / persistence MAE)")]
+              "dataset_name": f"{metrics.symbol} {metrics.timeframe} candles ({source})"}
+    scores = [("mae", line.mae, f"MAE of {what} (price units)"),
+              ("mae", line.persistence_mae, f"MAE of persistence, {what} (price units)"),
+              ("skill", line.skill, "skill vs persistence (1 - MAE / persistence MAE)")]
     return [EvalResult(**common, metric_type=kind, metric_value=value, metric_name=name)
             for kind, value, name in scores if value is not None]
 
 
 def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.4g}"
-
-
-def _read_json(path: Path) -> dict:
-    return json.loads(path.read_text())

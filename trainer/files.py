@@ -1,6 +1,7 @@
 """Crash-safe file writing and hashing, shared by the stages that persist state."""
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 from collections.abc import Callable
@@ -11,16 +12,24 @@ def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one
     (and perhaps the temp file, which remove_abandoned_temp_files clears)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"tmp{os.getpid()}-{path.name}")  # same suffix: Keras and numpy check it
-    write(tmp)
-    fsync(tmp)
-    os.replace(tmp, path)
+    tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
+    try:
+        write(tmp)
+        fsync(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # a full disk, say: no half-written temp file left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
+TEMP_PREFIX = "tmp"
 
 
 def remove_abandoned_temp_files(directory: Path) -> None:
     """atomic_write's temp files in `directory` whose process is gone (killed mid-write)."""
-    for tmp in directory.glob("tmp*-*"):
-        pid = tmp.name[3:].split("-", 1)[0]
+    for tmp in directory.glob(f"{TEMP_PREFIX}*-*"):
+        pid = tmp.name[len(TEMP_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)):
             tmp.unlink(missing_ok=True)
 

@@ -24,11 +24,14 @@ from __future__ import annotations
 
 import email.utils
 import fcntl
+import functools
 import json
 import logging
 import os
+import re
 import subprocess
 import time
+import urllib.parse
 import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -378,12 +381,28 @@ def install_line(hub: HubConfig) -> str:
     cryptotrain runs from (until the package is published)."""
     if hub.install:
         return hub.install
+    if url := _public_origin():
+        return f'pip install "cryptotrain @ git+{url}"'
+    return "pip install -e .  # in a clone of the cryptotrain repository"
+
+
+@functools.cache
+def _public_origin() -> str | None:
+    """The `origin` remote of the checkout this cryptotrain runs from, as anyone may clone it: an https or ssh
+    URL with no credentials in it (a token in `https://user:TOKEN@host/...` never reaches a card); None for
+    no remote, or one only this machine can reach (a local path)."""
     source = Path(__file__).resolve().parent.parent
     try:
         url = subprocess.run(["git", "-C", str(source), "remote", "get-url", "origin"], capture_output=True,
                              text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        url = ""
-    if url:
-        return f'pip install "cryptotrain @ git+{url}"'
-    return "pip install -e .  # in a clone of the cryptotrain repository"
+        return None
+    if re.fullmatch(r"[\w.-]+@[\w.-]+:[\w./~-]+", url):  # scp-like: git@github.com:owner/repo.git
+        user_host, _, path = url.partition(":")
+        url = f"ssh://{user_host}/{path}"
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("https", "http", "ssh") or not parts.hostname:
+        return None
+    user = "git@" if parts.scheme == "ssh" and parts.username == "git" else ""  # ssh's user is no secret
+    host = parts.hostname + (f":{parts.port}" if parts.port else "")
+    return urllib.parse.urlunsplit((parts.scheme, user + host, parts.path, "", ""))

@@ -16,7 +16,7 @@ import logging
 import os
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -32,6 +32,7 @@ from .evaluate import choose_shrink, evaluate, predict_fixed_batches
 from .features import collinear_columns, load_features
 from .jobs import Job
 from .models import output_shapes
+from .results import JobMetrics
 from .training import FitResult, ModelCache, ReportProgress, fit
 from .windows import Preprocessing, Windows, make_windows
 
@@ -58,7 +59,7 @@ class Prepared:
 @dataclass(frozen=True)
 class JobResult:
     job: Job
-    metrics: dict  # as metrics.json holds it
+    metrics: JobMetrics  # what its metrics.json holds
     files: dict[str, bytes]  # every file of the job directory but its manifest (artifacts.commit_files adds it)
     # TensorBoard event files (path relative to the job's log directory -> bytes) written where the driver cannot
     # see them (a Ray worker): the driver writes them under tensorboard_dir. Empty when written there already.
@@ -103,18 +104,19 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     release_free_memory()
     with _naming(source):
         scores = evaluate(predictions, windows.test, prep, unshrunk)
-    metrics = {
+    values = {
         "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
         "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
         "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
         "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
         "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
+        "test_range": [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]],
         **scores,
     }
-    metrics["test_range"] = [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]]
-    if (bad := artifacts.non_finite(metrics)) is not None:  # a number that means nothing never counts as done
+    if (bad := artifacts.non_finite(values)) is not None:  # a number that means nothing never counts as done
         raise JobError(f"{source}: the test metrics are not finite ({bad[0]} is {bad[1]}); "
                        "check the candles for absurd values")
+    metrics = JobMetrics.model_validate(values)
     with tempfile.TemporaryDirectory(prefix="cryptotrain-job-") as tmp:
         write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions)
         files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
@@ -145,12 +147,13 @@ def _naming(source: str):
 
 
 def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
-                    windows: Windows, result: FitResult, metrics: dict, predictions: dict[str, np.ndarray]) -> None:
+                    windows: Windows, result: FitResult, metrics: JobMetrics,
+                    predictions: dict[str, np.ndarray]) -> None:
     model.save(stage / "model.keras")
-    preprocessing = {**prep.to_dict(), "symbol": job.symbol, "timeframe": job.timeframe,
-                     "indicators": [ind.model_dump(mode="json") for ind in cfg.features.indicators]}
-    artifacts.write_json(stage / "preprocessing.json", preprocessing)
-    artifacts.write_json(stage / "metrics.json", metrics)
+    replace(prep, symbol=job.symbol, timeframe=job.timeframe,
+            indicators=tuple(ind.model_dump(mode="json") for ind in cfg.features.indicators)
+            ).to_file(stage / "preprocessing.json")
+    metrics.to_file(stage / "metrics.json")
     # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
     artifacts.write_config(stage / "config.yaml",
                            cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}))
@@ -168,8 +171,8 @@ def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, p
         first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
         artifacts.plot(stage / "plot.png", result.history, windows.test.target_times,
                        predictions[close_head.name][first_step], actual[first_step], job.name,
-                       persistence_close=closes["persistence_close"], scores=metrics["headline"],
-                       synthetic=metrics["data"]["synthetic"])
+                       persistence_close=closes["persistence_close"], scores=metrics.headline,
+                       synthetic=metrics.data.synthetic)
 
 
 def release_free_memory() -> None:

@@ -5,7 +5,6 @@ how to scale them and which columns each head predicts. The forecast follows the
 """
 from __future__ import annotations
 
-import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,14 +13,16 @@ import keras
 import numpy as np
 import pandas as pd
 import yaml
+from pydantic import ValidationError
 
-from .artifacts import MANIFEST, STAGING_PREFIX, headline, jobs_dir, verify
+from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
 from .config import FeaturesConfig, TrainConfig, load_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
 from .device import setup
 from .errors import UserError
 from .features import compute_features
+from .results import JobMetrics
 from .windows import Preprocessing
 
 PREPROCESSING = "preprocessing.json"
@@ -61,31 +62,29 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
     job_dir = resolve_job_dir(model_ref, symbol, timeframe)
     if verify(job_dir) is None:
         raise UserError(f"{model_ref}: its files do not match {MANIFEST} (incomplete or changed); train the job again")
-    prep = _job_file(job_dir, PREPROCESSING, _read_preprocessing)
-    for given, own, option in ((symbol, prep["symbol"], "--symbol"), (timeframe, prep["timeframe"], "--timeframe")):
+    prep = _job_file(job_dir, PREPROCESSING, Preprocessing.from_file)
+    for given, own, option in ((symbol, prep.symbol, "--symbol"), (timeframe, prep.timeframe, "--timeframe")):
         if given is not None and given != own:
-            raise UserError(f"{option} {given}: the model {model_ref} is for {prep['symbol']} {prep['timeframe']}")
+            raise UserError(f"{option} {given}: the model {model_ref} is for {prep.symbol} {prep.timeframe}")
     candles = _candles(job_dir, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles)
-    return Prediction(prep["symbol"], prep["timeframe"], model_ref, candles.attrs.get("source"),
+    return Prediction(prep.symbol, prep.timeframe, model_ref, candles.attrs.get("source"),
                       bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
 
 
 def track_record(job_dir: Path) -> dict:
     """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
     worse than persistence: what a forecast is worth."""
-    metrics = _job_file(job_dir, "metrics.json", lambda path: json.loads(path.read_text()))
-    line = _job_file(job_dir, "metrics.json", lambda _: headline(metrics))
-    return {"head": line["head"], "column": line["column"], "skill": line["skill"], "mae": line["mae"],
-            "persistence_mae": line["persistence_mae"], "test_range": metrics["test_range"],
-            "worse_than_persistence": line["skill"] is not None and line["skill"] < 0}
+    metrics = _job_file(job_dir, "metrics.json", JobMetrics.from_file)
+    line = metrics.headline
+    return {**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
+            "test_range": metrics.test_range, "worse_than_persistence": line.worse_than_persistence}
 
 
 def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column)."""
-    saved = _job_file(job_dir, PREPROCESSING, _read_preprocessing)
-    prep = _job_file(job_dir, PREPROCESSING, lambda _: Preprocessing.from_dict(saved))
+    prep = _job_file(job_dir, PREPROCESSING, Preprocessing.from_file)
     # Only the sections predicting needs: a job saved by an earlier version need not pass today's whole schema.
     features, train = _job_file(job_dir, "config.yaml", _read_sections)
     x, last_close = prep.make_inputs(compute_features(candles, features))
@@ -101,7 +100,7 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
         steps = prices[head.name].reshape(horizon, len(head.columns))  # (1, horizon, C) or (1, C)
         for i, column in enumerate(head.columns):
             columns[f"{head.name}.{column}" if shared else column] = steps[:, i]
-    step = timeframe_delta(saved["timeframe"])
+    step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
@@ -134,9 +133,9 @@ def _is_hub_repo(model_ref: str) -> bool:
     return model_ref.startswith("hf://") and len(model_ref.removeprefix("hf://").strip("/").split("/")) == 2
 
 
-def _candles(job_dir: Path, prep: dict, data_path: Path | None, config_path: str | None) -> pd.DataFrame:
+def _candles(job_dir: Path, prep: Preprocessing, data_path: Path | None, config_path: str | None) -> pd.DataFrame:
     """The candles to forecast from: --data, else --config's data source, else the job's own."""
-    symbol, timeframe = prep["symbol"], prep["timeframe"]
+    symbol, timeframe = prep.symbol, prep.timeframe
     if data_path is not None:
         return read_candles_file(data_path, timeframe)
     cfg = load_config(config_path if config_path is not None else job_dir / "config.yaml")
@@ -149,16 +148,13 @@ def _job_file(job_dir: Path, name: str, read):
     try:
         return read(job_dir / name)
     except Exception as exc:  # json, yaml, zip, h5, pydantic, a missing key: whatever the garbage trips
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+        if isinstance(exc, ValidationError):  # its first problem, not "14 validation errors for JobMetrics"
+            first = exc.errors()[0]
+            reason = f"{'.'.join(map(str, first['loc'])) or 'the file'}: {first['msg']}"
+        else:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
         raise UserError(f"{job_dir / name}: cannot be read ({type(exc).__name__}: {reason}); train the job "
                         "again, or download it again") from None
-
-
-def _read_preprocessing(path: Path) -> dict:
-    saved = json.loads(path.read_text())
-    if not (isinstance(saved, dict) and {"symbol", "timeframe"} <= saved.keys()):
-        raise ValueError("no symbol and timeframe")
-    return saved
 
 
 def _read_model(path: Path) -> keras.Model:

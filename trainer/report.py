@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import html
 import itertools
-import json
 import math
 from collections import Counter
 from dataclasses import dataclass, field
@@ -26,11 +25,13 @@ import pandas as pd
 import yaml
 
 from . import __version__
-from .artifacts import MANIFEST, headline, jobs_dir, verify
+from .artifacts import MANIFEST, jobs_dir, verify
 from .errors import UserError
 from .files import atomic_write
 from .ledger import JobRecord, Ledger
 from .reporting import verdict
+from .results import CloseScores, Headline, JobMetrics
+from .windows import Preprocessing
 
 REPORT = "report.html"
 MAX_POINTS = 1600  # per price line: longer test splits keep each pixel column's lowest and highest value
@@ -65,8 +66,8 @@ class _Job:
     record: JobRecord
     symbol: str
     timeframe: str
-    metrics: dict | None = None
-    line: dict | None = None  # the headline: metrics.json's, else the ledger's summary
+    metrics: JobMetrics | None = None
+    line: Headline | None = None  # the headline: metrics.json's, else the ledger's summary
     history: pd.DataFrame | None = None
     prices: dict | None = None  # times, predicted, actual, persistence (first forecast step), source
     notes: list[str] = field(default_factory=list)
@@ -81,12 +82,12 @@ class _Job:
 
     @property
     def skill(self) -> float | None:
-        return self.line.get("skill") if self.line and self.status == "done" else None
+        return self.line.skill if self.line and self.status == "done" else None
 
     @property
     def synthetic(self) -> bool:
         if self.metrics is not None:
-            return bool(self.metrics.get("data", {}).get("synthetic"))
+            return self.metrics.data.synthetic
         return bool((self.record.summary or {}).get("synthetic"))
 
 
@@ -112,22 +113,20 @@ def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:
         if not (job_dir / MANIFEST).is_file() or verify(job_dir) != record.manifest_sha256:
             job.notes.append("its files are missing or changed since the job finished (the manifest does not "
                              "verify); a rerun of the same command trains it again")
-        job.metrics = _read(job_dir / "metrics.json", lambda p: json.loads(p.read_text()), job.notes)
+        job.metrics = _read(job_dir / "metrics.json", JobMetrics.from_file, job.notes)
         job.history = _read(job_dir / "history.csv", pd.read_csv, job.notes)
         if job.metrics is not None:
             job.prices = _read(job_dir / "predictions.npz",
                                lambda p: _price_series(p, job_dir, job.metrics, config), job.notes)
     if job.metrics is not None:
-        try:
-            job.line = headline(job.metrics)
-        except (KeyError, StopIteration, TypeError, AttributeError):
-            job.notes.append("metrics.json holds no test metrics this report can read")
-    if job.line is None and record.summary:  # the ledger keeps the headline too
+        job.line = job.metrics.headline
+    elif record.summary:  # the ledger keeps the headline too (JobMetrics.summary)
         s = record.summary
-        job.line = {"head": s.get("head"), "column": None, "skill": s.get("skill"), "mae": s.get("test_mae"),
-                    "persistence_mae": s.get("persistence_mae"), "direction_accuracy": s.get("direction_accuracy"),
-                    "majority_rate": s.get("majority_rate")}
-        job.notes.append("the headline numbers come from the run ledger")
+        with contextlib.suppress(ValueError):
+            job.line = Headline(head=s.get("head"), skill=s.get("skill"), mae=s.get("test_mae"),
+                                persistence_mae=s.get("persistence_mae"), majority_rate=s.get("majority_rate"),
+                                direction_accuracy=s.get("direction_accuracy"), shrink=s.get("shrink", 1.0))
+            job.notes.append("the headline numbers come from the run ledger")
     return job
 
 
@@ -149,12 +148,11 @@ class _NoChart(Exception):
     """Why the test-split price chart cannot be drawn from what the run stored."""
 
 
-def _price_series(path: Path, job_dir: Path, metrics: dict, config: dict) -> dict:
+def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: dict) -> dict:
     """The first forecast step of the headline head's close on the test split: target times, predicted,
     actual and persistence (the last input close), all from predictions.npz (keys HEAD, actual_close and
     persistence_close)."""
-    line = headline(metrics)
-    head = line["head"]
+    head = metrics.headline.head
     columns = _head_columns(job_dir, config, head)
     if "close" not in columns:
         raise _NoChart(f"head {head} predicts no close")
@@ -173,11 +171,11 @@ def _price_series(path: Path, job_dir: Path, metrics: dict, config: dict) -> dic
 
 def _head_columns(job_dir: Path, config: dict, head: str) -> list[str]:
     """The head's columns, from the job's preprocessing.json, else the run's config."""
-    heads = []
-    with contextlib.suppress(OSError, ValueError, AttributeError):
-        heads = json.loads((job_dir / "preprocessing.json").read_text()).get("heads", [])
-    heads = heads or config.get("heads") or []
-    for spec in heads:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
+        for head_target in Preprocessing.from_file(job_dir / "preprocessing.json").heads:
+            if head_target.name == head:
+                return list(head_target.columns)
+    for spec in config.get("heads") or []:
         if isinstance(spec, dict) and spec.get("name") == head:
             return list(spec.get("columns", []))
     raise _NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
@@ -220,9 +218,9 @@ def _header(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Jo
     firsts, lasts, tests = [], [], []
     for job in jobs:
         if job.metrics:
-            firsts.append(job.metrics.get("data", {}).get("first"))
-            lasts.append(job.metrics.get("data", {}).get("last"))
-            tests += list(job.metrics.get("test_range") or [])
+            firsts.append(job.metrics.data.first)
+            lasts.append(job.metrics.data.last)
+            tests += job.metrics.test_range
     firsts, lasts, tests = [x for x in firsts if x], [x for x in lasts if x], [x for x in tests if x]
     if firsts and lasts:
         facts.append(("candles", f"{_e(_when(min(firsts)))} to {_e(_when(max(lasts)))} UTC"
@@ -315,9 +313,9 @@ def _skill_style(skill: float, scale: float) -> str:
 
 # ----------------------------------------------------------------------------- table
 def _table(jobs: list[_Job]) -> str:
-    heads = list(dict.fromkeys(h for j in jobs if j.metrics for h in (j.metrics.get("heads") or {})))
-    with_direction = {h for j in jobs if j.metrics for h, s in (j.metrics.get("heads") or {}).items()
-                      if (s.get("model") or {}).get("direction_accuracy") is not None}
+    heads = list(dict.fromkeys(h for j in jobs if j.metrics for h in j.metrics.heads))
+    with_direction = {h for j in jobs if j.metrics for h, s in j.metrics.heads.items()
+                      if s.model.direction_accuracy is not None}
     groups: list[tuple[str, list[tuple[str, str]]]] = [
         ("", [("job", "the job: SYMBOL_TIMEFRAME"), ("status", "done, failed, pending or running"),
               ("epochs", "epochs run (the best epoch is in the job's details)"),
@@ -346,24 +344,21 @@ def _table(jobs: list[_Job]) -> str:
     names = [f'<th data-col={i} title="{_e(tip)}">{_e(label)}</th>' for i, (label, tip) in enumerate(labels)]
     rows = []
     for job in jobs:
-        line = job.line or {}
-        close = _close_scores(job)
-        m = job.metrics or {}
-        epochs = m.get("epochs_run", (job.record.summary or {}).get("epochs"))
+        line, close = job.line, _close_scores(job)
+        epochs = job.metrics.epochs_run if job.metrics else (job.record.summary or {}).get("epochs")
         cells = [_cell(job.name, link=f"#job-{job.name}"), _cell(job.status, css=job.status),
                  _num(epochs, "d"), _num(job.record.seconds, ".1f"),
-                 _num(line.get("mae"), ".5g"), _num(line.get("persistence_mae"), ".5g"),
+                 _num(line and line.mae, ".5g"), _num(line and line.persistence_mae, ".5g"),
                  _num(job.skill, "+.4f", css=_sign(job.skill)),
-                 _num(line.get("direction_accuracy"), ".3f"), _num(close.get("up_move_rate"), ".3f"),
-                 _num(line.get("majority_rate"), ".3f")]
+                 _num(line and line.direction_accuracy, ".3f"), _num(close and close.up_move_rate, ".3f"),
+                 _num(line and line.majority_rate, ".3f")]
         for head in heads:
-            scores = (m.get("heads") or {}).get(head) or {}
-            skill = scores.get("skill") if job.status == "done" else None
-            cells += [_num((scores.get("model") or {}).get("mae"), ".5g"),
-                      _num((scores.get("persistence") or {}).get("mae"), ".5g"),
+            scores = job.metrics.heads.get(head) if job.metrics else None
+            skill = scores.skill if scores and job.status == "done" else None
+            cells += [_num(scores and scores.model.mae, ".5g"), _num(scores and scores.persistence.mae, ".5g"),
                       _num(skill, "+.4f", css=_sign(skill))]
             if head in with_direction:
-                cells.append(_num((scores.get("model") or {}).get("direction_accuracy"), ".3f"))
+                cells.append(_num(scores and scores.model.direction_accuracy, ".3f"))
         error = job.record.error if job.status != "done" else ""
         if errors:
             cells.append(_error_cell(error or ""))
@@ -374,10 +369,12 @@ def _table(jobs: list[_Job]) -> str:
             "Direction accuracy means something only above the majority rate.</p>")
 
 
-def _close_scores(job: _Job) -> dict:
-    line = job.line or {}
-    heads = (job.metrics or {}).get("heads") or {}
-    return (heads.get(line.get("head")) or {}).get("close") or {} if line.get("column") == "close" else {}
+def _close_scores(job: _Job) -> CloseScores | None:
+    """The headline head's close scores, where the job's metrics.json holds them."""
+    if job.metrics is None or job.line is None or job.line.column != "close":
+        return None
+    head = job.metrics.heads.get(job.line.head)
+    return head.close if head else None
 
 
 def _cell(text: str, css: str = "", link: str | None = None) -> str:
@@ -411,7 +408,7 @@ def _details(job: _Job) -> str:
     summary = f"<span class=jobname>{_e(job.name)}</span> <span class=\"badge {job.status}\">{job.status}</span>"
     if job.skill is not None:
         summary += f" skill <b class={_sign(job.skill)}>{job.skill:+.4f}</b>{_e(verdict(job.skill))}"
-        if (job.line or {}).get("shrink") == 0:
+        if job.line and job.line.shrink == 0:
             summary += "<span class=hint>: validation found no deviation from no change worth keeping</span>"
     elif job.status == "failed" and job.record.error:
         summary += f" <span class=err>{_e(_shorten(_one_line(job.record.error), 140))}</span>"
@@ -434,28 +431,21 @@ def _details(job: _Job) -> str:
 
 
 def _job_facts(job: _Job) -> str:
-    m = job.metrics
-    data = m.get("data") or {}
-    line = job.line or {}
-    facts = [("candles", f"{data.get('source', '?')}: {_when(data.get('first'))} to {_when(data.get('last'))} UTC, "
-                         f"{data.get('rows', '?')} rows, {data.get('gaps', 0)} gaps"
-                         + (" (SYNTHETIC)" if data.get("synthetic") else "")),
-             ("test split", f"{m.get('n_test', '?')} samples, targets "
-                            f"{' to '.join(map(_when, m.get('test_range', [])))} UTC")]
-    if line:
-        what = f"{line.get('head')}.{line.get('column')}" if line.get("column") else str(line.get("head"))
-        facts.append(("headline", f"{what}: MAE {_fmt(line.get('mae'))} vs persistence "
-                                  f"{_fmt(line.get('persistence_mae'))}, skill {_fmt(line.get('skill'), '+.4f')}; "
-                                  f"direction {_fmt(line.get('direction_accuracy'), '.3f')} vs majority "
-                                  f"{_fmt(line.get('majority_rate'), '.3f')}; shrink {_fmt(line.get('shrink'))}"))
-        by_step = _close_scores(job).get("skill_by_step")
-        if by_step:
-            facts.append(("skill by step", ", ".join(_fmt(s, "+.4f") for s in by_step)))
-    facts.append(("training", f"{m.get('epochs_run', '?')} epochs, best {m.get('best_epoch', '?')} (val loss "
-                              f"{_fmt(m.get('best_val_loss'))}); {_fmt(m.get('seconds'), '.1f')} s from loading to "
-                              "evaluation, "
-                              f"{_fmt(m.get('train_step_seconds'), '.3f')} s per train step, "
-                              f"RSS {_fmt(m.get('rss_mb'), '.0f')} MB"))
+    m, data, line = job.metrics, job.metrics.data, job.metrics.headline
+    facts = [("candles", f"{data.source}: {_when(data.first)} to {_when(data.last)} UTC, "
+                         f"{data.rows} rows, {data.gaps} gaps" + (" (SYNTHETIC)" if data.synthetic else "")),
+             ("test split", f"{m.n_test} samples, targets {' to '.join(map(_when, m.test_range))} UTC"),
+             ("headline", f"{line.label}: MAE {_fmt(line.mae)} vs persistence "
+                          f"{_fmt(line.persistence_mae)}, skill {_fmt(line.skill, '+.4f')}; "
+                          f"direction {_fmt(line.direction_accuracy, '.3f')} vs majority "
+                          f"{_fmt(line.majority_rate, '.3f')}; shrink {_fmt(line.shrink)}")]
+    close = _close_scores(job)
+    if close and close.skill_by_step:
+        facts.append(("skill by step", ", ".join(_fmt(s, "+.4f") for s in close.skill_by_step)))
+    facts.append(("training", f"{m.epochs_run} epochs, best {m.best_epoch} (val loss "
+                              f"{_fmt(m.best_val_loss)}); {_fmt(m.seconds, '.1f')} s from loading to evaluation, "
+                              f"{_fmt(m.train_step_seconds, '.3f')} s per train step, "
+                              f"RSS {_fmt(m.rss_mb, '.0f')} MB"))
     return "<dl class=facts>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import gc
-import json
 import logging
 import math
 import shutil
@@ -36,6 +35,7 @@ from .jobs import Job, make_jobs
 from .ledger import JobRecord, Ledger, LostClaim
 from .pipeline import JobResult, prepare, tensorboard_dir
 from .reporting import summary_line, write_summary
+from .results import JobMetrics
 from .training import FINISHED, EpochCheckpoint, replay_budget
 
 log = logging.getLogger("cryptotrain")
@@ -161,7 +161,7 @@ class _Driver:
             return
         self.finish(job, finished)
 
-    def finish(self, job: Job, outcome: JobResult | tuple[str, dict] | BaseException) -> None:
+    def finish(self, job: Job, outcome: JobResult | tuple[str, JobMetrics] | BaseException) -> None:
         name = job.name
         started, heartbeat = self.in_flight.pop(name)
         heartbeat.__exit__(None, None, None)
@@ -174,7 +174,7 @@ class _Driver:
                 manifest_sha, metrics = artifacts.commit_files(self.run_dir, name, outcome.files), outcome.metrics
             else:
                 manifest_sha, metrics = outcome
-            summary = _job_summary(metrics)
+            summary = metrics.summary()
             self.ledger.mark_done(name, manifest_sha, summary, seconds)
         except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
             self._release(name)
@@ -211,7 +211,7 @@ class _Driver:
 
 
 def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
-                      progress: Display) -> tuple[str, dict] | None:
+                      progress: Display) -> tuple[str, JobMetrics] | None:
     """(manifest sha256, metrics) of a job directory this config finished (a process that died before the
     ledger knew, or a ledger moved aside), unless the training budget now asks for more or less (budget_plan:
     its checkpoints are then set up to go on from, or cleared)."""
@@ -219,8 +219,11 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     existing = artifacts.verify(final)
     if not existing:
         return None
-    metrics = json.loads((final / "metrics.json").read_text())
-    if metrics.get("fingerprint") != cfg.fingerprint():
+    try:
+        metrics = JobMetrics.from_file(final / "metrics.json")
+    except ValueError:  # not a metrics.json this version can read: trained again, not trusted
+        return None
+    if metrics.fingerprint != cfg.fingerprint():
         return None
     plan = budget_plan(cfg, final, backup)
     if plan is None or plan.action == "keep":
@@ -350,22 +353,6 @@ def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
     for layer in blocked:
         log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
                     layer.index, layer.kind, "; ".join(layer.blockers))
-
-
-def _job_summary(metrics: dict) -> dict:
-    """The row of the run's summary table: the job's headline test metrics (evaluate.headline) next to
-    persistence's."""
-    line = metrics["headline"]
-    return {
-        "job": metrics["job"], "epochs": metrics["epochs_run"], "best_epoch": metrics["best_epoch"],
-        "best_val_loss": metrics["best_val_loss"],
-        "head": line["head"] + (f".{line['column']}" if line["column"] else ""),
-        "test_mae": line["mae"], "persistence_mae": line["persistence_mae"], "skill": line["skill"],
-        "direction_accuracy": line["direction_accuracy"], "majority_rate": line["majority_rate"],
-        "shrink": line["shrink"],
-        "seconds": metrics["seconds"], "train_step_seconds": metrics["train_step_seconds"],
-        "rss_mb": metrics["rss_mb"], "synthetic": metrics["data"]["synthetic"],
-    }
 
 
 @contextlib.contextmanager

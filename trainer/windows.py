@@ -21,9 +21,11 @@ samples only. Framing uses nothing after a window's last input row.
 """
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -183,7 +185,8 @@ class HeadTarget:
 @dataclass(frozen=True, eq=False)
 class Preprocessing:
     """Everything needed to turn raw feature rows into model inputs, and model outputs into prices.
-    Saved as preprocessing.json (to_dict / from_dict, which also reads the files of earlier versions)."""
+    Saved as the job's preprocessing.json (to_file / from_file, which also reads the files of earlier versions),
+    with what it is for: the job's symbol and timeframe, and its indicators (config.Indicator dumps)."""
     input_columns: tuple[str, ...]
     lookback: int
     horizon: int
@@ -191,6 +194,9 @@ class Preprocessing:
     scaler: Scaler  # of the framed inputs
     heads: tuple[HeadTarget, ...]
     splits: dict[str, dict]  # split -> {"first", "last": ISO timestamps of its rows, "rows": count}
+    symbol: str | None = None
+    timeframe: str | None = None
+    indicators: tuple[dict, ...] = ()
 
     @cached_property
     def framing(self) -> Framing:
@@ -266,7 +272,21 @@ class Preprocessing:
             "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
                        "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict()} for h in self.heads],
             "splits": self.splits,
+            "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
         }
+
+    def to_file(self, path: Path) -> None:
+        from .artifacts import write_json
+
+        write_json(path, self.to_dict())
+
+    @classmethod
+    def from_file(cls, path: Path) -> Preprocessing:
+        """A job's preprocessing.json; ValueError (or KeyError, TypeError) when it is not one."""
+        saved = json.loads(path.read_text())
+        if not (isinstance(saved, dict) and saved.get("symbol") and saved.get("timeframe")):
+            raise ValueError("no symbol and timeframe")
+        return cls.from_dict(saved)
 
     @classmethod
     def from_dict(cls, d: dict) -> Preprocessing:
@@ -284,7 +304,8 @@ class Preprocessing:
             heads.append(HeadTarget(h["name"], columns, tuple(h["target_shape"]), head_scaler,
                                     bool(h.get("candle", False)), float(h.get("shrink", 1.0))))
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d.get("relative_to"), scaler,
-                   tuple(heads), d.get("splits", {}))
+                   tuple(heads), d.get("splits", {}), d.get("symbol"), d.get("timeframe"),
+                   tuple(d.get("indicators", ())))
 
 
 @dataclass(frozen=True, eq=False)

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
-import tempfile
 import time
 import urllib.error
 import urllib.parse
@@ -28,6 +26,7 @@ import pandas as pd
 
 from ..config import OHLCV, BinanceSource
 from ..errors import JobError
+from ..files import atomic_write
 from .files import candles_from_bytes, read_bytes
 from .validate import timeframe_delta
 
@@ -147,15 +146,8 @@ def _closed_candles(rows: list[list], now_ms: int) -> pd.DataFrame:
 
 def _write_atomic(frame: pd.DataFrame, path: Path) -> None:
     """CSV.gz in ../shared's layout; gzip mtime 0 so equal candles give equal bytes (and cache keys)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        frame.to_csv(tmp, date_format="%Y-%m-%dT%H:%M:%SZ", compression={"method": "gzip", "mtime": 0})
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    atomic_write(path, lambda tmp: frame.to_csv(tmp, date_format="%Y-%m-%dT%H:%M:%SZ",
+                                                compression={"method": "gzip", "mtime": 0}))
 
 
 def _date_ms(date: str) -> int:

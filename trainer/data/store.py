@@ -17,8 +17,6 @@ import contextlib
 import hashlib
 import json
 import logging
-import os
-import tempfile
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +24,8 @@ from types import ModuleType
 
 import numpy as np
 import pandas as pd
+
+from ..files import atomic_write
 
 log = logging.getLogger("cryptotrain")
 
@@ -96,18 +96,9 @@ _unwritable: set[Path] = set()  # cache directories found unwritable in this pro
 
 
 def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
-    directory.mkdir(parents=True, exist_ok=True)
     body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
     header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{key[:16]}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as tmp:
-            tmp.write(json.dumps(header).encode() + b"\n")
-            tmp.write(body)
-        os.replace(tmp_name, directory / f"{key}{SUFFIX}")
-    finally:
-        if os.path.exists(tmp_name):
-            os.unlink(tmp_name)
+    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body))
 
 
 def _discard(path: Path, why: str) -> None:

@@ -1,0 +1,131 @@
+"""A job's results as typed values: what its metrics.json holds (JobMetrics: where its candles came from, how
+it trained, its test scores per head next to persistence's, and the headline it is judged by).
+
+pipeline.train_one makes one; the driver, the summary and status (JobMetrics.summary), the Hub cards, predict
+and the report read one with JobMetrics.from_file, never a dict read back from disk. The file is strict JSON
+(artifacts.write_json); metrics.json files of earlier versions load too (their headline is derived).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, model_validator
+
+
+class _Record(BaseModel):
+    # Written by this and earlier versions: keys this version no longer reads are ignored, not refused.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Scores(_Record):
+    """Errors of one head's forecasts (or persistence's) over its columns and steps, in price units."""
+    mae: float
+    rmse: float | None = None
+    mape: float | None = None  # percent; None where some actual value is 0
+    direction_accuracy: float | None = None
+
+
+class CloseScores(_Record):
+    """The close against persistence, over every horizon step and per step (evaluate.close_scores)."""
+    mae: float
+    persistence_mae: float
+    skill: float | None
+    skill_by_step: list[float | None] = []
+    direction_accuracy: float | None = None
+    up_move_rate: float | None = None
+    down_move_rate: float | None = None
+    majority_rate: float | None = None
+    skill_unshrunk: float | None = None  # the network's own forecast, before the shrink chosen on validation
+
+
+class HeadScores(_Record):
+    model: Scores
+    persistence: Scores
+    skill: float | None  # 1 - model MAE / persistence MAE over the head's columns; None: persistence was exact
+    shrink: float = 1.0
+    close: CloseScores | None = None  # heads that predict the close
+    inconsistent_candles: dict[str, float] | None = None  # candle heads: share with high/low inside the body
+
+
+class Headline(_Record):
+    """What a job is judged by (evaluate.headline): the close of the first head that predicts it, else the
+    first head's skill over its columns."""
+    head: str
+    column: str | None = None
+    skill: float | None
+    mae: float
+    persistence_mae: float
+    direction_accuracy: float | None = None
+    majority_rate: float | None = None
+    shrink: float = 1.0
+
+    @property
+    def label(self) -> str:
+        """"ohlc.close", or the head's name alone."""
+        return self.head + (f".{self.column}" if self.column else "")
+
+    @property
+    def worse_than_persistence(self) -> bool:
+        return self.skill is not None and self.skill < 0
+
+
+class DataInfo(_Record):
+    """Where the job's candles came from."""
+    source: str
+    synthetic: bool = False
+    first: str  # ISO timestamps of the first and last candle
+    last: str
+    rows: int
+    gaps: int = 0
+
+
+class JobMetrics(_Record):
+    job: str
+    symbol: str
+    timeframe: str
+    run: str
+    fingerprint: str
+    data: DataInfo
+    epochs_run: int
+    best_epoch: int
+    best_val_loss: float
+    seconds: float
+    train_step_seconds: float | None = None
+    rss_mb: float | None = None
+    heads: dict[str, HeadScores]
+    headline: Headline
+    n_test: int
+    test_range: list[str]  # target times of the first and last test forecast
+
+    @model_validator(mode="before")
+    @classmethod
+    def _headline_of_earlier_versions(cls, values):
+        """metrics.json of versions before headlines: the first head's skill over its columns."""
+        if isinstance(values, dict) and "headline" not in values and values.get("heads"):
+            head, scores = next(iter(values["heads"].items()))
+            values = {**values, "headline": {"head": head, "skill": scores["skill"], "mae": scores["model"]["mae"],
+                                             "persistence_mae": scores["persistence"]["mae"]}}
+        return values
+
+    @classmethod
+    def from_file(cls, path: Path) -> JobMetrics:
+        """ValueError (pydantic's ValidationError) or OSError when the file is not a job's metrics."""
+        return cls.model_validate_json(path.read_bytes())
+
+    def to_file(self, path: Path) -> None:
+        from .artifacts import write_json
+
+        write_json(path, self.model_dump(mode="json"))
+
+    def summary(self) -> dict:
+        """The job's row of the run's summary table (summary.csv/json, the ledger, status): the headline next
+        to persistence, how it trained."""
+        line = self.headline
+        return {
+            "job": self.job, "epochs": self.epochs_run, "best_epoch": self.best_epoch,
+            "best_val_loss": self.best_val_loss, "head": line.label,
+            "test_mae": line.mae, "persistence_mae": line.persistence_mae, "skill": line.skill,
+            "direction_accuracy": line.direction_accuracy, "majority_rate": line.majority_rate,
+            "shrink": line.shrink, "seconds": self.seconds, "train_step_seconds": self.train_step_seconds,
+            "rss_mb": self.rss_mb, "synthetic": self.data.synthetic,
+        }
