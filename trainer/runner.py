@@ -246,9 +246,9 @@ def _write_tensorboard(run_dir: Path, name: str, files: dict[str, bytes]) -> Non
 
 def _write_report(run_dir: Path) -> Path | None:
     """The run's report.html; a report that cannot be written never fails the run."""
-    from .report import write_report
-
     try:
+        from .report import write_report
+
         return write_report(run_dir)
     except Exception as exc:
         log.warning("report.html not written: %s", exc)
