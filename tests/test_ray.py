@@ -155,6 +155,39 @@ def test_a_worker_killed_mid_job_costs_only_the_epoch_under_way(cluster, tmp_pat
         assert ended == history["epoch"].tolist() == list(range(1, len(history) + 1)), (job, output[-3000:])
 
 
+def test_a_killed_driver_resumes_as_a_local_run_does(cluster, tmp_path):
+    """SIGKILL of the `cryptotrain run` process itself while its Ray workers train: the same command again
+    finishes every job exactly once, going on after the checkpoints the first driver received; no attempt failed."""
+    config = _config(tmp_path, "run", epochs=3, batch_size=16)
+    raw = yaml.safe_load(config.read_text())
+    raw["data"]["max_rows"] = 3000  # epochs long enough to be killed in
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", cluster, "--workers", "2",
+            "--cpus-per-worker", "1"]
+    driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=ENV)
+    first = tmp_path / "run" / ".backup" / JOBS[0]
+    deadline = time.monotonic() + 300
+    while _checkpointed_epoch(first) < 1:
+        assert driver.poll() is None and time.monotonic() < deadline
+        time.sleep(0.05)
+    driver.kill()
+    driver.wait(timeout=60)
+    at_kill = {job: _checkpointed_epoch(tmp_path / "run" / ".backup" / job) for job in JOBS}
+
+    again = _run(*args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    statuses, attempts = _ledger(tmp_path / "run")
+    assert statuses == dict.fromkeys(JOBS, "done")
+    assert all(outcomes.count("done") == 1 and "failed" not in outcomes for outcomes in attempts.values()), attempts
+    said = again.stdout + again.stderr  # notes such as "resuming at epoch" go to stderr
+    resumed = dict(re.findall(r"^(\w+): resuming at epoch (\d+) of 3", said, re.MULTILINE))
+    assert int(resumed.get(JOBS[0], 0)) == at_kill[JOBS[0]] + 1, (resumed, at_kill, said[-3000:])
+    for job in JOBS:  # no epoch lost or repeated in what the job kept
+        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")
+        assert history["epoch"].tolist() == list(range(1, len(history) + 1)), job
+
+
 def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(tmp_path):
     config = _config(tmp_path, "run")
     with socket.socket() as probe:
