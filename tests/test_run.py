@@ -402,3 +402,13 @@ def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(t
     assert pd.read_csv(job_dir / "history.csv")["epoch"].tolist() == [1]
     other = CliRunner().invoke(main, ["run", "--config", config, "--set", "train.batch_size=8"])
     assert other.exit_code == 2 and "train.batch_size 64 -> 8" in other.output  # what a job computes: refused
+
+
+def test_collinear_features_are_reported_once_a_run_not_once_a_job(tiny_config, caplog):
+    """V7 keeps volatility beside bb_width_pct (they carry the same information): the run says so once."""
+    bands = [{"name": name, "window": 20, "std": 2.0} for name in ("bb_upper", "bb_lower", "bb_width_pct")]
+    features = {"base": ["open", "high", "low", "close"], "indicators": [*bands, {"name": "volatility", "window": 20}]}
+    result = _run("--config", str(tiny_config(features=features)), "--set", "train.epochs=1")
+    assert result.exit_code == 0, result.output
+    said = [r.getMessage() for r in caplog.records if "are collinear" in r.getMessage()]
+    assert len(said) == 1 and "bb_width_pct" in said[0] and "volatility" in said[0], said

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
-import logging
 import os
 import tempfile
 import time
@@ -29,14 +28,12 @@ from .config import RunConfig
 from .data import load_candles
 from .errors import JobError
 from .evaluate import choose_shrink, evaluate, predict_fixed_batches
-from .features import collinear_columns, load_features
+from .features import load_features
 from .jobs import Job
 from .models import output_shapes
 from .results import JobMetrics
 from .training import FitResult, ModelCache, ReportProgress, fit
 from .windows import Preprocessing, Windows, make_windows
-
-log = logging.getLogger("cryptotrain")
 
 
 class Events(Protocol):
@@ -73,7 +70,6 @@ def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
 def prepare(cfg: RunConfig, job: Job) -> Prepared:
     candles = load_candles(cfg, job.symbol, job.timeframe)
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    _warn_collinear_once(frame, cfg)
     data = {"source": candles.attrs["source"], "synthetic": bool(candles.attrs.get("synthetic")),
             "first": candles.index[0].isoformat(), "last": candles.index[-1].isoformat(),
             "rows": len(candles), "gaps": int(candles.attrs.get("gaps", 0))}
@@ -196,14 +192,3 @@ def current_rss_mb() -> float | None:
     pages = int(statm.read_text().split()[1])
     return round(pages * os.sysconf("SC_PAGE_SIZE") / 2**20, 1)
 
-
-_collinear_warned: set[str] = set()
-
-
-def _warn_collinear_once(frame, cfg: RunConfig) -> None:
-    if cfg.name in _collinear_warned:
-        return
-    _collinear_warned.add(cfg.name)
-    for a, b, corr in collinear_columns(frame, cfg.features.columns):
-        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
-                    a, b, corr)

@@ -30,6 +30,7 @@ from .data import input_digest
 from .device import cudnn_report, setup
 from .errors import Interrupted, JobError, RunStopped, UserError
 from .executors import Executor, open_executor
+from .features import collinear_columns
 from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
 from .ledger import JobRecord, Ledger, LostClaim
@@ -143,6 +144,7 @@ class _Driver:
         self.in_flight: dict[str, tuple[float, Heartbeat]] = {}
         self.stopped: set[str] = set()  # jobs released by an interrupt, for the resume hint
         self.last_push = -math.inf
+        self.features_checked = False  # for collinear feature pairs, once a run
 
     def start(self, job: Job, workers: Executor) -> None:
         """Claimed: done already (finished by a process that died before recording it), or prepared here and
@@ -154,7 +156,11 @@ class _Driver:
         try:
             finished = _finished_already(self.cfg, job, self.run_dir, backup, self.progress)
             if finished is None:
-                workers.submit(job, prepare(self.cfg, job), backup)
+                prepared = prepare(self.cfg, job)
+                if not self.features_checked:  # the first job's features stand for the run's
+                    self.features_checked = True
+                    _warn_collinear(self.cfg, prepared.frame)
+                workers.submit(job, prepared, backup)
                 return
         except Exception as exc:  # the candles could not be read, say
             self.finish(job, exc)
@@ -234,6 +240,12 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     else:
         shutil.rmtree(backup, ignore_errors=True)
     return None
+
+
+def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
+    for a, b, corr in collinear_columns(frame, cfg.features.columns):
+        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
+                    a, b, corr)
 
 
 def _write_tensorboard(run_dir: Path, name: str, files: dict[str, bytes]) -> None:
