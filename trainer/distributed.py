@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import ExecutorConfig, RunConfig
-from .errors import JobError, UserError
+from .errors import JobError, UserError, first_line
 from .files import atomic_write
 from .jobs import Job
 from .pipeline import Events, JobResult, Prepared
@@ -194,7 +194,7 @@ def _write_checkpoint(directory: Path, files: dict[str, bytes], gone: list[str])
 
 
 def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+    return first_line(exc) or type(exc).__name__
 
 
 # ----------------------------------------------------------------------------- the worker side
@@ -270,10 +270,10 @@ if ray is not None:
         def __init__(self, backup: Path, job: str, queue: Queue) -> None:
             super().__init__()
             self.backup, self.job, self.queue = backup, job, queue
-            self._sent = {path.name: _digest(path.read_bytes()) for path in backup.glob("*") if path.is_file()}
+            self._sent = {name: _digest(content) for name, content in _read_dir(backup).items()}
 
         def on_epoch_end(self, epoch, logs=None):
-            now = {path.name: path.read_bytes() for path in self.backup.glob("*") if path.is_file()}
+            now = _read_dir(self.backup)
             changed = {name: content for name, content in now.items() if self._sent.get(name) != _digest(content)}
             gone = [name for name in self._sent if name not in now]
             self._sent = {name: _digest(content) for name, content in now.items()}

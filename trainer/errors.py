@@ -33,3 +33,9 @@ class Interrupted(Exception):
 
 class RunStopped(Exception):
     exit_code = 1
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """The first line of an exception's message, cut to `limit` characters ("" for an empty message): what a
+    one-line error shows of a cause it did not raise itself."""
+    return (str(exc).strip().splitlines() or [""])[0][:limit]

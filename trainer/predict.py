@@ -20,7 +20,7 @@ from .config import FeaturesConfig, TrainConfig, load_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
 from .device import setup
-from .errors import UserError
+from .errors import UserError, first_line
 from .features import compute_features
 from .results import JobMetrics
 from .windows import Preprocessing
@@ -152,7 +152,7 @@ def _job_file(job_dir: Path, name: str, read):
             first = exc.errors()[0]
             reason = f"{'.'.join(map(str, first['loc'])) or 'the file'}: {first['msg']}"
         else:
-            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            reason = first_line(exc) or type(exc).__name__
         raise UserError(f"{job_dir / name}: cannot be read ({type(exc).__name__}: {reason}); train the job "
                         "again, or download it again") from None
 

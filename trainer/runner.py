@@ -28,7 +28,7 @@ from . import artifacts
 from .config import BUDGET_KEYS, FREE_KEYS, ExecutorConfig, HubConfig, RunConfig, TrainConfig
 from .data import input_digest
 from .device import cudnn_report, setup
-from .errors import Interrupted, JobError, RunStopped, UserError
+from .errors import Interrupted, JobError, RunStopped, UserError, first_line
 from .executors import Executor, open_executor
 from .features import collinear_columns
 from .files import atomic_write, remove_abandoned_temp_files
@@ -380,15 +380,15 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     """One line for the ledger and the screen; the traceback of an unexpected error goes to a log file."""
     if isinstance(exc, JobError):
         return str(exc)
-    first_line = (str(exc).strip().splitlines() or [""])[0][:300]
+    line = first_line(exc, limit=300)
     hint = "; out of memory: lower train.batch_size" if "ResourceExhausted" in type(exc).__name__ else ""
     log_file = run_dir / "logs" / f"{name}.log"
     try:
         log_file.parent.mkdir(exist_ok=True)
         log_file.write_text("".join(traceback.format_exception(exc)))
     except OSError as unwritable:
-        return f"{type(exc).__name__}: {first_line}{hint} (no traceback log: {unwritable.strerror})"
-    return f"{type(exc).__name__}: {first_line}{hint} (traceback in {log_file})"
+        return f"{type(exc).__name__}: {line}{hint} (no traceback log: {unwritable.strerror})"
+    return f"{type(exc).__name__}: {line}{hint} (traceback in {log_file})"
 
 
 def _full_disk(name: str, exc: OSError) -> RunStopped:
