@@ -3,14 +3,16 @@ VENV   ?= .venv
 PYTHON ?= python3
 PY      = $(VENV)/bin/python
 CLI     = $(VENV)/bin/cryptotrain
-# TensorFlow build: the GPU wheel where an NVIDIA driver is present, else the small CPU wheel.
+# TensorFlow: a default dependency; where an NVIDIA driver is present the gpu extra adds CUDA (TF_EXTRA=cpu|gpu).
 TF_EXTRA ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo gpu || echo cpu)
+comma   := ,
+EXTRAS   = dev,ray$(if $(filter gpu,$(TF_EXTRA)),$(comma)gpu)
 FAMILIES = v7 v8_stable v8_aligned
 # Made by a successful install; every target that runs the project depends on it, so `make demo` or `make test`
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-ray lint clean
+.PHONY: help install check-install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-ray lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -20,9 +22,20 @@ install: $(STAMP) ## venv + dependencies + the package (editable), TF_EXTRA=cpu|
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[$(TF_EXTRA),dev,ray]"
+	@# tensorflow-cpu (what earlier versions installed) and tensorflow both provide the module: never side by side
+	$(PY) -m pip uninstall --quiet --yes tensorflow-cpu 2>/dev/null || true
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	@$(CLI) --version
 	@touch $@
+
+check-install:   ## what a user gets: a fresh venv, a plain `pip install` of this checkout (no extras), the quickstart
+	@# From another directory: the bundled config and candles come from the installed package.
+	set -e; dir=$$(mktemp -d); trap 'rm -rf "$$dir"' EXIT; \
+	$(PYTHON) -m venv "$$dir/venv"; \
+	"$$dir/venv/bin/python" -m pip install --quiet --upgrade pip; \
+	"$$dir/venv/bin/python" -m pip install --quiet "$(CURDIR)"; \
+	cd "$$dir"; venv/bin/cryptotrain run --config quickstart --set train.epochs=1 --tensorboard; \
+	venv/bin/cryptotrain status runs/quickstart
 
 test: $(STAMP)   ## the test suite (fast: tiny configs, real components, the bundled candles)
 	$(PY) -m pytest -q

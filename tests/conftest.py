@@ -71,3 +71,23 @@ def tiny_config(tmp_path):
         path.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, **sections), sort_keys=False))
         return path
     return write
+
+
+WITHOUT = """
+import sys
+
+class _NotInstalled:  # as if these packages were not installed: importing one raises ModuleNotFoundError
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in {hidden!r}:
+            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
+
+sys.meta_path.insert(0, _NotInstalled())
+from trainer.cli import main
+main(sys.argv[1:])
+"""
+
+
+def cli_without(*packages: str) -> list[str]:
+    """The command line that runs `cryptotrain` (arguments to follow) as a user gets it without `packages`."""
+    import sys
+    return [sys.executable, "-c", WITHOUT.format(hidden=set(packages))]

@@ -4,6 +4,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 """
 from __future__ import annotations
 
+import importlib
 import os
 import shlex
 import signal
@@ -136,6 +137,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     """
     cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else [])), only,
                       timeframes)
+    if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
+        _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
     _import_tensorflow()
     from .reporting import JobProgress, print_resume_hint, print_run_end
     from .runner import run_config
@@ -159,20 +162,37 @@ def _terminated(signum, frame):
 
 
 def _import_tensorflow() -> None:
-    """Import TensorFlow with its native start-up lines (absl's "All log messages before absl::InitializeLog()",
-    the oneDNN notice) kept off the terminal: C++ writes them before any log level applies, and they would
-    tear the live progress display. A failed import still raises, and says why, after stderr is back."""
+    """Import TensorFlow, and let it look for GPUs, with its native start-up lines (absl's "All log messages before
+    absl::InitializeLog()", the oneDNN notice, "failed call to cuInit" on a machine without a GPU) kept off the
+    terminal: C++ writes them before any log level applies, and they would tear the live progress display (a GPU
+    that is there but unusable is `doctor`'s to explain). A failed import still raises, and says why, after
+    stderr is back."""
     if "tensorflow" in sys.modules:
         return
     sys.stderr.flush()
     saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
     try:
         os.dup2(devnull, 2)
-        import tensorflow  # noqa: F401
+        import tensorflow
+
+        tensorflow.config.list_physical_devices()
+    except ModuleNotFoundError as exc:
+        if exc.name != "tensorflow":
+            raise
+        raise UserError("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs "
+                        "it unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')") from exc
     finally:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def _require(module: str, option: str, install: str) -> None:
+    """An option whose package is missing is refused when the command starts, before any work."""
+    try:
+        importlib.import_module(module)
+    except ImportError:
+        raise UserError(f"{option} needs the {module} package, which is not installed: {install}") from None
 
 
 @main.command()

@@ -81,10 +81,20 @@ RepoTemplate = Annotated[str, AfterValidator(_repo_template)]  # a repo id, or o
 IsoDate = Annotated[str, AfterValidator(_date)]
 
 
+BUNDLED_CANDLES = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
+
+
 class LocalSource(Strict):
     """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
-    path: Path = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
+    path: Path = BUNDLED_CANDLES
     pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
+
+    def directory(self) -> Path:
+        """`path`, relative to the cwd. The default, data/ohlcv, where the cwd has no such directory (cryptotrain
+        installed with pip, run anywhere), is the copy of the bundled candles installed with the package."""
+        if self.path == BUNDLED_CANDLES and not self.path.is_dir():
+            return _beside_package("bundled_data/ohlcv", BUNDLED_CANDLES)
+        return self.path
 
 
 class FreqtradeSource(Strict):
@@ -529,9 +539,15 @@ def _canonical_json(data: object) -> str:
 # ----------------------------------------------------------------------------- loading
 def bundled_configs_dir() -> Path:
     """Configs shipped with the package (wheel) or beside it (editable install / checkout)."""
+    return _beside_package("bundled_configs", Path("configs"))
+
+
+def _beside_package(in_wheel: str, in_checkout: Path) -> Path:
+    """A directory the wheel installs inside the package (pyproject's force-include), or the checkout's own
+    for an editable install."""
     here = Path(__file__).resolve().parent
-    wheel_dir = here / "bundled_configs"
-    return wheel_dir if wheel_dir.is_dir() else here.parent / "configs"
+    wheel_dir = here / in_wheel
+    return wheel_dir if wheel_dir.is_dir() else here.parent / in_checkout
 
 
 def resolve_config_path(name: str | Path) -> Path:

@@ -113,7 +113,7 @@ def input_digest(cfg: RunConfig, symbol: str, timeframe: str) -> str:
     changed since (the file fixed or added) is worth another try."""
     data = cfg.data
     if data.source == "local":
-        path: Path | None = data.local.path / job_filename(data.local.pattern, symbol, timeframe)
+        path: Path | None = data.local.directory() / job_filename(data.local.pattern, symbol, timeframe)
     elif data.source == "freqtrade":  # the job's one file; none (absent, or several: which is unknown) is "absent"
         found = freqtrade.candidates(data.freqtrade.path, symbol, timeframe)
         path = found[0] if len(found) == 1 else None
@@ -132,9 +132,10 @@ def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     data = cfg.data
     if data.source == "local":
         name = job_filename(data.local.pattern, symbol, timeframe)
-        path = (data.local.path / name).resolve()
+        directory = data.local.directory()
+        path = (directory / name).resolve()
         if not path.is_file():
-            holdings = _local_holdings(data.local.path, data.local.pattern, timeframe)
+            holdings = _local_holdings(directory, data.local.pattern, timeframe)
             raise JobError(f"local:{path}: no such file; {holdings} (data.local.path, or --set data.source=hf or "
                            "binance)")
         return path, f"local:{path}"

@@ -1,0 +1,56 @@
+"""What a user gets from a plain install, and without a package an option needs: one line naming what to
+install, exit 2, before any work. (`make check-install` installs this checkout into a fresh venv, no extras, and
+runs the quickstart from another directory: CI runs it.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from tests.conftest import REPO, cli_without
+
+
+def _cryptotrain_without(packages: tuple[str, ...], *args: str, cwd) -> subprocess.CompletedProcess:
+    """`cryptotrain ARGS` in `cwd`, as a user without `packages` gets it (this test's own cache directory)."""
+    return subprocess.run([*cli_without(*packages), *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_tensorboard_missing_is_one_line_before_any_job(tiny_config, tmp_path):
+    config = tiny_config()
+    result = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--tensorboard", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: train.tensorboard (--tensorboard) needs the tensorboard package, which is not installed: "
+        "pip install 'tensorboard>=2.16'"]
+    assert not (tmp_path / "run").exists()  # nothing trained, no run directory made
+
+    # The same config without the option trains: only the option needs the package.
+    plain = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--only", "BTCUSDT", cwd=tmp_path)
+    assert plain.returncode == 0, plain.stderr[-3000:]
+
+
+@pytest.mark.parametrize("command", [["run", "--config", "quickstart"], ["plan", "--config", "quickstart"],
+                                     ["doctor"], ["predict", "--model", "runs/quickstart/jobs/BTCUSDT_15m"]])
+def test_without_tensorflow_every_command_that_needs_it_says_how_to_install_it(command, tmp_path):
+    result = _cryptotrain_without(("tensorflow",), *command, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.strip().splitlines() == [
+        "error: TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it unless "
+        "installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')"]
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_default_candles_are_found_outside_a_checkout(tmp_path):
+    """`-c quickstart` from any directory reads the bundled candles (installed with the package)."""
+    args = ("features", "--config", "quickstart", "--only", "BTCUSDT", "--timeframes", "1h")
+    result = _cryptotrain_without((), *args, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert f"computed, 1967 rows x 11 columns <- local:{REPO / 'data' / 'ohlcv' / 'BTCUSDT_1h.csv.gz'}" in result.stdout
+
+    # A data/ohlcv directory of the user's own, in the working directory, is read instead.
+    (tmp_path / "data" / "ohlcv").mkdir(parents=True)
+    own = _cryptotrain_without((), *args, cwd=tmp_path)
+    assert own.returncode == 1
+    assert f"local:{tmp_path / 'data' / 'ohlcv' / 'BTCUSDT_1h.csv.gz'}: no such file" in own.stdout
