@@ -12,7 +12,7 @@ FAMILIES = v7 v8_stable v8_aligned
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install check-install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-ray lint clean
+.PHONY: help install check-install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -49,7 +49,7 @@ train-all: $(STAMP) ## train the three model families in turn (40 jobs each); AR
 	  $(CLI) run --config configs/$$family.yaml $(ARGS) || { status=$$?; [ $$status -ne 2 ] || exit 2; }; \
 	done; exit $$status
 
-bench: bench-features bench-run bench-throughput bench-skill bench-ray  ## all benchmarks
+bench: bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray  ## all benchmarks
 
 bench-features: $(STAMP) ## data preparation: old loop-based way vs ours cold vs ours cached
 	$(PY) benchmarks/bench_features.py
@@ -62,6 +62,9 @@ bench-throughput: $(STAMP) ## training samples/s and achieved GFLOP/s per family
 
 bench-skill: $(STAMP) ## test skill vs persistence on every real series, absolute vs relative framing (~20 min)
 	$(PY) benchmarks/bench_skill.py
+
+bench-baselines: $(STAMP) ## the baselines a quant tries first (EWMA, HAR + time of day, intervals) on every real series (seconds)
+	$(PY) benchmarks/bench_baselines.py
 
 bench-ray: $(STAMP) ## the same 8 real-data jobs: one local process vs 2 single-threaded Ray workers
 	$(PY) benchmarks/bench_ray.py

@@ -1,0 +1,187 @@
+"""What the baselines a quant would try first score on every real series (trainer/baselines.py).
+
+  python benchmarks/bench_baselines.py
+  python benchmarks/bench_baselines.py --only '*_1h'
+
+Over every series in ../shared/data/ohlcv, split as a job with V7's window (lookback 60, horizon 10; train /
+validation / test 70 / 15 / 15 %, trainer.windows.make_windows), the baselines fitted on the train split with
+their parameters chosen on validation, scored on the test split:
+  - next-candle log range, MAE skill: EWMA vs persistence, HAR + time of day vs persistence and vs EWMA; over
+    the horizon (every step) and of the mean range of the next 10 candles vs persistence; QLIKE skill of HAR's
+    root-mean-square range (har_tod_rms) vs persistence and vs EWMA
+  - next-candle high / low excursion, MAE skill of HAR + time of day vs no change and vs persistence
+  - coverage of the next return's 80 % interval (quantiles 0.1 and 0.9): EWMA-scaled, overall and by tercile
+    of the EWMA volatility; static (train) quantiles; split conformal around "no change" normalised by the
+    HAR volatility (calibrate), overall and by tercile of that volatility.
+Prints each series and the median [min, max] over series; writes benchmarks/results/baselines.json.
+docs/forecasting.md gives the figures to expect.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from trainer import baselines as bl
+from trainer.artifacts import write_json
+from trainer.config import CANDLE, HeadConfig, WindowConfig
+from trainer.data import read_candles_file
+from trainer.files import atomic_write
+from trainer.windows import make_windows
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
+RESULTS = REPO / "benchmarks" / "results" / "baselines.json"
+WINDOW = WindowConfig(lookback=60, horizon=10)
+LEVELS = (0.1, 0.5, 0.9)  # 0.1 and 0.9: the 80 % interval
+
+# column -> (what, format): the figures of one series, in the table's order
+COLUMNS = {
+    "range_ewma_vs_persistence": ("range EWMA/pers", "+.3f"),
+    "range_har_vs_persistence": ("range HAR/pers", "+.3f"),
+    "range_har_vs_ewma": ("range HAR/EWMA", "+.3f"),
+    "range_har_vs_persistence_horizon": ("range HAR/pers all steps", "+.3f"),
+    "mean_range_har_vs_persistence": ("mean range 10 HAR/pers", "+.3f"),
+    "range_qlike_har_vs_persistence": ("range QLIKE HAR/pers", "+.3f"),
+    "range_qlike_har_vs_ewma": ("range QLIKE HAR/EWMA", "+.3f"),
+    "high_har_vs_no_change": ("high HAR/no change", "+.3f"),
+    "high_har_vs_persistence": ("high HAR/pers", "+.3f"),
+    "low_har_vs_no_change": ("low HAR/no change", "+.3f"),
+    "low_har_vs_persistence": ("low HAR/pers", "+.3f"),
+    "cover_ewma_scaled": ("80% EWMA-scaled", ".1%"),
+    "cover_ewma_scaled_t1": ("t1", ".1%"),
+    "cover_ewma_scaled_t2": ("t2", ".1%"),
+    "cover_ewma_scaled_t3": ("t3", ".1%"),
+    "cover_static": ("80% static", ".1%"),
+    "cover_conformal_har": ("80% conformal HAR", ".1%"),
+    "cover_conformal_har_t1": ("t1", ".1%"),
+    "cover_conformal_har_t2": ("t2", ".1%"),
+    "cover_conformal_har_t3": ("t3", ".1%"),
+}
+
+
+def series_figures(path: Path) -> dict:
+    """The figures of one series (see COLUMNS) and the fitted parameters worth seeing."""
+    timeframe = path.name.removesuffix(".csv.gz").split("_")[1]
+    candles = read_candles_file(path, timeframe)
+    head = HeadConfig(name="ohlc", columns=list(CANDLE), candle=True)
+    windows = make_windows(candles, WINDOW, list(CANDLE), [head], {"ohlc": (WINDOW.horizon, len(CANDLE))})
+    fitted = bl.fit_baselines(candles, timeframe, WINDOW.horizon, windows.train.first_target_rows,
+                              windows.val.first_target_rows, LEVELS)
+    test, val = windows.test.first_target_rows, windows.val.first_target_rows
+    actual, forecast = fitted.actual(test), fitted.forecast(test)
+    scores = {name: {q: bl.point_scores(f, actual[q], q, fitted.floor) for q, f in by_quantity.items()}
+              for name, by_quantity in forecast.items()}
+
+    def skill_of(quantity: str, model: str, baseline: str, key: str = "mae") -> float | None:
+        return bl.skill(scores[model][quantity][key], scores[baseline][quantity][key])
+
+    def mean_range_mae(name: str) -> float:
+        return bl.mae(forecast[name]["range"].mean(axis=1), actual["range"].mean(axis=1))
+
+    figures = {
+        "range_ewma_vs_persistence": skill_of("range", "ewma", "persistence"),
+        "range_har_vs_persistence": skill_of("range", "har_tod", "persistence"),
+        "range_har_vs_ewma": skill_of("range", "har_tod", "ewma"),
+        "range_har_vs_persistence_horizon": skill_of("range", "har_tod", "persistence", "mae_horizon"),
+        "mean_range_har_vs_persistence": bl.skill(mean_range_mae("har_tod"), mean_range_mae("persistence")),
+        "range_qlike_har_vs_persistence": skill_of("range", "har_tod_rms", "persistence", "qlike"),
+        "range_qlike_har_vs_ewma": skill_of("range", "har_tod_rms", "ewma", "qlike"),
+        **{f"{q}_har_vs_{b}": skill_of(q, "har_tod", b) for q in bl.EXCURSIONS for b in ("no_change", "persistence")},
+    }
+    returns = actual["return"][:, 0]
+    quantiles = fitted.quantiles(test)
+    vol_test, vol_val = fitted.volatility(test), fitted.volatility(val)
+    intervals = {
+        "ewma_scaled": (quantiles["ewma_scaled"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
+        "static": (quantiles["static"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
+    }
+    conformal = bl.calibrate(0.0, 0.0, fitted.actual(val)["return"][:, 0], vol_val["har"][:, 0])
+    intervals["conformal_har"] = (conformal.interval(0.0, 0.0, vol_test["har"][:, 0]), vol_test["har"][:, 0])
+    for name, ((lower, upper), scale) in intervals.items():
+        covered = bl.coverage(lower, upper, returns, scale)
+        figures[f"cover_{name}"] = covered["overall"]
+        if name != "static":
+            figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered["terciles"])}
+    parameters = {"ewma_alpha_next": {q: float(a[0]) for q, a in fitted.ewma_alphas.items()},
+                  "har_next": dict(zip(bl.HAR_TERMS, fitted.har_coefficients[0].tolist())),
+                  "excursion_shares_next": {q: float(s[0]) for q, s in fitted.excursion_shares.items()},
+                  "n_test": len(test)}
+    return {"figures": figures, "parameters": parameters}
+
+
+def summary(rows: dict[str, dict]) -> dict:
+    """Per figure: median, min, max over series, and how many series are above 0 (skills) or 77-83 % (coverage)."""
+    out = {}
+    for column in COLUMNS:
+        values = [r["figures"][column] for r in rows.values() if r["figures"].get(column) is not None]
+        if not values:
+            continue
+        out[column] = {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
+        out[column] |= {"in_77_83": sum(0.77 <= v <= 0.83 for v in values)} if column.startswith("cover") \
+            else {"above_0": sum(v > 0 for v in values)}
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--only", default="*", help="series glob, e.g. 'BTC*' or '*_1h' (default: every series)")
+    args = parser.parse_args()
+    console = Console(width=200)
+    if not SHARED_OHLCV.is_dir():
+        console.print(f"bench-baselines runs over every series in {SHARED_OHLCV} (../shared beside the checkout); "
+                      "it is not there, so nothing was measured")
+        return 0
+    paths = sorted(path for path in SHARED_OHLCV.glob("*.csv.gz")
+                   if fnmatch.fnmatch(path.name.removesuffix(".csv.gz"), args.only))
+    if not paths:
+        console.print(f"no series matching {args.only!r} in {SHARED_OHLCV}")
+        return 0
+
+    started, cpu_started = time.perf_counter(), time.process_time()
+    rows = {path.name.removesuffix(".csv.gz"): series_figures(path) for path in paths}
+    seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
+
+    table = Table(title="baselines on the test split (last 15 %): MAE skill at the next candle, 80 % interval coverage")
+    table.add_column("series")
+    for label, _ in COLUMNS.values():
+        table.add_column(label, justify="right")
+    for name, row in rows.items():
+        table.add_row(name, *(_fmt(row["figures"].get(column), spec) for column, (_, spec) in COLUMNS.items()))
+    console.print(table)
+    overall = summary(rows)
+    for column, (_, spec) in COLUMNS.items():
+        if column in overall:
+            s = overall[column]
+            count = f"{s['in_77_83']}/{s['n']} in 77-83 %" if "in_77_83" in s else f"{s['above_0']}/{s['n']} > 0"
+            console.print(f"{column:<36} median {_fmt(s['median'], spec):>7} [{_fmt(s['min'], spec)}, "
+                          f"{_fmt(s['max'], spec)}]  {count}")
+    console.print(f"{len(rows)} series in {seconds:.1f} s, {cpu_seconds:.1f} s of CPU ({cpu_seconds / len(rows):.2f} s "
+                  f"a series: read, split, fit, score); load average {os.getloadavg()[0]:.1f}")
+    results = {
+        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
+        f"{os.cpu_count()} cpus", "window": {"lookback": WINDOW.lookback, "horizon": WINDOW.horizon},
+        "levels": LEVELS, "seconds": seconds, "cpu_seconds": cpu_seconds, "overall": overall, "per_series": rows,
+    }
+    atomic_write(RESULTS, lambda tmp: write_json(tmp, results))
+    console.print(f"written: {RESULTS}")
+    return 0
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None or not np.isfinite(value) else format(value, spec)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Baselines for what candles make predictable - the size of the coming candles, the distance from the last
+close to their high and low - and for the close's return, fitted per job from its candles; their scores and a
+calibrated interval for any forecast (docs/forecasting.md).
+
+An origin is a sample's last input row t, its close C the last close; the sample's targets are rows
+t+1 .. t+H (SplitWindows.first_target_rows holds t+1). At each origin and step k = 1..H the quantities are
+    high    ln(high[t+k] / C)          the high excursion
+    low     ln(C / low[t+k])           the low excursion
+    range   ln(high[t+k] / low[t+k])   the log range
+    return  ln(close[t+k] / C)
+A quantity at step k is known k rows after its origin: a forecast at origin t reads its values at origins
+<= t - k and the candles up to row t, never a target row.
+
+Point forecasts (Baselines.forecast), fitted on the train split's samples, any parameter chosen on the
+validation split's:
+    no_change    0: high = low = close = C
+    persistence  the latest known value of the same quantity (at step 1: the last candle's own excursion,
+                 range or return; at step k the return ln(C / close[t-k]). The close's guardrail, evaluate's
+                 persistence, is no_change)
+    ewma         its exponentially weighted mean over the known values; alpha per quantity and step chosen
+                 from ALPHAS by MAE on validation
+    har_tod      the range: exp of a least-squares fit of ln range[t+k] on ln range[t], its mean over the last
+                 day and the last week (in candles of the timeframe) and the train split's mean ln range at
+                 candle t+k's time of day (HAR, Corsi 2009; on ranges Clements & Preve 2021): the median range,
+                 which MAE asks for. The high and low: that range times the train median of excursion / range
+                 forecast (an excursion is a share of its candle's range).
+    har_tod_rms  the range only: har_tod x exp(s^2), s^2 the train residual variance of ln range per step - the
+                 root mean square of a log-normal range, which QLIKE asks for (MAE asks for the median)
+Quantile forecasts (Baselines.quantiles) of every quantity at `levels`:
+    static       quantiles of the train samples' values
+    ewma_scaled  the EWMA volatility times validation quantiles of the values divided by it
+Volatility forecasts (Baselines.volatility) of the k-step return: "ewma" (RiskMetrics: sqrt(k x EWMA of squared
+one-candle returns), alpha 0.06, i.e. lambda 0.94 - an alpha chosen on the same validation split as the
+quantiles covers the test split worse) and "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
+range^2 / (4 ln 2))). Either one normalises the residuals of `calibrate`: split conformal around any point or
+quantile forecast (Gibbs & Candes 2021).
+Scores: mae, skill, qlike (the range), pinball (quantiles), coverage (intervals, by tercile of volatility too).
+No GARCH: `arch` is not a dependency.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from .data.validate import timeframe_delta
+from .errors import JobError
+
+QUANTITIES = ("high", "low", "range", "return")
+EXCURSIONS = ("high", "low")
+ALPHAS = (0.01, 0.02, 0.03, 0.05, 0.07, 0.1, 0.15, 0.2, 0.3, 0.5)
+LEVELS = (0.1, 0.5, 0.9)
+RISKMETRICS_ALPHA = 0.06  # of the EWMA of squared returns: RiskMetrics' lambda = 0.94
+DAY, WEEK = pd.Timedelta(days=1), pd.Timedelta(days=7)
+HAR_TERMS = ("intercept", "last", "day", "week", "time_of_day")
+
+
+def quantities(high: np.ndarray, low: np.ndarray, close: np.ndarray, last_close: np.ndarray) -> dict[str, np.ndarray]:
+    """Candle prices (N, H), forecast or actual, and each sample's last close (N,) -> quantity -> (N, H)."""
+    log_last = np.log(last_close)[:, None]
+    log_high, log_low = np.log(high), np.log(low)
+    return {"high": log_high - log_last, "low": log_last - log_low, "range": log_high - log_low,
+            "return": np.log(close) - log_last}
+
+
+@dataclass(frozen=True, eq=False)
+class Baselines:
+    """One job's fitted baselines (fit_baselines). Every array is held at every origin of the job's rows, so
+    any split's samples - or the forecast after the last row (rows = [len(frame)]) - are a row selection:
+    `rows` are first target rows (origin + 1), as SplitWindows.first_target_rows."""
+    horizon: int
+    levels: tuple[float, ...]
+    floor: float  # the smallest positive range of the train split: a flat candle's range, for logs and QLIKE
+    values: dict[str, np.ndarray]  # quantity -> (T, H) actual values; NaN past the last row
+    points: dict[str, dict[str, np.ndarray]]  # baseline -> quantity -> (T, H) point forecasts
+    ewma_alphas: dict[str, np.ndarray]  # quantity -> (H,) chosen on validation
+    har_coefficients: np.ndarray  # (H, 5): HAR_TERMS per step, of ln range
+    time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
+    har_log_variance: np.ndarray  # (H,) train residual variance of ln range (har_tod_rms)
+    excursion_shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / har_tod range
+    volatilities: dict[str, np.ndarray]  # "ewma" / "har" -> (T, H) volatility of the k-step return
+    static: dict[str, np.ndarray]  # quantity -> (L, H) train quantiles
+    scaled: dict[str, np.ndarray]  # quantity -> (L, H) validation quantiles of value / ewma volatility
+
+    def actual(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """quantity -> (N, H) the samples' actual values."""
+        return {q: _at(v, rows) for q, v in self.values.items()}
+
+    def forecast(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """baseline -> quantity -> (N, H) point forecasts (har_tod: high, low and range; har_tod_rms: range)."""
+        return {name: {q: _at(v, rows) for q, v in by_quantity.items()} for name, by_quantity in self.points.items()}
+
+    def quantiles(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+        """"static" / "ewma_scaled" -> quantity -> (L, N, H) quantile forecasts at self.levels, ordered."""
+        vol = _at(self.volatilities["ewma"], rows)
+        return {"static": {q: np.repeat(s[:, None], len(vol), axis=1) for q, s in self.static.items()},
+                "ewma_scaled": {q: s[:, None] * vol for q, s in self.scaled.items()}}
+
+    def volatility(self, rows: np.ndarray) -> dict[str, np.ndarray]:
+        """"ewma" / "har" -> (N, H) volatility forecasts of the k-step return (normalisers for calibrate)."""
+        return {name: _at(v, rows) for name, v in self.volatilities.items()}
+
+
+def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray, val_rows: np.ndarray,
+                  levels: Sequence[float] = LEVELS) -> Baselines:
+    """Fit every baseline on a job's rows. `frame`: the rows the windows were cut from (candles or the feature
+    frame: high, low, close; a UTC DatetimeIndex or a timestamp column); `train_rows`, `val_rows`: the first
+    target rows of the train and validation samples (SplitWindows.first_target_rows)."""
+    times, high, low, close = _candles(frame)
+    train, val = np.asarray(train_rows) - 1, np.asarray(val_rows) - 1  # origins
+    if len(train) == 0 or len(val) == 0 or train[0] < 0:
+        raise JobError(f"baselines: need train and validation samples after the first row (got {len(train)} "
+                       f"train, {len(val)} validation)")
+    values = _values(high, low, close, horizon)
+    train_end = train[-1] + horizon + 1  # the train split's rows: its samples' inputs and targets
+    row_range = np.log(high / low)
+    moved = row_range[:train_end][row_range[:train_end] > 0]
+    if len(moved) == 0:
+        raise JobError("baselines: no candle of the train split has high > low; nothing to scale a range by")
+    floor = float(moved.min())
+    log_range = np.log(np.maximum(row_range, floor))
+
+    alphas, ewma = _chosen_ewma(np.stack([values[q] for q in QUANTITIES], axis=1), val)
+    time_of_day, har_coefficients, log_har = _fit_har(log_range, times, timeframe_delta(timeframe), train, train_end,
+                                                      horizon)
+    har_log_variance = np.var(log_range[train[:, None] + np.arange(1, horizon + 1)] - log_har[train], axis=0)
+    har_range = np.exp(log_har)
+    shares = {q: np.median(values[q][train] / har_range[train], axis=0) for q in EXCURSIONS}
+    levels = tuple(levels)
+    variance = _ewma(values["return"][:, :1] ** 2, RISKMETRICS_ALPHA)  # (T, 1) of the one-candle return
+    ewma_vol = np.maximum(np.sqrt(variance * np.arange(1, horizon + 1)), floor)
+    return Baselines(
+        horizon=horizon, levels=levels, floor=floor, values=values,
+        points={"no_change": {q: np.zeros_like(v) for q, v in values.items()},
+                "persistence": {q: _known(v) for q, v in values.items()},
+                "ewma": dict(zip(QUANTITIES, np.moveaxis(ewma, 1, 0))),
+                "har_tod": {"range": har_range, **{q: shares[q] * har_range for q in EXCURSIONS}},
+                "har_tod_rms": {"range": har_range * np.exp(har_log_variance)}},
+        ewma_alphas=dict(zip(QUANTITIES, alphas)), har_coefficients=har_coefficients, time_of_day=time_of_day,
+        har_log_variance=har_log_variance, excursion_shares=shares,
+        volatilities={"ewma": ewma_vol, "har": np.sqrt(np.cumsum(har_range**2, axis=1) / (4 * math.log(2)))},
+        static={q: np.quantile(v[train], levels, axis=0) for q, v in values.items()},
+        scaled={q: np.quantile(v[val] / ewma_vol[val], levels, axis=0) for q, v in values.items()},
+    )
+
+
+# ----------------------------------------------------------------------------- calibration
+@dataclass(frozen=True)
+class Conformal:
+    """An interval calibrated by split conformal: [lower - margin x scale, upper + margin x scale]."""
+    coverage: float
+    margin: np.ndarray  # per step (the calibration arrays' trailing shape)
+
+    def interval(self, lower: np.ndarray, upper: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return lower - self.margin * scale, upper + self.margin * scale
+
+
+def calibrate(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray,
+              coverage: float = 0.8) -> Conformal:
+    """Split conformal on the calibration samples (axis 0; the validation split's): the margin is the
+    ceil((n + 1) x coverage)-th smallest of max(lower - actual, actual - upper) / scale over the n samples.
+    A point forecast is lower = upper; a quantile pair gets CQR (Romano et al. 2019). With a volatility
+    forecast as `scale` the residuals are normalised (Gibbs & Candes 2021), so the interval widens with it;
+    exchangeable samples are covered at least `coverage` of the time (at most 1 / (n + 1) more)."""
+    scores = np.maximum(lower - actual, actual - upper) / scale
+    n = len(scores)
+    rank = math.ceil((n + 1) * coverage)
+    if rank > n:
+        raise JobError(f"conformal calibration: {n} samples are too few for a {coverage:.0%} interval "
+                       f"(at least {math.ceil(coverage / (1 - coverage))})")
+    return Conformal(coverage, np.sort(scores, axis=0)[rank - 1])
+
+
+# ----------------------------------------------------------------------------- scores
+def mae(forecast: np.ndarray, actual: np.ndarray) -> float:
+    return float(np.mean(np.abs(forecast - actual)))
+
+
+def skill(error: float, baseline_error: float | None) -> float | None:
+    """1 - error / the baseline's error (MAE, QLIKE): positive beats the baseline; None where the baseline is
+    exact or has no score."""
+    return 1 - error / baseline_error if baseline_error else None
+
+
+def qlike(forecast: np.ndarray, actual: np.ndarray, floor: float) -> float | None:
+    """Mean QLIKE of range forecasts, r - ln r - 1 with r = actual^2 / forecast^2 (Patton 2011); an actual
+    below `floor` (a flat candle) counts as the floor. None where some forecast is not positive: a range of 0
+    (no_change) has an infinite QLIKE, so there is no QLIKE skill against no change."""
+    if not np.all(forecast > 0):
+        return None
+    ratio = (np.maximum(actual, floor) / forecast) ** 2
+    return float(np.mean(ratio - np.log(ratio) - 1))
+
+
+def pinball(forecast: np.ndarray, actual: np.ndarray, level: float) -> float:
+    """Mean pinball (quantile) loss of forecasts of the `level` quantile."""
+    error = actual - forecast
+    return float(np.mean(np.maximum(level * error, (level - 1) * error)))
+
+
+def coverage(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> dict:
+    """The share of actual values inside [lower, upper], overall and by tercile of `scale` (the forecast
+    volatility, low to high; terciles of the values given: pass one step at a time)."""
+    inside = (actual >= lower) & (actual <= upper)
+    tercile = np.digitize(scale, np.quantile(scale, [1 / 3, 2 / 3]))
+    return {"overall": float(inside.mean()), "terciles": [float(inside[tercile == i].mean()) for i in range(3)]}
+
+
+def point_scores(forecast: np.ndarray, actual: np.ndarray, quantity: str, floor: float) -> dict:
+    """One forecast (N, H) of `quantity`: MAE at the next candle, over every step and per step; for the range
+    also QLIKE at the next candle and over every step (None for a forecast of 0: see qlike)."""
+    errors = np.abs(forecast - actual).mean(axis=0)
+    scores = {"mae": float(errors[0]), "mae_horizon": float(errors.mean()), "mae_by_step": errors.tolist()}
+    if quantity == "range":
+        scores |= {"qlike": qlike(forecast[:, 0], actual[:, 0], floor), "qlike_horizon": qlike(forecast, actual, floor)}
+    return scores
+
+
+# ----------------------------------------------------------------------------- fitting
+def _candles(frame: pd.DataFrame) -> tuple[np.ndarray, ...]:
+    """UTC open times (ns since the epoch) and high, low, close of a candle frame; one line on what is wrong."""
+    if isinstance(frame.index, pd.DatetimeIndex):
+        times = frame.index
+    elif "timestamp" in frame.columns:
+        times = pd.DatetimeIndex(pd.to_datetime(frame["timestamp"], utc=True))
+    else:
+        raise JobError("baselines: the candles have no times (a DatetimeIndex or a timestamp column)")
+    missing = [c for c in ("high", "low", "close") if c not in frame.columns]
+    if missing:
+        raise JobError(f"baselines: the candles have no column {', '.join(missing)}")
+    prices = frame[["high", "low", "close"]].to_numpy(dtype=np.float64)
+    if not (prices > 0).all():  # also NaN
+        row, col = np.argwhere(~(prices > 0))[0]
+        raise JobError(f"baselines: {('high', 'low', 'close')[col]} is {prices[row, col]:g} at {times[row]}; "
+                       "prices must be positive")
+    return (times.as_unit("ns").asi8, *prices.T)
+
+
+def _values(high: np.ndarray, low: np.ndarray, close: np.ndarray, horizon: int) -> dict[str, np.ndarray]:
+    """quantity -> (T, H): the value at every origin (row) t and step k at [t, k - 1]; NaN past the last row."""
+    ahead = np.arange(len(close))[:, None] + np.arange(1, horizon + 1)
+    inside = ahead < len(close)
+    at = np.minimum(ahead, len(close) - 1)
+    return {q: np.where(inside, v, np.nan) for q, v in quantities(high[at], low[at], close[at], close).items()}
+
+
+def _known(values: np.ndarray) -> np.ndarray:
+    """(T, ..., H) values at every origin -> at [t, ..., k - 1] the value of step k at origin t - k, the latest
+    one known at origin t (NaN where t < k)."""
+    known = np.full(values.shape, np.nan)
+    for k in range(1, values.shape[-1] + 1):
+        known[k:, ..., k - 1] = values[:-k, ..., k - 1]
+    return known
+
+
+def _ewma(values: np.ndarray, alpha: float) -> np.ndarray:
+    """(T, ..., H) -> the exponentially weighted mean of each column's known values at every origin."""
+    smoothed = pd.DataFrame(values.reshape(len(values), -1)).ewm(alpha=alpha, adjust=False).mean().to_numpy()
+    return _known(smoothed.reshape(values.shape))
+
+
+def _chosen_ewma(values: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(T, ..., H): per column, the alpha of ALPHAS whose EWMA has the lowest MAE at the validation origins
+    (shaped like a row), and that EWMA (T, ..., H)."""
+    column = values.shape[1:]
+    alphas, lowest, chosen = np.full(column, ALPHAS[0]), np.full(column, np.inf), np.empty(values.shape)
+    for alpha in ALPHAS:
+        smoothed = _ewma(values, alpha)
+        error = np.abs(smoothed[val] - values[val]).mean(axis=0)
+        better = error < lowest
+        alphas[better], lowest[better] = alpha, error[better]
+        chosen[:, better] = smoothed[:, better]
+    return alphas, chosen
+
+
+def _fit_har(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, train: np.ndarray, train_end: int,
+             horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """HAR + time of day, one least-squares fit per step on the train origins: the train split's mean ln range
+    per time-of-day slot (slots of the timeframe in a day), the coefficients (H, 5) of HAR_TERMS - the last ln
+    range, its means over the last day and week (as many candles as there are at the start), the slot mean at
+    the target candle's time - and the fitted ln range (T, H) at every origin."""
+    day, week = (max(1, round(span / delta)) for span in (DAY, WEEK))
+    slot = (times % DAY.value) // delta.value
+    counts = np.bincount(slot[:train_end], minlength=math.ceil(DAY / delta))
+    sums = np.bincount(slot[:train_end], weights=log_range[:train_end], minlength=len(counts))
+    time_of_day = np.where(counts > 0, sums / np.maximum(counts, 1), log_range[:train_end].mean())
+    series = pd.Series(log_range)
+    past = np.column_stack([np.ones(len(log_range)), log_range, series.rolling(day, min_periods=1).mean(),
+                            series.rolling(week, min_periods=1).mean()])
+    coefficients, fitted = np.empty((horizon, len(HAR_TERMS))), np.empty((len(log_range), horizon))
+    for k in range(horizon):
+        target_slot = ((times + (k + 1) * delta.value) % DAY.value) // delta.value
+        design = np.column_stack([past, time_of_day[target_slot]])
+        coefficients[k] = np.linalg.lstsq(design[train], log_range[train + k + 1], rcond=None)[0]
+        fitted[:, k] = design @ coefficients[k]
+    return time_of_day, coefficients, fitted
+
+
+def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """Arrays held at every origin -> those of the samples whose first target rows are `rows`."""
+    return values[np.asarray(rows) - 1]
