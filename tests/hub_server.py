@@ -6,15 +6,20 @@ paths-info) and download from it (resolve), with the same status codes and heade
 interprets. The repo state is git-like: a list of commits, each a full snapshot of path -> blob.
 Failures can be injected per endpoint: `fail("commit", 500)` answers the next call with an error
 before doing anything; `drop("commit")` does the work and then closes the connection without an
-answer (the case where a retry must not duplicate a commit).
+answer (the case where a retry must not duplicate a commit); `fail_at_random(0.3, seed)` answers
+about 30 % of all requests with a 429 or a 500, reproducibly for a seed.
 """
 from __future__ import annotations
 
 import base64
 import hashlib
 import json
+import random
 import re
+import subprocess
+import sys
 import threading
+import time
 from collections import Counter, deque
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -129,6 +134,21 @@ PUBLIC_ENDPOINTS = {"lfs_upload", "lfs_verify", "validate_yaml"}  # upload hrefs
 READ_ENDPOINTS = {"repo_info", "tree", "resolve"}
 
 
+def record_sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """The waits a push asks for (its retries and the Hub client's own backoff), recorded instead of slept.
+    The standard library's own polling (subprocess waiting for git) still sleeps, unrecorded."""
+    waits, real_sleep = [], time.sleep
+
+    def sleep(seconds: float) -> None:
+        if sys._getframe(1).f_code.co_filename == subprocess.__file__:
+            real_sleep(seconds)
+        else:
+            waits.append(seconds)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    return waits
+
+
 @contextmanager
 def serve_hub(monkeypatch: pytest.MonkeyPatch, token: str, cache_dir: Path) -> Iterator[HubServer]:
     """A running HubServer, with HF_ENDPOINT and HF_TOKEN pointing the client at it.
@@ -141,6 +161,12 @@ def serve_hub(monkeypatch: pytest.MonkeyPatch, token: str, cache_dir: Path) -> I
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(constants, "HF_HUB_DISABLE_XET", True)  # this server speaks classic LFS only
     monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache_dir))
+    # The client fetches a registry of AI agents from huggingface.co once a day, for its progress bars: a fresh
+    # copy, so that no test waits on a host it cannot reach.
+    registry = cache_dir / "agent-harnesses.json"
+    registry.parent.mkdir(parents=True, exist_ok=True)
+    registry.write_text(json.dumps({"standardEnvVars": [], "harnesses": {}}))
+    monkeypatch.setattr(constants, "AGENT_HARNESSES_PATH", str(registry))
     monkeypatch.setenv("HF_TOKEN", token)
     with HubServer(token) as server:
         monkeypatch.setenv("HF_ENDPOINT", server.url)
@@ -155,7 +181,10 @@ class HubServer:
         self.repos: dict[str, Repo] = {}
         self.lfs_store: dict[str, bytes] = {}
         self.calls: Counter[str] = Counter()
+        self.failed_at_random: Counter[str] = Counter()
         self._failures: dict[str, deque[Failure]] = {}
+        self._random: tuple[float, int] | None = None  # (rate, seed) of fail_at_random
+        self._sent: Counter[str] = Counter()  # how often each distinct request came, for fail_at_random
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._http.daemon_threads = True
@@ -178,6 +207,25 @@ class HubServer:
 
     def drop(self, endpoint: str, times: int = 1) -> None:
         self._queue(endpoint, [Failure(None, {}, "") for _ in range(times)])
+
+    def fail_at_random(self, rate: float, seed: int) -> None:
+        """From now on, answer `rate` of all requests, before doing anything, with a 429 (Retry-After 0 or 1) or a
+        500. Drawn per request from `seed`, the request (method, path, body) and how often that same request came
+        before: the same for a seed whatever order the client's threads send requests in."""
+        self._random = (rate, seed)
+
+    def _random_failure(self, name: str, method: str, path: str, body: bytes) -> Failure | None:
+        if self._random is None:
+            return None
+        rate, seed = self._random
+        request = f"{method} {path} {hashlib.sha256(body).hexdigest()}"
+        self._sent[request] += 1
+        draw = random.Random(f"{seed} {request} {self._sent[request]}")
+        if draw.random() >= rate:
+            return None
+        self.failed_at_random[name] += 1
+        status, retry_after = draw.choice([(429, "0"), (429, "1"), (500, None)])
+        return Failure(status, {"Retry-After": retry_after} if retry_after else {}, "injected failure")
 
     def _queue(self, endpoint: str, failures: list[Failure]) -> None:
         assert endpoint in {name for _, _, name in ROUTES}, endpoint
@@ -219,7 +267,7 @@ class HubServer:
             raise HttpError(404, f"Repository not found: {repo_id}", "RepoNotFound")
         if name == "lfs_batch":
             return self._lfs_batch(request.json())
-        commit = repo.at(unquote(params["rev"]))
+        commit = repo.at(unquote(params.get("rev") or "main"))
         if commit is None:
             raise HttpError(404, f"Invalid rev id: {params['rev']}", "RevisionNotFound")
         if name == "preupload":
@@ -377,7 +425,7 @@ def _handler_for(hub: HubServer) -> type[BaseHTTPRequestHandler]:
             with hub._lock:
                 hub.calls[name] += 1
                 queue = hub._failures.get(name)
-                failure = queue.popleft() if queue else None
+                failure = queue.popleft() if queue else hub._random_failure(name, method, path, body)
             if failure is not None and failure.status is not None:
                 message = failure.body.replace("{auth}", authorization)
                 return self._send(failure.status, failure.headers, json.dumps({"error": message}).encode())

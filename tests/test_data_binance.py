@@ -33,6 +33,7 @@ class FakeBinance:
     def __init__(self, weight_per_request: int = 2):
         self.requests: list[dict[str, str]] = []
         self.failures: deque[tuple[int, dict[str, str]]] = deque()
+        self.fail_each: tuple[int, int] | None = None
         self.weight, self.weight_per_request = 0, weight_per_request
         self.visible_until = REAL.index[-1]
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -42,6 +43,10 @@ class FakeBinance:
     def fail(self, status: int, retry_after: str | None = None, times: int = 1) -> None:
         headers = {"Retry-After": retry_after} if retry_after is not None else {}
         self.failures.extend([(status, headers)] * times)
+
+    def fail_each_request(self, status: int, times: int) -> None:
+        """Answer every distinct request (each page) with `status` its first `times` times."""
+        self.fail_each = (status, times)
 
     def close(self) -> None:
         self._http.shutdown()
@@ -54,6 +59,8 @@ class FakeBinance:
         if self.failures:
             status, extra = self.failures.popleft()
             return status, {**headers, **extra}, {"code": -1003, "msg": "Too many requests."}
+        if self.fail_each and self.requests.count(query) <= self.fail_each[1]:
+            return self.fail_each[0], headers, {"code": -1003, "msg": "Too many requests."}
         if query.get("symbol") != "BTCUSDT" or query.get("interval") != "1h":
             return 400, headers, {"code": -1121, "msg": "Invalid symbol."}
         opens = REAL.index.asi8 // 1_000_000
@@ -189,8 +196,31 @@ def test_rate_limits_are_waited_out(exchange):
         heavy.close()
 
 
+def test_retry_after_is_honoured_on_any_answer_that_is_retried(exchange):
+    sleeps: list[float] = []
+    exchange.fail(503, retry_after="2")
+    exchange.fail(429, retry_after="0")  # at once
+    exchange.fail(429, retry_after="Wed, 21 Oct 2015 07:28:00 GMT")  # an HTTP date, passed: at once
+    start_ms = exchange_ms(START)
+    rows = binance.fetch_klines(exchange.url, "BTCUSDT", "1h", start_ms, start_ms + 99 * HOUR_MS, sleep=sleeps.append)
+    assert len(rows) == 100 and sleeps == [2.0, 0.0, 0.0]
+
+
+def test_each_request_has_its_own_retries(exchange):
+    """Three pages, each failing all but its last attempt: every page comes, no budget is shared."""
+    sleeps: list[float] = []
+    exchange.fail_each_request(500, times=binance.MAX_ATTEMPTS - 1)
+    start_ms = exchange_ms(START)
+    rows = binance.fetch_klines(exchange.url, "BTCUSDT", "1h", start_ms, start_ms + 2499 * HOUR_MS,
+                                sleep=sleeps.append)
+    assert len(rows) == 2500 and len(exchange.requests) == 3 * binance.MAX_ATTEMPTS
+    assert sleeps == [1, 2, 4, 8] * 3
+
+
 @pytest.mark.parametrize(("symbol", "failures", "message", "expected_sleeps"), [
     ("BTCUSDT", [(418, "3600")], r"rate limited \(HTTP 418 Too many requests.\) for 3600 s", []),
+    ("BTCUSDT", [(503, "Fri, 01 Jan 2100 00:00:00 GMT")], r"unavailable \(HTTP 503 Too many requests.\) for \d+ s",
+     []),
     ("BTCUSDT", [(503, None)] * 5, "download failed after 5 attempts: HTTP 503", [1, 2, 4, 8]),
     ("NOPEUSDT", [], "answered HTTP 400 Invalid symbol.", []),
 ])

@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import keras
@@ -22,7 +21,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 from conftest import CANDLES_DIR, tiny_config_dict
-from hub_server import serve_hub
+from hub_server import record_sleeps, serve_hub
 from huggingface_hub import constants
 
 import trainer.hub as hub_module
@@ -37,21 +36,6 @@ from trainer.ledger import Ledger
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 REPO = "tester/cpb-tiny"
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
-
-
-def record_sleeps(monkeypatch) -> list[float]:
-    """The waits the push asks for (its own retries and the Hub client's backoff), recorded instead of slept.
-    The standard library's own polling (subprocess waiting for git) still sleeps, unrecorded."""
-    waits, real_sleep = [], time.sleep
-
-    def sleep(seconds: float) -> None:
-        if sys._getframe(1).f_code.co_filename == subprocess.__file__:
-            real_sleep(seconds)
-        else:
-            waits.append(seconds)
-
-    monkeypatch.setattr(hub_module.time, "sleep", sleep)
-    return waits
 
 
 @pytest.fixture
@@ -305,6 +289,8 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
     said = [m for m in caplog.messages if m.startswith("Hub: ")]  # each retry, said on stderr by the CLI
     assert any(re.fullmatch(r"Hub: HTTP 429 from \S+; retrying in 7 s \(1/4\)", m) for m in said), said
     assert any(re.fullmatch(r"Hub: HTTP 503 from \S+; retrying in 0 s \(1/4\)", m) for m in said), said
+    # the commit that landed without an answer, sent again, is refused on the moved head, then found landed
+    assert f"Hub: {REPO} changed during the commit; preparing it again on its new head" in said
     head = hub.repos[REPO].head.oid
     assert {job.pushed_commit for job in Ledger(run_dir).jobs()} == {head}
     assert hub.files(REPO)["ETHUSDT/1h/metrics.json"] == local_files(run_dir, "ETHUSDT_1h")["metrics.json"]

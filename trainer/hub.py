@@ -16,13 +16,17 @@ overwrite_cards when its text no longer matches its digest, i.e. someone edited 
 from another run directory or machine is recognised as cryptotrain's and replaced.
 The run card's rows are those of every job the ledger records as pushed to the repo.
 
-Transient failures (429, 5xx, dropped connections) of the calls the client does not retry itself
-(create_repo, paths-info, the commit) are retried here with backoff, honouring Retry-After. The
-token never appears in anything written or raised: error texts are scrubbed of it.
+Transient failures. Every HTTP request the Hub client sends is retried on its own (_RetryingTransport,
+installed as the client's HTTP transport): on 429, 5xx and dropped connections, after the server's
+Retry-After or with exponential backoff, MAX_ATTEMPTS times in all; a Retry-After longer than
+MAX_WAIT_SECONDS (the hourly commit limit) is reported rather than waited out. A failed request never
+starts a push over. The commit request too is sent again, on the head it was prepared against
+(parent_commit): one whose answer was lost but that landed is then refused (412) instead of landing
+twice, and the commit is prepared once more, which finds it there. The token never appears in anything
+written or raised: error texts are scrubbed of it.
 """
 from __future__ import annotations
 
-import email.utils
 import fcntl
 import functools
 import json
@@ -33,11 +37,10 @@ import subprocess
 import time
 import urllib.parse
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
 
 import httpx2
 from huggingface_hub import CommitInfo, CommitOperationAdd, HfApi, get_token
@@ -48,6 +51,8 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
+from huggingface_hub.utils import set_client_factory
+from huggingface_hub.utils._http import hf_request_event_hook
 from huggingface_hub.utils.sha import git_hash
 from pydantic import ValidationError
 
@@ -57,17 +62,17 @@ from .config import HubConfig, RunConfig, load_config
 from .errors import JobError, UserError
 from .jobs import make_jobs
 from .ledger import Ledger
+from .retries import retry_wait
 
 PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 TRANSIENT_ERRORS = (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError)
-MAX_ATTEMPTS = 5
+MAX_ATTEMPTS = 5  # per request
 BACKOFF_SECONDS = 2.0  # first wait when the server gives no Retry-After; doubles on each attempt
 MAX_WAIT_SECONDS = 300.0  # a longer Retry-After is reported, not waited out
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or run `hf auth login`"
 
-T = TypeVar("T")
 log = logging.getLogger("cryptotrain")  # warnings (a card kept, a retry); the command line shows them on stderr
 
 
@@ -136,7 +141,7 @@ def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, h
                overwrite_cards: bool, rows: dict[str, dict]) -> CommitInfo:
     """One commit with every target's artifacts and cards (unchanged files are skipped by the client). `rows`:
     the run card's rows of the jobs already in the repo."""
-    _retrying(lambda: api.create_repo(repo_id, private=hub.private, exist_ok=True))
+    api.create_repo(repo_id, private=hub.private, exist_ok=True)
     files: dict[str, Path | bytes] = {}
     cards: dict[str, bytes] = {}
     install = install_line(hub)
@@ -155,16 +160,33 @@ def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, h
             del cards[path]
     files.update(cards)
     jobs = ", ".join(t.job for t in targets[:5]) + (f" and {len(targets) - 5} more" if len(targets) > 5 else "")
-    message = f"cryptotrain run {run_name}: {jobs}"
-    # Fresh operations on every attempt: the client mutates them, and re-checks what is already there.
-    return _retrying(lambda: api.create_commit(
-        repo_id, [CommitOperationAdd(path, source) for path, source in files.items()], commit_message=message))
+    return _commit(api, repo_id, files, f"cryptotrain run {run_name}: {jobs}")
+
+
+def _commit(api: HfApi, repo_id: str, files: dict[str, Path | bytes], message: str) -> CommitInfo:
+    """One commit of `files` on the head it is prepared against. A commit request retried after its answer was
+    lost is refused (412) if the first one landed, as it is if someone else committed meanwhile: the head moved,
+    so the commit is prepared once more on the new head, where the client finds what is already there."""
+    try:
+        return _commit_on_head(api, repo_id, files, message)
+    except HfHubHTTPError as err:
+        if err.response is None or err.response.status_code != 412:
+            raise
+        log.warning("Hub: %s changed during the commit; preparing it again on its new head", repo_id)
+        return _commit_on_head(api, repo_id, files, message)
+
+
+def _commit_on_head(api: HfApi, repo_id: str, files: dict[str, Path | bytes], message: str) -> CommitInfo:
+    head = api.repo_info(repo_id).sha
+    # Fresh operations each time: the client mutates them, and re-checks what is already there.
+    return api.create_commit(repo_id, [CommitOperationAdd(path, source) for path, source in files.items()],
+                             commit_message=message, parent_commit=head)
 
 
 def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes]) -> list[str]:
     """Cards on the Hub that differ from what we would push now and were not written by cryptotrain as
     they stand (see cards.written_by_cryptotrain)."""
-    infos = _retrying(lambda: api.get_paths_info(repo_id, list(cards)))
+    infos = api.get_paths_info(repo_id, list(cards))
     differing = [info.path for info in infos
                  if isinstance(info, RepoFile) and info.blob_id != git_hash(cards[info.path])]
     return [path for path in differing
@@ -172,7 +194,7 @@ def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes]) -> l
 
 
 def _read_remote_text(api: HfApi, repo_id: str, path: str) -> str:
-    local = _retrying(lambda: api.hf_hub_download(repo_id, path))
+    local = api.hf_hub_download(repo_id, path)
     return Path(local).read_text(errors="replace")
 
 
@@ -225,7 +247,7 @@ def download_job(uri: str) -> Path:
     token = get_token()
     api = _api(token)
     with _hub_errors(repo_id, token, "download from"):
-        local = _retrying(lambda: api.snapshot_download(repo_id, allow_patterns=[f"{path}/*"] if path else None))
+        local = api.snapshot_download(repo_id, allow_patterns=[f"{path}/*"] if path else None)
     job_dir = Path(local) / path
     if not (job_dir / MANIFEST).is_file():
         raise UserError(f"{uri}: no job there (no {MANIFEST} in {repo_id}/{path or '(root)'}); expected "
@@ -244,60 +266,51 @@ def _parse_uri(uri: str) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------- Hub plumbing
 def _api(token: str | None) -> HfApi:
+    _retry_every_request()
     # HF_ENDPOINT is read now: huggingface_hub reads it once, when it is first imported.
     return HfApi(endpoint=os.environ.get("HF_ENDPOINT"), token=token)
 
 
-def _retrying(call: Callable[[], T]) -> T:
-    """`call()`, retried on transient failures with exponential backoff or the server's Retry-After."""
-    for attempt in range(1, MAX_ATTEMPTS):
-        try:
-            return call()
-        except Exception as err:
-            cause = _transient_cause(err)
-            if cause is None:
-                raise
-            wait = _retry_after(cause)
-            if wait is None:
-                wait = BACKOFF_SECONDS * 2 ** (attempt - 1)
-            elif wait > MAX_WAIT_SECONDS:  # e.g. the hourly commit limit: waiting here would hold up the run
-                raise
-            log.warning("Hub: %s; retrying in %.0f s (%d/%d)", _failure_name(cause), wait, attempt, MAX_ATTEMPTS - 1)
+@functools.cache
+def _retry_every_request() -> None:
+    """The Hub client's HTTP client (one per process, shared by every call) as the client makes it
+    (huggingface_hub's default_client_factory), sending each request through _RetryingTransport."""
+    set_client_factory(lambda: httpx2.Client(transport=_RetryingTransport(), follow_redirects=True, timeout=None,
+                                             event_hooks={"request": [hf_request_event_hook]}))
+
+
+class _RetryingTransport(httpx2.BaseTransport):
+    """Sends each request, and again on a transient failure (429, 5xx, a dropped connection) after the server's
+    Retry-After or with backoff: MAX_ATTEMPTS times in all, and the last answer or error is the caller's. A
+    Retry-After over MAX_WAIT_SECONDS is answered at once. A body that cannot be sent twice (a file streamed
+    from disk: the client retries those uploads itself, rewinding the file) is sent once. The requests the
+    client retries itself (preupload, LFS) get its retries as well, once these are spent."""
+
+    def __init__(self) -> None:
+        self._http = httpx2.HTTPTransport()
+
+    def handle_request(self, request: httpx2.Request) -> httpx2.Response:
+        attempts = MAX_ATTEMPTS if isinstance(request.stream, httpx2.ByteStream) else 1
+        for attempt in range(1, attempts):
+            try:
+                response = self._http.handle_request(request)
+            except TRANSIENT_ERRORS as err:
+                failure = f"{type(err).__name__} for {request.url.path}"
+                wait = retry_wait(None, attempt, BACKOFF_SECONDS)
+            else:
+                if response.status_code not in RETRY_STATUSES:
+                    return response
+                wait = retry_wait(response.headers.get("Retry-After"), attempt, BACKOFF_SECONDS)
+                if wait > MAX_WAIT_SECONDS:  # e.g. the hourly commit limit: waiting here would hold up the run
+                    return response
+                response.read()  # and closed: its connection goes back to the pool
+                failure = f"HTTP {response.status_code} from {request.url.path}"
+            log.warning("Hub: %s; retrying in %.0f s (%d/%d)", failure, wait, attempt, MAX_ATTEMPTS - 1)
             time.sleep(wait)
-    return call()  # the last attempt: its failure is the caller's
+        return self._http.handle_request(request)
 
-
-def _transient_cause(err: BaseException | None) -> BaseException | None:
-    """The transient failure behind `err` (the client sometimes wraps it), or None."""
-    while err is not None:
-        if isinstance(err, TRANSIENT_ERRORS):
-            return err
-        if isinstance(err, HfHubHTTPError) and err.response is not None:
-            return err if err.response.status_code in RETRY_STATUSES else None
-        err = err.__cause__
-    return None
-
-
-def _failure_name(err: BaseException) -> str:
-    if isinstance(err, HfHubHTTPError):
-        return f"HTTP {err.response.status_code} from {err.response.request.url.path}"
-    return type(err).__name__
-
-
-def _retry_after(err: BaseException) -> float | None:
-    """Seconds from a Retry-After header (a number of seconds or an HTTP date)."""
-    value = err.response.headers.get("Retry-After") if isinstance(err, HfHubHTTPError) else None
-    if value is None:
-        return None
-    try:
-        return max(float(value), 0.0)
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None  # unreadable: back off as if there were none
-    return max(when.timestamp() - time.time(), 0.0)
+    def close(self) -> None:
+        self._http.close()
 
 
 @contextmanager

@@ -7,8 +7,10 @@ stored file reaches the end of the range (a range open to "now", with no end, ne
 complete range is not asked for again.
 
 Paging follows the API: up to 1000 klines per request from startTime on. Rate limits: above 80 %
-of the per-minute request weight (X-MBX-USED-WEIGHT-1M) the client waits for the next minute; a
-429 or 418 answer is retried after its Retry-After; 5xx and network errors a few times with backoff.
+of the per-minute request weight (X-MBX-USED-WEIGHT-1M) the client waits for the next minute. Each
+request is retried on its own, as the Hub client's are (retries.retry_wait): a 429, 418 (banned for a
+while) or 5xx answer after its Retry-After, or with backoff when it has none, and network errors
+with backoff; MAX_ATTEMPTS times in all. A Retry-After over MAX_RETRY_AFTER_S is reported at once.
 """
 from __future__ import annotations
 
@@ -27,14 +29,17 @@ import pandas as pd
 from ..config import OHLCV, BinanceSource
 from ..errors import JobError
 from ..files import atomic_write
+from ..retries import retry_wait
 from .files import candles_from_bytes, read_bytes
 from .validate import timeframe_delta
 
 PAGE_LIMIT = 1000
 WEIGHT_LIMIT_1M = 6000  # Binance spot request weight per minute and IP
 WEIGHT_PAUSE_AT = 0.8 * WEIGHT_LIMIT_1M
-MAX_ATTEMPTS = 5  # per page, for rate limits, 5xx and network errors together
+MAX_ATTEMPTS = 5  # per request, for rate limits, 5xx and network errors together
+BACKOFF_S = 1.0  # first wait without a Retry-After; doubles on each attempt
 MAX_RETRY_AFTER_S = 300  # a longer ban is reported rather than waited out
+RATE_LIMITED = (418, 429)  # 418: banned for a while
 TIMEOUT_S = 30
 
 Sleep = Callable[[float], None]
@@ -104,16 +109,14 @@ def _get_json(url: str, where: str, sleep: Sleep) -> list:
                 return payload
         except urllib.error.HTTPError as exc:
             problem = f"HTTP {exc.code} {_exchange_message(exc)}"
-            if exc.code in (418, 429):  # rate limited (418: banned for a while); Retry-After says how long
-                wait = float(exc.headers.get("Retry-After") or 60)
-                if wait > MAX_RETRY_AFTER_S:
-                    raise JobError(f"{where}: rate limited ({problem}) for {wait:.0f} s; try again later") from None
-            elif exc.code >= 500:
-                wait = 2.0 ** (attempt - 1)
-            else:
+            if exc.code not in RATE_LIMITED and exc.code < 500:
                 raise JobError(f"{where}: {url} answered {problem}") from None
+            wait = retry_wait(exc.headers.get("Retry-After"), attempt, BACKOFF_S)
+            if wait > MAX_RETRY_AFTER_S:
+                state = "rate limited" if exc.code in RATE_LIMITED else "unavailable"
+                raise JobError(f"{where}: {state} ({problem}) for {wait:.0f} s; try again later") from None
         except (OSError, http.client.HTTPException, json.JSONDecodeError) as exc:  # URLError is an OSError
-            problem, wait = str(getattr(exc, "reason", exc)), 2.0 ** (attempt - 1)
+            problem, wait = str(getattr(exc, "reason", exc)), retry_wait(None, attempt, BACKOFF_S)
             network_error = isinstance(exc, urllib.error.URLError)  # no answer at all, not a bad one
         if attempt < MAX_ATTEMPTS:
             sleep(wait)
