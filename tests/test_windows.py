@@ -10,9 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import CANDLES_DIR, tiny_config_dict
-from trainer.config import RunConfig
+from tests.conftest import CANDLES_DIR, REPO, tiny_config_dict
+from trainer.config import RunConfig, load_config
+from trainer.data import load_candles
 from trainer.errors import JobError, UserError
+from trainer.features import compute_features
 from trainer.windows import PRICE_DIFFERENCES, PRICE_LEVELS, Preprocessing, Scaler, make_windows
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
@@ -115,23 +117,61 @@ def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_p
 
 @FRAMINGS
 @pytest.mark.parametrize("kind", ["standard", "minmax"])
-def test_scaler_is_fit_on_the_train_samples_only(tmp_path, kind, relative_to):
-    cfg = tiny_cfg(tmp_path, scaler=kind, relative_to=relative_to)
-    frame = feature_frame()
-    windows = windows_of(frame, cfg)
+@pytest.mark.parametrize("lookback, horizon", [(24, 3), (5, 1)])
+def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind, relative_to, lookback, horizon):
+    """The proof that computing the scalers from the rows changes nothing: on real candles and V8-stable's 15
+    real indicator columns (price levels, price differences, unitless), every train sample's input window and
+    targets are materialised and framed one by one, independently of trainer.windows, and fit as they were
+    before: the input scaler and each head's (anchored, shared for a candle) are those to float rounding;
+    minmax's equal exactly what fitting the windows framed by trainer.windows' own framing gives."""
+    cfg = load_config(REPO / "configs" / "v8_stable.yaml", [
+        f"data.local.path={CANDLES_DIR}", "data.max_rows=1500", f"window.scaler={kind}",
+        f"window.relative_to={relative_to or 'null'}", f"window.lookback={lookback}", f"window.horizon={horizon}",
+        f"heads.0.candle={relative_to is not None}"])
+    heads = [*cfg.heads, cfg.heads[0].model_copy(update={"name": "momentum", "columns": ["rsi", "macd", "atr"],
+                                                            "candle": False})]
+    frame = compute_features(load_candles(cfg, "SOLUSDT", "1h"), cfg.features)
     columns = cfg.features.columns
-    train_end = windows.preprocessing.splits["train"]["rows"]
-    # Every train sample's inputs (first target rows 16 .. train_end - 3), framed as the model sees them.
-    seen = np.concatenate([framed(frame[columns].iloc[row - 16:row], frame["close"].iloc[row - 1],
-                                  relative_to is not None) for row in range(16, train_end - 3 + 1)])
-    scaler = windows.preprocessing.scaler
-    if kind == "standard":
-        np.testing.assert_allclose(scaler.offset, seen.mean(axis=0), rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(scaler.scale, seen.std(axis=0), rtol=1e-9)
-    else:
-        np.testing.assert_allclose(scaler.offset, seen.min(axis=0), rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(scaler.scale, np.ptp(seen, axis=0), rtol=1e-9)
+    windows = make_windows(frame, cfg.window, columns, heads, {h.name: (horizon, len(h.columns)) for h in heads})
+    prep, train = windows.preprocessing, windows.train.first_target_rows
+    assert len(train) > 900 and {"macd", "signal", "atr", "bb_upper", "rsi"} <= set(columns)
+
+    values = frame[columns].to_numpy()
+    last_close = values[train - 1, columns.index("close")][:, None, None]
+    inputs = np.stack([values[row - lookback:row] for row in train])  # (n, lookback, F), as the model sees them
+    relative = relative_to is not None
+    assert_same_scaler(prep.scaler, Scaler.fit(kind, columns, framed_values(inputs, last_close, columns, relative)))
+    if kind == "minmax":  # exactly what fitting the windows framed by trainer.windows' own framing gives
+        rows = prep.framing.encode(values.copy(), frame.index)
+        encoded = np.stack([rows[row - lookback:row] for row in train])
+        anchor = rows[train - 1, prep.framing.anchor_column][:, None, None]
+        materialised = prep.framing.apply(encoded, anchor)
+        np.testing.assert_array_equal(prep.framing.frame(encoded.copy(), anchor), materialised)  # host == device
+        fit = Scaler.fit(kind, columns, materialised)
+        assert np.array_equal(prep.scaler.offset, fit.offset) and np.array_equal(prep.scaler.scale, fit.scale)
         assert windows.train.x.min() >= -1e-6 and windows.train.x.max() <= 1 + 1e-6
+    for head, target in zip(heads, prep.heads, strict=True):
+        positions = [columns.index(c) for c in head.columns]
+        ahead = np.stack([values[row:row + horizon, positions] for row in train])
+        assert_same_scaler(target.scaler, Scaler.fit(
+            kind, head.columns, framed_values(ahead, last_close, head.columns, relative),
+            anchored=[relative and c in PRICE_LEVELS for c in head.columns], shared=head.candle))
+
+
+def assert_same_scaler(actual: Scaler, expected: Scaler) -> None:
+    """Equal to float rounding: offsets within 1e-9 of the scale, scales within 1e-9 of themselves."""
+    assert (actual.kind, actual.columns) == (expected.kind, expected.columns)
+    np.testing.assert_allclose((actual.offset - expected.offset) / expected.scale, 0, atol=1e-9)
+    np.testing.assert_allclose(actual.scale, expected.scale, rtol=1e-9)
+
+
+def framed_values(values: np.ndarray, last_close: np.ndarray, columns: list[str], relative: bool) -> np.ndarray:
+    """`framed` for arrays (..., columns) of raw values."""
+    if not relative:
+        return values
+    return np.stack([np.log(values[..., i] / last_close[..., 0]) if c in PRICE_LEVELS else
+                     values[..., i] / last_close[..., 0] if c in PRICE_DIFFERENCES else values[..., i]
+                     for i, c in enumerate(columns)], axis=-1)
 
 
 def _fitted(windows) -> dict:
