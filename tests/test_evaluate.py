@@ -10,10 +10,12 @@ import pytest
 
 from tests.conftest import tiny_config_dict
 from tests.test_windows import feature_frame, positions
+from trainer.baselines import fit_baselines
 from trainer.config import RunConfig
 from trainer.errors import JobError
-from trainer.evaluate import choose_shrink, evaluate, metrics, predict_prices
+from trainer.evaluate import candle_scores, choose_shrink, evaluate, metrics, predict_prices
 from trainer.models import build_model, output_shapes
+from trainer.results import CandleScores
 from trainer.windows import make_windows
 
 
@@ -177,3 +179,59 @@ def test_the_shrink_factor_is_chosen_on_the_validation_split(tmp_path):
     noise["ohlc"][..., 1] = noise["ohlc"][..., [0, 3]].max(-1) + 0.1  # candles, as a candle head makes them
     noise["ohlc"][..., 2] = noise["ohlc"][..., [0, 3]].min(-1) - 0.1
     assert [h.shrink for h in choose_shrink(noise, val, windows.preprocessing).heads] == [0.0, 0.0, 1.0]
+
+
+def _prices(last_close: np.ndarray, high: np.ndarray, low: np.ndarray, ret: np.ndarray) -> np.ndarray:
+    """Candles (N, steps, 4: open, high, low, close) from excursions and returns relative to the last close."""
+    close = last_close[:, None] * np.exp(ret)
+    return np.stack([close, last_close[:, None] * np.exp(high), last_close[:, None] * np.exp(-low), close], axis=-1)
+
+
+def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    frame = feature_frame(1500)
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    test, val = windows.test, windows.val
+    fitted = fit_baselines(frame, "1h", 3, windows.train.first_target_rows, val.first_target_rows)
+    head = windows.preprocessing.heads[0]
+
+    def forecast_of(baseline: str, split) -> np.ndarray:
+        points = fitted.forecast(split.first_target_rows)[baseline]
+        return _prices(split.last_close, points["high"], points["low"], np.zeros_like(points["high"]))
+
+    scores = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val, fitted)
+    CandleScores.model_validate(scores)  # what metrics.json holds
+    # HAR's own excursions score 0 against HAR; against no change, what HAR scores - from the frame itself.
+    assert scores["high"]["skill"]["har_tod"] == pytest.approx(0, abs=1e-9)
+    assert scores["low"]["skill"]["har_tod"] == pytest.approx(0, abs=1e-9)
+    rows = positions(frame, test.target_times)
+    high_next = np.log(frame["high"].to_numpy()[rows] / frame["close"].to_numpy()[rows - 1])
+    har_high = fitted.forecast(test.first_target_rows)["har_tod"]["high"][:, 0]
+    assert scores["high"]["skill"]["no_change"] == pytest.approx(
+        1 - np.abs(har_high - high_next).mean() / np.abs(high_next).mean(), rel=1e-9)
+    assert scores["high"]["skill"]["no_change"] > 0.2  # the size of a candle is predictable: HAR beats no change
+    assert scores["range"]["qlike_skill"] is not None
+
+    # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
+    actual = fitted.actual(test.first_target_rows)
+    val_actual = fitted.actual(val.first_target_rows)
+    perfect = candle_scores(head, _prices(test.last_close, actual["high"], actual["low"], actual["return"]), test,
+                            _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]), val,
+                            fitted)
+    for quantity in ("high", "low", "range"):
+        assert all(v == pytest.approx(1) for v in perfect[quantity]["skill"].values()), quantity
+    assert perfect["interval"]["margin"] == pytest.approx([0, 0, 0], abs=1e-12)
+
+
+def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path):
+    cfg = tiny_cfg(tmp_path)
+    frame = feature_frame(2900)
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    test, val = windows.test, windows.val
+    fitted = fit_baselines(frame, "1h", 3, windows.train.first_target_rows, val.first_target_rows)
+    zeros = np.zeros((len(test), 3))
+    interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
+                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted)["interval"]
+    # ~430 test samples: a binomial standard error of 2 points around 80 %.
+    assert 0.72 <= interval["coverage"] <= 0.88, interval
+    assert interval["baselines"].keys() == {"static", "ewma_scaled"}

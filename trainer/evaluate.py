@@ -13,6 +13,8 @@ from dataclasses import replace
 import keras
 import numpy as np
 
+from . import baselines
+from .baselines import Baselines
 from .config import CANDLE
 from .errors import JobError
 from .windows import HeadTarget, Preprocessing, SplitWindows
@@ -78,7 +80,7 @@ def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing
         last_close = last[:, close] if close is not None else None
         model = metrics(predicted[head.name], actual, last_close, close)
         baseline = metrics(persistence, actual)
-        scores = {"model": model, "persistence": baseline, "skill": skill(model["mae"], baseline["mae"])}
+        scores = {"model": model, "persistence": baseline, "skill": baselines.skill(model["mae"], baseline["mae"])}
         scores["shrink"] = head.shrink
         if close is not None:
             scores["close"] = close_scores(predicted[head.name][..., close], actual[..., close], last_close)
@@ -108,11 +110,6 @@ def headline(heads: dict[str, dict], order: tuple[HeadTarget, ...]) -> dict:
             **{k: close[k] for k in ("skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
 
 
-def skill(mae: float, persistence_mae: float) -> float | None:
-    """1 - MAE / MAE of persistence; None where persistence is exact (nothing moved)."""
-    return 1 - mae / persistence_mae if persistence_mae > 0 else None
-
-
 def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -> dict:
     """The close against persistence (the last close), over every horizon step and per step; direction
     accuracy next to the rates of up / down moves and the majority-class rate. Arrays (N,) or (N, horizon)."""
@@ -123,8 +120,8 @@ def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -
     rates = {"up_move_rate": float(np.mean(moves > 0)), "down_move_rate": float(np.mean(moves < 0))}
     return {
         "mae": float(model_error.mean()), "persistence_mae": float(persistence_error.mean()),
-        "skill": skill(float(model_error.mean()), float(persistence_error.mean())),
-        "skill_by_step": [skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
+        "skill": baselines.skill(float(model_error.mean()), float(persistence_error.mean())),
+        "skill_by_step": [baselines.skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
                                                                     persistence_error.mean(axis=0))],
         "direction_accuracy": float(np.mean(np.sign(pred - last) == moves)),
         **rates, "majority_rate": max(*rates.values(), 1 - sum(rates.values())),
@@ -163,3 +160,82 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
         same_sign = np.sign(pred[..., close_index] - reference) == np.sign(actual[..., close_index] - reference)
         result["direction_accuracy"] = float(np.mean(same_sign))
     return result
+
+
+# ----------------------------------------------------------------------------- the size of the coming candles
+# Compared at the next candle (and over the horizon) with the baselines that fit each quantity.
+POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod"),
+                   "low": ("no_change", "persistence", "ewma", "har_tod"),
+                   "range": ("persistence", "ewma", "har_tod")}  # no change's range of 0 is no forecast of one
+INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
+INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
+INTERVAL_NORMALISER = "har"  # the volatility forecast the conformal residuals are divided by
+
+
+def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
+    """The first head that forecasts the high, the low and the close (the candles candle_scores judges)."""
+    return next((h for h in preprocessing.heads if {"high", "low", "close"} <= set(h.columns)), None)
+
+
+def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
+                  val: SplitWindows, fitted: Baselines) -> dict:
+    """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
+    range ln(high / low) (C: the last close) next to the baselines of each (MAE skill, QLIKE skill for the
+    range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
+    widened by split conformal on the validation split, the residuals normalised by HAR's volatility (its
+    coverage overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled
+    quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples."""
+    model, val_model = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
+    steps = model["range"].shape[1]
+    actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
+    forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
+                 for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
+    scores = {"head": head.name, "steps": steps}
+    for quantity, names in POINT_BASELINES.items():
+        own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
+        of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
+              for name in names}
+        scores[quantity] = {
+            **own, "baselines": of,
+            "skill": {name: baselines.skill(own["mae"], b["mae"]) for name, b in of.items()},
+            "skill_horizon": {name: baselines.skill(own["mae_horizon"], b["mae_horizon"]) for name, b in of.items()},
+        }
+        if quantity == "range" and own["qlike"] is not None:
+            rms = baselines.point_scores(forecasts["har_tod_rms"]["range"], actual["range"], "range", fitted.floor)
+            scores["range"]["qlike_skill"] = baselines.skill(own["qlike"], rms["qlike"])
+    scores["interval"] = _interval_scores(model["return"], val_model["return"], actual["return"], test, val, fitted)
+    return scores
+
+
+def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> dict[str, np.ndarray]:
+    candles = prices.reshape(len(prices), -1, len(head.columns))
+    high, low, close = (candles[..., head.columns.index(c)] for c in ("high", "low", "close"))
+    return baselines.quantities(high, low, close, split.last_close)
+
+
+def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
+                     val: SplitWindows, fitted: Baselines) -> dict:
+    steps = model.shape[1]
+    scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
+    val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
+    val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
+    conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
+    lower, upper = conformal.interval(model, model, scale)
+    bounds = {"model": (lower, upper)}
+    quantiles = fitted.quantiles(test.first_target_rows)
+    for name in ("static", "ewma_scaled"):
+        at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
+        bounds[name] = tuple(quantiles[name]["return"][i, :, :steps] for i in at)
+
+    def scored(low: np.ndarray, high: np.ndarray) -> dict:
+        covered = baselines.coverage(low[:, 0], high[:, 0], actual[:, 0], scale[:, 0])
+        return {"coverage": covered["overall"], "coverage_by_tercile": covered["terciles"],
+                "coverage_horizon": float(np.mean((actual >= low) & (actual <= high))),
+                "pinball": float(np.mean([baselines.pinball(b[:, 0], actual[:, 0], level)
+                                          for b, level in zip((low, high), INTERVAL_LEVELS)]))}
+
+    of = {name: scored(*pair) for name, pair in bounds.items()}
+    return {"nominal": INTERVAL, "normaliser": INTERVAL_NORMALISER, "margin": conformal.margin.tolist(), **of["model"],
+            "baselines": {name: of[name] for name in ("static", "ewma_scaled")},
+            "pinball_skill": {name: baselines.skill(of["model"]["pinball"], of[name]["pinball"])
+                              for name in ("static", "ewma_scaled")}}

@@ -144,8 +144,8 @@ class NativeStderr:
 
 # ----------------------------------------------------------------------------- summary and status
 SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
-                   "shrink", "direction_accuracy", "majority_rate", "seconds", "train_step_seconds", "rss_mb",
-                   "synthetic"]
+                   "shrink", "direction_accuracy", "majority_rate", "high_skill_har", "low_skill_har",
+                   "range_skill_har", "interval_coverage", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
 
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
@@ -160,7 +160,20 @@ def summary_line(summary: dict) -> str:
     return (f"done in {summary['epochs']} epochs, test MAE ({summary['head']}) {summary['test_mae']:.4g} vs "
             f"persistence {summary['persistence_mae']:.4g}: skill {_fmt(summary['skill'], '+.3f')}"
             f"{verdict(summary['skill'])}"
-            + ("; validation found no deviation from no change worth keeping" if summary.get("shrink") == 0 else ""))
+            + ("; validation found no deviation from no change worth keeping" if summary.get("shrink") == 0 else "")
+            + candle_phrase(summary))
+
+
+def candle_phrase(summary: dict) -> str:
+    """The size of the next candle vs HAR + time of day, and the 80 % interval's coverage, said plainly."""
+    skills = {q: summary.get(f"{q}_skill_har") for q in ("high", "low", "range")}
+    if all(v is None for v in skills.values()):
+        return ""
+    worse = [q for q, v in skills.items() if v is not None and v < 0]
+    return ("; next candle vs HAR + time of day: " + ", ".join(f"{q} {_fmt(v, '+.3f')}" for q, v in skills.items())
+            + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
+            + (f"; 80 % interval covered {summary['interval_coverage']:.0%} of the test split"
+               if summary.get("interval_coverage") is not None else ""))
 
 
 def verdict(skill: float | None) -> str:
@@ -193,6 +206,19 @@ def print_summary_table(records) -> None:
         table.caption += "\n* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
     out = Console()  # stdout, unlike the progress console
     out.print(table)
+    candles = [(r.name, r.summary) for r in records if r.summary and r.summary.get("range_skill_har") is not None]
+    if candles:
+        sizes = Table(title="the next candle: MAE skill vs HAR + time of day, test split", box=box.SIMPLE_HEAD,
+                      padding=(0, 1), collapse_padding=True, pad_edge=False,
+                      caption="high / low: excursion from the last close; range: ln(high / low) (< 0: worse than "
+                              "HAR)\n80 % interval: how often it held the next close")
+        sizes.add_column("job", no_wrap=True)
+        for column in ("high", "low", "range", "80 % interval"):
+            sizes.add_column(column, justify="right", no_wrap=True)
+        for name, s in candles:
+            sizes.add_row(name, *(_fmt(s.get(f"{q}_skill_har"), "+.3f") for q in ("high", "low", "range")),
+                          _fmt(s.get("interval_coverage"), ".1%"))
+        out.print(sizes)
     for record in records:
         if record.status == "failed":
             out.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
@@ -253,13 +279,14 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
         error = " ".join((r.error or "").split())  # one line, however many the error had
         state = r.status if r.selected_at is not None else "not selected"
         rows.append((r.name, state, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
-                     _fmt(r.seconds, ".0f"), (r.pushed_commit or "")[:7], error or owner))
+                     _fmt(s.get("range_skill_har"), "+.3f"), _fmt(r.seconds, ".0f"), (r.pushed_commit or "")[:7],
+                     error or owner))
     # Every column keeps its width; the error is what is cut to fit the terminal (whole in --json).
     out = Console()
-    widths = [max([len(column)] + [len(row[i]) for row in rows])
-              for i, column in enumerate(("job", "status", "tries", "MAE", "skill", "secs", "pushed"))]
+    columns = ("job", "status", "tries", "MAE", "skill", "rng/HAR", "secs", "pushed")
+    widths = [max([len(column)] + [len(row[i]) for row in rows]) for i, column in enumerate(columns)]
     room = max(20, out.width - sum(widths) - 2 * len(widths) - 1)
-    for i, column in enumerate(("job", "status", "tries", "MAE", "skill", "secs", "pushed")):
+    for i, column in enumerate(columns):
         table.add_column(column, no_wrap=True, min_width=widths[i], justify="left" if i < 2 else "right")
     table.add_column("error / owner", no_wrap=True, max_width=room)
     for row in rows:

@@ -47,6 +47,57 @@ class HeadScores(_Record):
     inconsistent_candles: dict[str, float] | None = None  # candle heads: share with high/low inside the body
 
 
+class PointScores(_Record):
+    """Errors of forecasts of one quantity of the coming candles (evaluate.candle_scores): MAE at the next
+    candle, over every step and per step; for the range QLIKE too."""
+    mae: float
+    mae_horizon: float
+    mae_by_step: list[float] = []
+    qlike: float | None = None
+    qlike_horizon: float | None = None
+
+
+class QuantityScores(PointScores):
+    """The model's forecasts of a quantity, and each baseline's (no_change, persistence, ewma, har_tod)."""
+    baselines: dict[str, PointScores]
+    skill: dict[str, float | None]  # MAE skill at the next candle vs each baseline
+    skill_horizon: dict[str, float | None]  # over every step
+    qlike_skill: float | None = None  # the range: QLIKE skill at the next candle vs HAR's root-mean-square range
+
+
+class IntervalCoverage(_Record):
+    """How an interval of the close's return fared on the test split (at the next candle unless said)."""
+    coverage: float
+    coverage_by_tercile: list[float]  # by tercile of the forecast volatility, low to high
+    coverage_horizon: float  # over every step
+    pinball: float  # mean pinball loss of its two bounds as quantiles
+
+
+class IntervalScores(IntervalCoverage):
+    """The model's interval: its close widened by split conformal on validation; static and EWMA-scaled
+    quantiles beside it."""
+    nominal: float
+    normaliser: str  # the volatility forecast the residuals were normalised by
+    margin: list[float]  # per step, in units of that volatility
+    baselines: dict[str, IntervalCoverage]
+    pinball_skill: dict[str, float | None]
+
+
+class CandleScores(_Record):
+    """The size of the coming candles (a candle head's high, low and range) against the baselines that fit
+    each, and the interval of the close's return."""
+    head: str
+    steps: int
+    high: QuantityScores
+    low: QuantityScores
+    range: QuantityScores
+    interval: IntervalScores
+
+    def skill_vs(self, baseline: str = "har_tod") -> dict[str, float | None]:
+        """Next-candle MAE skill of the high, the low and the range vs one baseline."""
+        return {q: getattr(self, q).skill.get(baseline) for q in ("high", "low", "range")}
+
+
 class Headline(_Record):
     """What a job is judged by (evaluate.headline): the close of the first head that predicts it, else the
     first head's skill over its columns."""
@@ -94,6 +145,7 @@ class JobMetrics(_Record):
     rss_mb: float | None = None
     heads: dict[str, HeadScores]
     headline: Headline
+    candles: CandleScores | None = None  # a candle head's high, low and range; None without one (or before 0.2)
     n_test: int
     test_range: list[str]  # target times of the first and last test forecast
 
@@ -106,6 +158,12 @@ class JobMetrics(_Record):
             values = {**values, "headline": {"head": head, "skill": scores["skill"], "mae": scores["model"]["mae"],
                                              "persistence_mae": scores["persistence"]["mae"]}}
         return values
+
+    def _candle_summary(self) -> dict:
+        """Next-candle skill of the high, the low and the range vs HAR + time of day; the 80 % interval's coverage."""
+        skill = self.candles.skill_vs("har_tod") if self.candles else dict.fromkeys(("high", "low", "range"))
+        return {**{f"{q}_skill_har": v for q, v in skill.items()},
+                "interval_coverage": self.candles.interval.coverage if self.candles else None}
 
     @classmethod
     def from_file(cls, path: Path) -> JobMetrics:
@@ -126,6 +184,6 @@ class JobMetrics(_Record):
             "best_val_loss": self.best_val_loss, "head": line.label,
             "test_mae": line.mae, "persistence_mae": line.persistence_mae, "skill": line.skill,
             "direction_accuracy": line.direction_accuracy, "majority_rate": line.majority_rate,
-            "shrink": line.shrink, "seconds": self.seconds, "train_step_seconds": self.train_step_seconds,
-            "rss_mb": self.rss_mb, "synthetic": self.data.synthetic,
+            "shrink": line.shrink, **self._candle_summary(), "seconds": self.seconds,
+            "train_step_seconds": self.train_step_seconds, "rss_mb": self.rss_mb, "synthetic": self.data.synthetic,
         }
