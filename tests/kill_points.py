@@ -5,7 +5,9 @@
 POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch
 of the first job, after one epoch was backed up), checkpoint (writing the first job's second epoch
 checkpoint: half of it is on disk), artifacts (the first job's files are staged but not yet
-committed), none (no pause). On reaching it the process writes MARKER_FILE and sleeps until killed.
+committed), write:GLOB (the first atomic write whose temp file's path matches GLOB: the temp file is
+whole on disk, not yet renamed into place), none (no pause). On reaching it the process writes
+MARKER_FILE and sleeps until killed.
 Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
 a resumed job from one trained again from scratch.
 """
@@ -13,9 +15,10 @@ from __future__ import annotations
 
 import sys
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
-from trainer import artifacts, executors, pipeline, training
+from trainer import artifacts, executors, files, pipeline, training
 from trainer.cli import main
 
 
@@ -71,6 +74,9 @@ def install(point: str, marker: Path) -> None:
         training.EpochCheckpoint._write = staticmethod(half_written_then_paused)
     elif point == "artifacts":
         artifacts.commit = pause_once(artifacts.commit, marker)
+    elif point.startswith("write:"):  # files.atomic_write syncs its temp file before the rename
+        pattern = point.removeprefix("write:")
+        files.fsync = pause_once(files.fsync, marker, when=lambda path: fnmatch(str(path), pattern))
     elif point != "none":
         raise SystemExit(f"unknown kill point {point}")
 

@@ -12,9 +12,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, REPO
 from trainer import artifacts
+from trainer.cli import main
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 
@@ -183,3 +185,43 @@ def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny
     finally:
         victim.kill()
         victim.wait()
+
+
+# Each kind of file written with files.atomic_write in a local run, as a glob of its temp file's path.
+ATOMIC_WRITES = {
+    "checkpoint": "*/run/.backup/*/tmp*-checkpoint.npz",
+    "best weights": "*/run/.backup/*/tmp*-best_weights_epoch*.npz",
+    "epoch rows": "*/run/.backup/*/tmp*-state.json",
+    "finished weights": "*/run/.backup/*/tmp*-finished_weights.npz",
+    "feature cache entry": "*/cache/features/tmp*",
+    "parsed candles cache entry": "*/cache/candles/parsed/tmp*",
+    "run config": "*/run/tmp*-config.yaml",
+    "summary": "*/run/tmp*-summary.json",
+    "report": "*/run/tmp*-report.html",
+}
+
+
+def _temp_files(*directories: Path) -> list[Path]:
+    """files.atomic_write's temp files (tmp<pid>-<name>) under the directories, at any depth."""
+    return [path for directory in directories for path in directory.rglob("tmp*-*")
+            if path.name[3:].split("-", 1)[0].isdigit()]
+
+
+@pytest.mark.parametrize("kind", list(ATOMIC_WRITES))
+def test_sigkill_during_each_kind_of_atomic_write_leaves_no_temp_file_once_the_run_is_done(tiny_config, tmp_path,
+                                                                                            kind):
+    config = tiny_config(data={"source": "local", "local": {"path": str(CANDLES_DIR)}, "symbols": ["BTCUSDT"],
+                               "timeframes": ["1h"], "max_rows": 600})
+    run_dir, cache = tmp_path / "run", tmp_path / "cache"
+    marker = tmp_path / "paused"
+    victim = _start_paused(f"write:{ATOMIC_WRITES[kind]}", marker, tmp_path / "epochs.log", config)
+    _wait_for(marker, victim)
+    assert len(_temp_files(run_dir, cache)) == 1  # killed with the write under way
+    victim.send_signal(signal.SIGKILL)
+    victim.wait()
+
+    rerun = CliRunner().invoke(main, ["run", "--config", str(config)], catch_exceptions=False)
+    assert rerun.exit_code == 0, rerun.output
+    assert _temp_files(run_dir, cache) == []
+    with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+        assert db.execute("SELECT status FROM jobs").fetchall() == [("done",)]

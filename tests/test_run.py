@@ -2,13 +2,17 @@
 preprocessing alone, determinism, failure isolation, and run-directory protection."""
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
+import os
 import re
 import shutil
 import sqlite3
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -255,6 +259,34 @@ def test_what_native_code_writes_to_stderr_during_the_live_display_is_shown_as_a
     assert result.stderr.endswith("native line after the display\n")
 
 
+ONEDNN_RUN = """
+import sys
+from trainer import device
+from trainer.cli import main
+if sys.argv[1] == "unspent":
+    device._spend_onednn_notice = lambda: None
+main(["run", "--config", sys.argv[2], "--only", "BTC*", "--set", "train.epochs=1"])
+"""
+
+
+def test_tensorflows_onednn_notice_at_the_first_train_step_never_reaches_the_terminal(tiny_config, tmp_path):
+    """With oneDNN on (the default on CPUs with AVX-512 VNNI), a CPU without AVX-512 gets "oneDNN supports DT_INT32
+    only on platforms with AVX-512" from TensorFlow's C++ log at the first train step, at ERROR level."""
+    notice = "oneDNN supports DT_INT32 only on platforms with AVX-512"
+    env = {**os.environ, "TF_ENABLE_ONEDNN_OPTS": "1"}
+
+    def run(variant: str) -> str:
+        config = tiny_config(output_dir=str(tmp_path / variant))  # each trains its job
+        result = subprocess.run([sys.executable, "-c", ONEDNN_RUN, variant, str(config)], capture_output=True,
+                                text=True, timeout=300, env=env)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stderr
+
+    if notice not in run("unspent"):
+        pytest.skip("this CPU and TensorFlow never log the notice")
+    assert notice not in run("as shipped")
+
+
 def test_a_job_without_skill_is_summarised_without_one():
     # persistence was exact on the test split (MAE 0): there is no skill to give
     summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.0, "skill": None}
@@ -277,22 +309,32 @@ def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path)
     assert result.exit_code == 1
     with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
         status, error = db.execute("SELECT status, error FROM jobs WHERE name = 'BTCUSDT_1h'").fetchone()
-    assert status == "failed" and re.match(r"loss became (nan|inf|-inf) in epoch 1", error), error
+    assert status == "failed" and re.search(r"^local:\S+BTCUSDT_1h.csv.gz: loss became (nan|inf|-inf) in epoch 1; "
+                                            "try a lower train.learning_rate or train.clipvalue$", error), error
 
 
-def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_config, tmp_path):
-    """One candle at 1e150 (a band far below zero, then infinite numbers): the job fails with one line naming
-    the file; nothing is recorded as done, and no file holds a bare NaN/Infinity token."""
+@pytest.mark.parametrize("row, columns, value", [
+    (-40, ["open", "high", "low", "close"], 1e150),  # a band far below zero, then infinite test metrics
+    (-300, ["high"], 1e300),  # a training window: the loss diverges in the first epoch
+])
+def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_config, tmp_path, row, columns, value):
+    """One absurd candle: the job fails with one line naming the file and the candle (not the learning rate);
+    nothing is recorded as done, and no file holds a bare NaN/Infinity token."""
     table = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz")
-    table.loc[len(table) - 40, ["open", "high", "low", "close"]] = 1e150
+    table.loc[len(table) + row, columns] = value
+    when = pd.Timestamp(table.loc[len(table) + row, "timestamp"])
     data_dir = tmp_path / "absurd"
     data_dir.mkdir()
     table.to_csv(data_dir / "BTCUSDT_1h.csv", index=False)
     config = tiny_config(data={"source": "local", "symbols": ["BTCUSDT"], "timeframes": ["1h"], "max_rows": 600,
                                "local": {"path": str(data_dir), "pattern": "{symbol}_{timeframe}.csv"}})
-    result = _run("--config", str(config))
+    result = _run("--config", str(config), "--retries", "0")
     assert result.exit_code == 1, result.output
-    assert f"BTCUSDT_1h failed: local:{data_dir / 'BTCUSDT_1h.csv'}: " in result.output  # one line, the file
+    [line] = [line for line in result.output.splitlines() if line.startswith("BTCUSDT_1h failed: ")]
+    assert line.startswith(f"BTCUSDT_1h failed: local:{data_dir / 'BTCUSDT_1h.csv'}: "), line  # the file
+    jump = rf"the candles are implausible: ({'|'.join(columns)}) goes from [0-9.e+]+ to {re.escape(f'{value:.6g}')}"
+    assert re.search(rf"{jump} at {when:%Y-%m-%d %H:%M} UTC", line), line  # the candle, the column, the jump
+    assert "learning_rate" not in line
     run_dir = tmp_path / "run"
     assert not (run_dir / "jobs" / "BTCUSDT_1h").exists()
     bare = []
@@ -371,6 +413,69 @@ def test_an_output_dir_that_is_a_file_is_one_line_of_bad_input(tiny_config, tmp_
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {tmp_path / 'taken'}: cannot be the run directory (File exists); set " \
         "output_dir to a directory you can write"
+
+
+@pytest.fixture
+def another_users_run_dir(tmp_path):
+    """(config, run directory, a context to run in): a run directory of another user, which this one may read but
+    not write. As root (who may write anywhere) the command runs under the uid of nobody meanwhile."""
+    shared = Path(tempfile.mkdtemp(prefix="cryptotrain-shared-"))  # under /tmp: any user may look inside
+    shared.chmod(0o755)
+    run_dir = shared / "run"
+    run_dir.mkdir()
+    config = shared / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, output_dir=str(run_dir))))
+    config.chmod(0o644)
+
+    @contextlib.contextmanager
+    def as_another_user():
+        if os.geteuid() != 0:
+            run_dir.chmod(0o555)
+            yield
+            return
+        os.seteuid(65534)  # nobody
+        try:
+            yield
+        finally:
+            os.seteuid(0)
+    try:
+        yield config, run_dir, as_another_user
+    finally:
+        run_dir.chmod(0o755)
+        shutil.rmtree(shared)
+
+
+@pytest.fixture
+def read_only_run_dir(tmp_path):
+    """An existing run directory on a read-only mount; skipped where mounting is not allowed."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    mounted = subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], capture_output=True).returncode == 0
+    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)], capture_output=True).returncode:
+        if mounted:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        pytest.skip("needs a read-only bind mount (root)")
+    try:
+        yield run_dir
+    finally:
+        subprocess.run(["umount", "-l", str(run_dir)], check=False)
+
+
+def test_a_run_directory_this_user_cannot_write_is_one_line_of_bad_input(another_users_run_dir):
+    config, run_dir, as_another_user = another_users_run_dir
+    with as_another_user():
+        result = CliRunner().invoke(main, ["run", "--config", str(config)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {run_dir}: cannot be the run directory (Permission denied); set " \
+        "output_dir to a directory you can write"
+    assert list(run_dir.iterdir()) == []
+
+
+def test_a_run_directory_on_a_read_only_disk_is_one_line_of_bad_input(tiny_config, read_only_run_dir):
+    result = CliRunner().invoke(main, ["run", "--config", str(tiny_config(output_dir=str(read_only_run_dir)))])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: {read_only_run_dir}: cannot be the run directory (Read-only file " \
+        "system); set output_dir to a directory you can write"
 
 
 def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(tiny_config, tmp_path):

@@ -28,6 +28,7 @@ import tensorflow as tf
 
 from .config import RECURRENT_KINDS, RunConfig, TrainConfig
 from .errors import UserError
+from .files import native_stderr_silenced
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 MIXED_FLOAT16_MIN_CAPABILITY = (7, 0)  # tensor cores: float16 is faster from Volta on
@@ -57,7 +58,23 @@ def setup(train: TrainConfig, cpus: int | None = None) -> dict:
             "threads": _set_threads(cpus or usable_cpus()),
             "jit_compile": False,
         }
+        _spend_onednn_notice()
     return {"precision": apply_precision(train.precision), **_configured}
+
+
+def _spend_onednn_notice() -> None:
+    """TensorFlow with oneDNN on a CPU without AVX-512 logs "oneDNN supports DT_INT32 only on platforms with
+    AVX-512" once a process, at ERROR level (which TF_CPP_MIN_LOG_LEVEL=2 lets through), the first time a graph
+    holds an int32 op oneDNN could have run: at the first train step, under the progress display. It says
+    nothing to act on. Set off here (an int32 transpose of unknown shape), with native stderr silenced, it is
+    spent, while every later native message still shows. (~0.15 s, so only where oneDNN runs.)"""
+    from tensorflow.python.util import _pywrap_util_port  # whether oneDNN runs: no public API says
+
+    if not _pywrap_util_port.IsMklEnabled():
+        return
+    with native_stderr_silenced(), tf.device("CPU:0"):
+        transpose = tf.function(tf.transpose, input_signature=[tf.TensorSpec([None, None], tf.int32)])
+        transpose(tf.zeros((1, 1), tf.int32))
 
 
 def _enable_memory_growth(gpu) -> None:

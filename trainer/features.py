@@ -42,6 +42,7 @@ from .config import (
 )
 from .data import load_candles, store
 from .errors import JobError
+from .files import remove_abandoned_temp_files
 from .jobs import Job
 
 # What an entry depends on besides the candles and the spec: this code, the entry format and the libraries.
@@ -65,8 +66,10 @@ def compute_features(candles: pd.DataFrame, features: FeaturesConfig) -> pd.Data
     not_finite = ~np.isfinite(values)
     if not_finite.any():
         col, row = np.argwhere(not_finite)[0]
+        jump = implausible_jump(candles)
         raise JobError(f"{where}: feature {names[col]} is undefined at {index[row]:%Y-%m-%d %H:%M} UTC "
-                       f"({int(not_finite.any(axis=0).sum())} rows after the warm-up)")
+                       f"({int(not_finite.any(axis=0).sum())} rows after the warm-up)"
+                       + (f"; the candles are implausible: {jump}" if jump else ""))
     frame = store.frame_of_columns(values, names, index)
     frame.attrs = dict(candles.attrs)
     return frame
@@ -94,11 +97,29 @@ def collinear_columns(frame: pd.DataFrame, columns: list[str],
     (open with close, bb_upper with close) through the shared trend alone, while changes correlate
     that well only when one column really is a * other + b."""
     changes = np.diff(frame[columns].to_numpy(np.float64), axis=0)
-    with np.errstate(invalid="ignore", divide="ignore"):  # a constant column has no correlation
+    # A constant column has no correlation; absurd candles overflow (their job fails, naming them).
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         corr = np.corrcoef(changes, rowvar=False)
     upper_i, upper_j = np.triu_indices(len(columns), k=1)
     return [(columns[i], columns[j], float(corr[i, j]))
             for i, j in zip(upper_i, upper_j) if abs(corr[i, j]) >= threshold]
+
+
+# A bar-to-bar change of a price by this factor or more, either way, is taken for bad data, not a market move.
+IMPLAUSIBLE_JUMP = 100.0
+
+
+def implausible_jump(frame: pd.DataFrame) -> str | None:
+    """The largest bar-to-bar change of a candle price (open, high, low, close) in `frame`, described, when it is a
+    factor of IMPLAUSIBLE_JUMP or more: what to name when numbers computed from these candles overflow or
+    training on them diverges. None when every change is plausible."""
+    prices = frame[list(OHLCV[:4])].to_numpy(np.float64)  # validated: finite and positive
+    change = np.abs(np.diff(np.log(prices), axis=0))
+    if change.size == 0 or not change.max() >= np.log(IMPLAUSIBLE_JUMP):
+        return None
+    row, col = np.unravel_index(np.argmax(change), change.shape)
+    return (f"{OHLCV[col]} goes from {prices[row, col]:.6g} to {prices[row + 1, col]:.6g} at "
+            f"{frame.index[row + 1]:%Y-%m-%d %H:%M} UTC")
 
 
 @dataclass(frozen=True)
@@ -120,6 +141,7 @@ def precompute(cfg: RunConfig, jobs: list[Job],
                on_job: Callable[[FeatureOutcome], None] | None = None) -> list[FeatureOutcome]:
     """`cryptotrain features`: compute and cache every job's features; a job that fails is reported in its
     outcome and the others go on. `on_job` is called with each job's outcome as soon as it is known."""
+    remove_abandoned_temp_files(cfg.cache_path)  # what writes cut short by a kill left
     outcomes = []
     for job in jobs:
         try:

@@ -1,10 +1,12 @@
-"""Crash-safe file writing and hashing, shared by the stages that persist state."""
+"""Crash-safe file writing and hashing, shared by the stages that persist state; and stderr kept off the
+terminal at file-descriptor level."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
 import os
-from collections.abc import Callable
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -27,10 +29,10 @@ TEMP_PREFIX = "tmp"
 
 
 def remove_abandoned_temp_files(directory: Path) -> None:
-    """atomic_write's temp files in `directory` whose process is gone (killed mid-write)."""
-    for tmp in directory.glob(f"{TEMP_PREFIX}*-*"):
+    """atomic_write's temp files anywhere under `directory` whose process is gone (killed mid-write)."""
+    for tmp in directory.rglob(f"{TEMP_PREFIX}*-*"):
         pid = tmp.name[len(TEMP_PREFIX):].split("-", 1)[0]
-        if pid.isdigit() and not pid_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)) and tmp.is_file():
             tmp.unlink(missing_ok=True)
 
 
@@ -59,3 +61,18 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:  # exists, but belongs to another user
         return True
     return True
+
+
+@contextlib.contextmanager
+def native_stderr_silenced() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null meanwhile: what native code (TensorFlow's C++ log) writes there never
+    reaches the terminal. Python's own stderr writes are lost too: keep the block short."""
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

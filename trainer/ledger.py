@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -120,6 +121,7 @@ class Ledger:
         self._lock = threading.Lock()
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            tempfile.TemporaryFile(dir=self.run_dir).close()  # SQLite would only say "unable to open database file"
         except OSError as exc:  # e.g. output_dir names a file, or a directory this user cannot write
             raise UserError(f"{self.run_dir}: cannot be the run directory ({exc.strerror}); set output_dir "
                             "to a directory you can write") from None

@@ -24,15 +24,16 @@ import numpy as np
 import pandas as pd
 
 from . import artifacts
+from .baselines import fit_baselines
 from .config import RunConfig
 from .data import load_candles
 from .errors import JobError
-from .evaluate import choose_shrink, evaluate, predict_fixed_batches
-from .features import load_features
+from .evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
+from .features import implausible_jump, load_features
 from .jobs import Job
 from .models import output_shapes
 from .results import JobMetrics
-from .training import FitResult, ModelCache, ReportProgress, fit
+from .training import Diverged, FitResult, ModelCache, ReportProgress, fit
 from .windows import Preprocessing, Windows, make_windows
 
 
@@ -85,33 +86,38 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     if cfg.train.tensorboard:
         callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
                                                              write_graph=False, update_freq="epoch"))
-    source = prepared.data["source"]
     model = cache.model_for(cfg, len(cfg.features.columns))
-    with _naming(source):
+    with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
         windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
-    # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
-    result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
-    prep = windows.preprocessing
-    if cfg.window.shrink:
-        prep = choose_shrink(predict_fixed_batches(model, windows.val.x), windows.val, prep)
-    outputs = predict_fixed_batches(model, windows.test.x)
-    predictions = prep.to_prices(outputs, windows.test.last_close)
-    unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
-    release_free_memory()
-    with _naming(source):
+        # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
+        result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
+        prep = windows.preprocessing
+        val_outputs = predict_fixed_batches(model, windows.val.x)
+        if cfg.window.shrink:
+            prep = choose_shrink(val_outputs, windows.val, prep)
+        outputs = predict_fixed_batches(model, windows.test.x)
+        predictions = prep.to_prices(outputs, windows.test.last_close)
+        unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
+        release_free_memory()
         scores = evaluate(predictions, windows.test, prep, unshrunk)
-    values = {
-        "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
-        "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
-        "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
-        "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
-        "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-        "test_range": [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]],
-        **scores,
-    }
-    if (bad := artifacts.non_finite(values)) is not None:  # a number that means nothing never counts as done
-        raise JobError(f"{source}: the test metrics are not finite ({bad[0]} is {bad[1]}); "
-                       "check the candles for absurd values")
+        if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
+            fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
+                                   windows.train.first_target_rows, windows.val.first_target_rows)
+            scores["candles"] = candle_scores(head, predictions[head.name], windows.test,
+                                              prep.to_prices(val_outputs, windows.val.last_close)[head.name],
+                                              windows.val, fitted)
+        values = {
+            "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
+            "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
+            "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
+            "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
+            "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
+            "test_range": [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]],
+            **scores,
+        }
+        if (bad := artifacts.non_finite(values)) is not None:  # a number that means nothing never counts as done
+            raise JobError(f"the test metrics are not finite ({bad[0]} is {bad[1]}); check the candles for absurd "
+                           "values")
     metrics = JobMetrics.model_validate(values)
     with tempfile.TemporaryDirectory(prefix="cryptotrain-job-") as tmp:
         write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions)
@@ -133,13 +139,17 @@ class _OfJob:
 
 
 @contextlib.contextmanager
-def _naming(source: str):
-    """A job error raised inside (a value the windows cannot frame, predictions that are not finite) names the
-    candles it comes from."""
+def _naming(prepared: Prepared):
+    """A job error raised inside (a value the windows cannot frame, a loss that diverged, predictions or metrics
+    that are not finite) names the candles it comes from, and the implausible price in them that likely caused
+    it, when there is one: then a diverged loss is not blamed on the learning rate."""
     try:
         yield
     except JobError as exc:
-        raise JobError(f"{source}: {exc}") from None
+        jump = implausible_jump(prepared.frame)
+        cause = (f"; the candles are implausible: {jump}" if jump else
+                 "; try a lower train.learning_rate or train.clipvalue" if isinstance(exc, Diverged) else "")
+        raise JobError(f"{prepared.data['source']}: {exc}{cause}") from None
 
 
 def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,

@@ -85,7 +85,8 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
         by_name = {job.name: job for job in jobs}
         ledger.add_jobs([job.name for job in make_jobs(cfg)], selected=names)
         artifacts.remove_abandoned_staging(run_dir)
-        remove_abandoned_temp_files(run_dir)
+        for directory in (run_dir, cfg.cache_path):  # what writes cut short by a kill left (checkpoints, entries)
+            remove_abandoned_temp_files(directory)
         _recheck_done_jobs(run_dir, ledger, names)
         _fit_done_jobs_to_budget(cfg, ledger, names)
         _retry_failed_jobs(cfg, ledger, by_name, retries, retry_failed)

@@ -17,10 +17,11 @@ import keras
 import numpy as np
 import pandas as pd
 import tensorflow as tf
+from pydantic import BaseModel, TypeAdapter
 
 from .config import RunConfig, TrainConfig
 from .device import apply_precision
-from .errors import JobError
+from .errors import JobError, first_line
 from .evaluate import INFERENCE_BATCH_SIZE
 from .files import atomic_write
 from .models import build_model, compile_settings
@@ -94,7 +95,12 @@ def model_signature(cfg: RunConfig, n_features: int) -> str:
 
 
 # ----------------------------------------------------------------------------- fitting
-FINISHED = "finished_weights.npz"  # in a job's backup directory: the weights training ended with
+# In a job's backup directory: the weights training ended with, and the epochs' rows (history and the callbacks'
+# counters). EpochCheckpoint and ResumableState name their other files.
+FINISHED = "finished_weights.npz"
+STATE = "state.json"
+
+
 @dataclass
 class FitResult:
     history: pd.DataFrame  # one row per epoch, including epochs run before a restart
@@ -108,16 +114,15 @@ def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path
     """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
 
     If `backup_dir` holds the state of an interrupted run of this job, training resumes after its last
-    finished epoch. The backup is left in place: the caller deletes it once the job's artifacts are safe.
+    finished epoch (see resume). The backup is left in place: the caller deletes it once the job's artifacts
+    are safe.
     """
     train = cfg.train
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
-    finished = backup_dir / FINISHED
-    if finished.exists():  # killed after training, before the artifacts were safe: nothing to re-train
-        model.set_weights(load_weights(finished))
-        return _result(ResumableState(backup_dir, done_epochs=None), restores_best, step_seconds=0.0)
-    checkpoint = EpochCheckpoint(backup_dir)
-    state = ResumableState(backup_dir, checkpoint.restore(model))  # weights, optimizer state: the epoch to go on at
+    resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
+    state = ResumableState(backup_dir, resumed)
+    if resumed.finished:  # killed after training, before the artifacts were safe: nothing to re-train
+        return _result(state, restores_best, step_seconds=0.0)
 
     model.feed_for(windows)
     train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
@@ -134,14 +139,72 @@ def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path
     state.early_stopping, state.reduce_lr = early_stopping, reduce_lr
     # The checkpoint of an epoch is written last, once everything the epoch changed is saved: a job killed at
     # any moment resumes from a checkpointed epoch whose history row and best weights are on disk too.
-    standard += [state, checkpoint]
+    standard += [state, EpochCheckpoint(backup_dir)]
     timer = StepTimer()
     # A job that early stopping had ended when it was killed trains no further epoch on resume.
     epochs = state.stopped_at(train.early_stopping.patience if train.early_stopping else None) or train.epochs
-    model.fit(train_data, validation_data=val_data, initial_epoch=state.done_epochs, epochs=epochs, verbose=0,
+    model.fit(train_data, validation_data=val_data, initial_epoch=resumed.epochs, epochs=epochs, verbose=0,
               shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
-    save_weights(finished, model.get_weights())
+    save_weights(backup_dir / FINISHED, model.get_weights())
     return _result(state, restores_best, step_seconds=timer.seconds)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where an earlier run of a job left off, as resume() read it back from the job's backup directory."""
+    epochs: int  # the epochs done, which training goes on after (0: a fresh start)
+    rows: list[dict]  # their rows (state.json)
+    best_weights: list[np.ndarray] | None = None  # early stopping's best so far, as the last row names them
+    finished: bool = False  # training had ended: the model holds the weights it ended with
+
+
+def resume(backup_dir: Path, model: keras.Model) -> Resumed:
+    """Load into `model` the newest state that an earlier run of this job left in `backup_dir` and that reads back
+    whole, every file checked against the model: the weights training ended with; else the latest epoch
+    checkpoint (weights, optimizer state) whose epochs' rows and best weights are usable too; else the checkpoint
+    before it; else nothing: a fresh start.
+
+    Nothing a kill, a full disk or a damaged file leaves there can fail the job: whatever is unusable is named
+    in one warning, with what training does instead. (Keras's BackupAndRestore writes its file in place and
+    falls back only on OSError: a kill while it wrote left a truncated file that failed every later run.)"""
+    checkpoint, finished = EpochCheckpoint(backup_dir), backup_dir / FINISHED
+    unusable: list[str] = []
+
+    def unusable_because(path: Path, exc: Exception) -> None:
+        unusable.append(f"{path.name} unusable ({type(exc).__name__}: {first_line(exc)})")
+
+    try:
+        rows = _read_rows(backup_dir / STATE)
+    except Exception as exc:  # the epochs' history is lost: no checkpoint can be gone on from
+        unusable_because(backup_dir / STATE, exc)
+    else:
+        if rows and finished.exists():
+            try:
+                model.set_weights(load_weights(finished, model))
+                return Resumed(len(rows), rows, finished=True)
+            except Exception as exc:
+                unusable_because(finished, exc)
+        for path in checkpoint.paths:
+            if not path.exists():
+                continue
+            try:
+                epoch, weights, optimizer_state = checkpoint.read(path, model)
+                if epoch > len(rows):
+                    raise ValueError(f"{STATE} has no row for its epoch {epoch}")
+                best = _best_weights(backup_dir, rows[epoch - 1], model)
+            except Exception as exc:  # whatever is wrong with the file, the job goes on without it
+                unusable_because(path, exc)
+                continue
+            _assign(model.variables, weights)
+            _assign(model.optimizer.variables, optimizer_state)
+            if unusable:
+                log.warning("%s: %s; going on after epoch %d (%s)", backup_dir, "; ".join(unusable), epoch, path.name)
+            return Resumed(epoch, rows[:epoch], best)
+    if unusable:
+        log.warning("%s: %s; training this job from its first epoch", backup_dir, "; ".join(unusable))
+        for path in (*checkpoint.paths, finished, backup_dir / STATE):  # never to be mixed with the epochs to come
+            path.unlink(missing_ok=True)
+    return Resumed(0, [])
 
 
 def replay_budget(history: pd.DataFrame, train: TrainConfig) -> int | None:
@@ -299,12 +362,7 @@ class DeviceFeed:
 class EpochCheckpoint(keras.callbacks.Callback):
     """Everything training needs to go on after an epoch — the model's weights, the optimizer's state (moments,
     step count, learning rate) and the epoch — saved at the epoch's end in one file, written atomically, and
-    read back before it counts; the previous epoch's file is kept beside it.
-
-    Nothing a kill, a full disk or a damaged file leaves behind can stop a job: restore() falls back from the
-    latest checkpoint to the previous one, and from that to a fresh start, with a warning each time. (Keras's
-    BackupAndRestore writes its file in place and falls back only on OSError: a kill while it wrote left a
-    truncated file that failed every later run.)
+    read back before it counts; the previous epoch's file is kept beside it, for resume() to fall back on.
 
     Declared safe to run in the background: it does nothing per batch, so the device never waits for a batch's
     loss to reach Python."""
@@ -313,27 +371,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def __init__(self, backup_dir: Path) -> None:
         super().__init__()
         self.latest, self.previous = backup_dir / "checkpoint.npz", backup_dir / "checkpoint.previous.npz"
+        self.paths = (self.latest, self.previous)  # newest first
 
     def exists(self) -> bool:
         return self.latest.exists() or self.previous.exists()
-
-    def restore(self, model: keras.Model) -> int:
-        """Load the newest usable checkpoint into `model`; returns its epoch (0: none, start afresh)."""
-        for path in (self.latest, self.previous):
-            if not path.exists():
-                continue
-            try:
-                epoch, weights, optimizer_state = self._read(path, model)
-            except Exception as exc:  # whatever is wrong with the file, the job goes on without it
-                log.warning("%s: checkpoint unusable (%s: %s); falling back to the one before", path,
-                            type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
-                continue
-            _assign(model.variables, weights)
-            _assign(model.optimizer.variables, optimizer_state)
-            return epoch
-        if self.exists():
-            log.warning("%s: no usable checkpoint; training this job from its first epoch", self.latest.parent)
-        return 0
 
     def on_epoch_end(self, epoch, logs=None):
         if self.latest.exists():
@@ -343,25 +384,38 @@ class EpochCheckpoint(keras.callbacks.Callback):
                   **{f"w{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.variables)},
                   **{f"o{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(optimizer.variables)}}
         atomic_write(self.latest, lambda tmp: self._write(tmp, arrays))
-        self._read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
+        self.read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
 
     @staticmethod
     def _write(tmp: Path, arrays: dict[str, np.ndarray]) -> None:
         np.savez(tmp, **arrays)
 
     @staticmethod
-    def _read(path: Path, model: keras.Model) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
+    def read(path: Path, model: keras.Model) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
         """The checkpoint's epoch, weights and optimizer state, checked against the model's variables."""
         with np.load(path) as saved:
             epoch = int(saved["epoch"])
             weights = [saved[f"w{i}"] for i in range(len(model.variables))]
             optimizer_state = [saved[f"o{i}"] for i in range(len(model.optimizer.variables))]
-        for kind, values, variables in (("weight", weights, model.variables),
-                                        ("optimizer", optimizer_state, model.optimizer.variables)):
-            for value, variable in zip(values, variables):
-                if tuple(value.shape) != tuple(variable.shape):
-                    raise ValueError(f"{kind} {variable.path}: shape {value.shape}, the model's {variable.shape}")
+        _check_arrays("weight", weights, model.variables)
+        _check_arrays("optimizer", optimizer_state, model.optimizer.variables)
+        if epoch < 1:
+            raise ValueError(f"epoch {epoch}")
         return epoch, weights, optimizer_state
+
+
+def _check_arrays(kind: str, values: list[np.ndarray], variables: list) -> None:
+    """ValueError unless `values` are numbers shaped as `variables`, one for one."""
+    if len(values) != len(variables):
+        raise ValueError(f"{len(values)} {kind} arrays, the model has {len(variables)}")
+    for value, variable in zip(values, variables):
+        if tuple(value.shape) != tuple(variable.shape) or value.dtype.kind not in "biuf":
+            raise ValueError(f"{kind} {variable.path}: {value.dtype} {value.shape}, the model's {variable.shape}")
+
+
+class Diverged(JobError):
+    """Training diverged: its loss is no longer a finite number. Whether the data or the settings are to blame
+    is for the caller to tell (pipeline.train_one)."""
 
 
 class StopOnNaN(keras.callbacks.Callback):
@@ -372,8 +426,7 @@ class StopOnNaN(keras.callbacks.Callback):
     def on_epoch_end(self, epoch, logs=None):
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            raise JobError(f"loss became {float(loss)} in epoch {epoch + 1}; "
-                           "try a lower train.learning_rate or train.clipvalue")
+            raise Diverged(f"loss became {float(loss)} in epoch {epoch + 1}")
 
 
 class StepTimer(keras.callbacks.Callback):
@@ -428,25 +481,18 @@ class ResumableState(keras.callbacks.Callback):
     callbacks' counters nor the best weights seen so far: without them a resumed job would wait longer
     to stop and could restore a worse model than an uninterrupted one. Each epoch's row holds those
     counters, and whether early stopping ended training; on restart the row of the last backed-up epoch
-    is applied (rows of epochs that will be re-run are dropped). The best weights are kept per epoch,
+    is applied (resume() drops the rows of epochs that will be re-run). The best weights are kept per epoch,
     so that the ones the last backed-up row names are still there whatever epoch was under way.
     Must come after EarlyStopping and ReduceLROnPlateau, and before EpochCheckpoint.
     """
 
-    def __init__(self, backup_dir: Path, done_epochs: int | None) -> None:
+    def __init__(self, backup_dir: Path, resumed: Resumed) -> None:
         super().__init__()
         self.dir = backup_dir
-        self.path = backup_dir / "state.json"
-        # The epochs of the checkpoint training goes on from (None: training had finished, every row counts).
-        self.done_epochs = done_epochs
+        self.path = backup_dir / STATE
         self.early_stopping = self.reduce_lr = None  # set by fit, once it has made them
-        self.rows: list[dict] = self._backed_up_rows()  # read once: fit needs them before training too
-
-    def _backed_up_rows(self) -> list[dict]:
-        if not self.path.exists() or self.done_epochs == 0:
-            return []
-        saved = json.loads(self.path.read_text())
-        return [row for row in saved if self.done_epochs is None or row["epoch"] <= self.done_epochs]
+        self.rows: list[dict] = list(resumed.rows)
+        self._best_weights = resumed.best_weights
 
     def stopped_at(self, patience: int | None) -> int | None:
         """The epoch early stopping ended training at, if the backed-up state says it did and early stopping with
@@ -462,9 +508,8 @@ class ResumableState(keras.callbacks.Callback):
         last = self.rows[-1]
         if self.early_stopping and last.get("early_stopping"):
             vars(self.early_stopping).update(last["early_stopping"])
-            best = self._best_path(last["early_stopping"]["best_epoch"])
-            if best.exists():
-                self.early_stopping.best_weights = load_weights(best)
+            if self._best_weights is not None:
+                self.early_stopping.best_weights = self._best_weights
         if self.reduce_lr and last.get("reduce_lr"):
             vars(self.reduce_lr).update(last["reduce_lr"])
 
@@ -476,26 +521,77 @@ class ResumableState(keras.callbacks.Callback):
         if es is not None:
             row["early_stopping"] = {"wait": es.wait, "best": float(es.best), "best_epoch": es.best_epoch}
             if es.best_epoch == epoch and es.best_weights is not None:
-                save_weights(self._best_path(epoch), es.best_weights)
+                save_weights(_best_path(self.dir, epoch), es.best_weights)
         if self.reduce_lr is not None:
             rl = self.reduce_lr
             row["reduce_lr"] = {"wait": rl.wait, "best": float(rl.best), "cooldown_counter": rl.cooldown_counter}
         self.rows.append(row)
         atomic_write(self.path, lambda tmp: tmp.write_text(json.dumps(self.rows)))
         # Best weights no row that a restart could resume from still names (this one, or the last backed up).
-        named = {self._best_path(r["early_stopping"]["best_epoch"]) for r in self.rows[-2:] if "early_stopping" in r}
+        named = {_best_path(self.dir, r["early_stopping"]["best_epoch"]) for r in self.rows[-2:]
+                 if "early_stopping" in r}
         for path in self.dir.glob("best_weights_epoch*.npz"):
             if path not in named:
                 path.unlink()
-
-    def _best_path(self, epoch: int) -> Path:
-        """Where the best weights of a (0-based) epoch are kept."""
-        return self.dir / f"best_weights_epoch{epoch + 1}.npz"
 
     def history_frame(self) -> pd.DataFrame:
         """Per epoch: the losses, metrics and learning rate (not the callbacks' bookkeeping)."""
         flat = [{k: v for k, v in row.items() if not isinstance(v, (dict, bool))} for row in self.rows]
         return pd.DataFrame(flat)
+
+
+def _best_path(backup_dir: Path, epoch: int) -> Path:
+    """Where the best weights of a (0-based) epoch are kept."""
+    return backup_dir / f"best_weights_epoch{epoch + 1}.npz"
+
+
+def _best_weights(backup_dir: Path, row: dict, model: keras.Model) -> list[np.ndarray] | None:
+    """The best weights a row names, checked against the model; None where it names none (no early stopping, or
+    none kept: restore_best_weights off)."""
+    if "early_stopping" not in row:
+        return None
+    path = _best_path(backup_dir, row["early_stopping"]["best_epoch"])
+    try:
+        return load_weights(path, model) if path.exists() else None
+    except Exception as exc:
+        raise ValueError(f"its best weights {path.name}: {type(exc).__name__}: {first_line(exc)}") from None
+
+
+class _EarlyStoppingRow(BaseModel, extra="forbid"):
+    wait: int
+    best: float
+    best_epoch: int
+
+
+class _ReduceLrRow(BaseModel, extra="forbid"):
+    wait: int
+    best: float
+    cooldown_counter: int
+
+
+class _EpochRow(BaseModel, extra="allow"):
+    """One epoch's row of state.json, as ResumableState writes it: the losses and metrics (the extra keys)."""
+    __pydantic_extra__: dict[str, float]
+    epoch: int
+    stopped: bool
+    learning_rate: float
+    early_stopping: _EarlyStoppingRow | None = None
+    reduce_lr: _ReduceLrRow | None = None
+
+
+_ROWS = TypeAdapter(list[_EpochRow])
+
+
+def _read_rows(path: Path) -> list[dict]:
+    """state.json's rows, checked (ValueError otherwise): epochs 1, 2, ... each as ResumableState writes it.
+    None written yet: none."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    _ROWS.validate_python(rows)
+    if [row["epoch"] for row in rows] != list(range(1, len(rows) + 1)):
+        raise ValueError("its rows are not those of epochs 1, 2, ...")
+    return rows
 
 
 def save_weights(path: Path, weights: list[np.ndarray]) -> None:
@@ -504,9 +600,9 @@ def save_weights(path: Path, weights: list[np.ndarray]) -> None:
     atomic_write(path, lambda tmp: np.savez(tmp, *weights))
 
 
-def load_weights(path: Path) -> list[np.ndarray]:
+def load_weights(path: Path, model: keras.Model) -> list[np.ndarray]:
+    """Weights save_weights wrote, checked against the model's (ValueError when they are not its)."""
     with np.load(path) as saved:
-        return [saved[f"arr_{i}"] for i in range(len(saved.files))]
-
-
-
+        weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]
+    _check_arrays("weight", weights, model.weights)
+    return weights

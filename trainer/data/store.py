@@ -69,9 +69,9 @@ def load(directory: Path, key: str) -> pd.DataFrame | None:
             header = json.loads(entry.readline())
             body = np.fromfile(entry, dtype=np.uint8)
         columns, rows, checksum = header["columns"], header["rows"], header["crc32"]
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:  # a directory in the way, too: IsADirectoryError
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):  # no entry (a file where the cache should
+        return None  # be, a directory where the entry should be: save() finds it in the way and says so)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
         return _discard(path, f"unreadable: {exc}")
     if body.size != 8 * rows * (1 + len(columns)) or zlib.crc32(body) != checksum:
         return _discard(path, "its body does not match its header's size or checksum")
@@ -103,5 +103,5 @@ def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
 
 def _discard(path: Path, why: str) -> None:
     log.warning("cache entry %s is damaged (%s): recomputing it", path, why)
-    with contextlib.suppress(OSError):  # e.g. a directory: save() will find it in the way and warn
+    with contextlib.suppress(OSError):  # unremovable: save() finds it in the way and says so
         path.unlink(missing_ok=True)
