@@ -169,22 +169,18 @@ def _import_tensorflow() -> None:
     stderr is back."""
     if "tensorflow" in sys.modules:
         return
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        import tensorflow
+    from .files import native_stderr_silenced
 
-        tensorflow.config.list_physical_devices()
+    try:
+        with native_stderr_silenced():
+            import tensorflow
+
+            tensorflow.config.list_physical_devices()
     except ModuleNotFoundError as exc:
         if exc.name != "tensorflow":
             raise
         raise UserError("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs "
                         "it unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')") from exc
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
 
 
 def _require(module: str, option: str, install: str) -> None:
