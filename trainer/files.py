@@ -10,14 +10,17 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object], durable: bool = True) -> None:
     """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one
-    (and perhaps the temp file, which remove_abandoned_temp_files clears)."""
+    (and perhaps the temp file, which remove_abandoned_temp_files clears). durable=False skips the fsync (a few
+    ms a file): for a cache, whose entries are verified when read, a write a power cut loses costs a recompute;
+    a kill alone never loses a renamed file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
     try:
         write(tmp)
-        fsync(tmp)
+        if durable:
+            fsync(tmp)
         os.replace(tmp, path)
     except BaseException:  # a full disk, say: no half-written temp file left behind
         with contextlib.suppress(OSError):
