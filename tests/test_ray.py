@@ -1,17 +1,21 @@
 """`cryptotrain run --executor ray` against a real Ray cluster started here (127.0.0.1 only, 2 CPUs): the same
-results as a local run, a worker killed with SIGKILL mid-job costs only the epoch under way, an unreachable
-cluster or a missing Ray is one line."""
+results as a local run; SIGKILL of a Ray process of ours mid-run (a worker, the mailbox, the driver, the node's
+raylet or GCS) loses no finished epoch, and the same command finishes every job exactly once; an unreachable
+cluster or a missing Ray is one line. The tests start and stop only their own Ray."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import secrets
+import shutil
 import signal
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,19 +34,69 @@ ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "RAY_US
        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
-    """A Ray head on 127.0.0.1 with 2 CPUs, as `ray start --head` makes one; stopped after the module."""
-    with socket.socket() as probe:  # a free port
+class RayHead:
+    """A Ray head on 127.0.0.1 with 2 CPUs, as `ray start --head` makes one: its own ports and temp dir, its
+    processes in a session of their own. stop() kills those, by pid — never `ray stop`, which stops every Ray on
+    the machine (a user's cluster, another test run's)."""
+
+    def __init__(self, port: int | None = None) -> None:
+        self.port = port or _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="ct-ray-")  # short: Ray's socket paths under it must fit 107 bytes
+        fixed = ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")  # the same on every
+        # head unless given: a second head on the machine could not bind them
+        start = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head",
+                                  "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
+                                  "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
+                                  *(f"--{option}={_free_port()}" for option in fixed)],
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
+                                 start_new_session=True)
+        self.session = start.pid  # `ray start` leads the session; the processes it starts stay in it
+        output, _ = start.communicate(timeout=180)
+        if start.returncode != 0:
+            self.stop()
+            pytest.fail(f"ray start failed:\n{output[-3000:]}")
+
+    def processes(self) -> dict[int, str]:
+        """pid -> command line of each live process of this head, its workers included."""
+        return {pid: command for pid, (session, command) in _processes().items() if session == self.session}
+
+    def stop(self) -> None:
+        deadline = time.monotonic() + 60
+        while (running := self.processes()) and time.monotonic() < deadline:  # a process may start meanwhile
+            for pid in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+        assert not running, f"processes of the Ray head at {self.address} outlived SIGKILL: {running}"
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (session id, command line) of each live process on the machine (zombies left out)."""
+    found = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if (proc / "stat").read_text().rpartition(")")[2].split()[0] != "Z":
+                    command = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                    found[int(proc.name)] = (os.getsid(int(proc.name)), command.strip())
+            except OSError:  # ended meanwhile
+                continue
+    return found
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    ray_cli = str(Path(sys.executable).parent / "ray")
-    started = subprocess.run([ray_cli, "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
-                              "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"],
-                             capture_output=True, text=True, timeout=180, env=ENV)
-    assert started.returncode == 0, started.stderr[-3000:]
-    yield f"127.0.0.1:{port}"
-    subprocess.run([ray_cli, "stop", "--force"], capture_output=True, timeout=120, env=ENV)
+        return probe.getsockname()[1]  # nothing listens there once the probe is closed
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    head = RayHead()
+    yield head
+    head.stop()
 
 
 def _config(tmp_path: Path, name: str, **train) -> Path:
@@ -72,7 +126,7 @@ def _ledger(run_dir: Path) -> tuple[dict, dict]:
 def test_jobs_on_two_ray_workers_end_as_they_do_locally(cluster, tmp_path):
     local = _run("--config", str(_config(tmp_path, "local")))
     assert local.returncode == 0, local.stderr[-3000:]
-    on_ray = _run("--config", str(_config(tmp_path, "ray")), "--executor", "ray", "--ray-address", cluster,
+    on_ray = _run("--config", str(_config(tmp_path, "ray")), "--executor", "ray", "--ray-address", cluster.address,
                   "--workers", "2", "--cpus-per-worker", "1", "--tensorboard")
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray" not in on_ray.stderr  # none of Ray's own start-up lines through the display
@@ -96,20 +150,6 @@ def test_jobs_on_two_ray_workers_end_as_they_do_locally(cluster, tmp_path):
             assert list((tmp_path / "ray" / "tensorboard" / job / split).glob("events.out.tfevents.*")), (job, split)
 
 
-def _worker_pids(name: str) -> list[int]:
-    """Processes whose title is Ray's for an actor method under way, e.g. "ray::_Worker.train"."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                title = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            except OSError:
-                continue
-            if title.startswith(f"ray::{name}"):
-                pids.append(int(proc.name))
-    return pids
-
-
 def _checkpointed_epoch(backup: Path) -> int:
     try:
         with np.load(backup / "checkpoint.npz") as saved:
@@ -118,81 +158,118 @@ def _checkpointed_epoch(backup: Path) -> int:
         return 0
 
 
-def test_a_worker_killed_mid_job_costs_only_the_epoch_under_way(cluster, tmp_path):
-    """SIGKILL of the worker processes while they train: each of their jobs goes on in a new worker from the last
-    epoch whose checkpoint reached the driver; no epoch ends twice, no attempt counts as failed, every job is
-    done exactly once."""
+# Each kind of Ray process of ours, told apart among the head's processes by its command line (an actor's is
+# Ray's title for it, e.g. "ray::_Worker.train" while it trains); the driver is the `cryptotrain run` process.
+KINDS = {
+    "worker": lambda command: command.startswith("ray::_Worker.train"),
+    "mailbox": lambda command: command.startswith("ray::_Mailbox"),
+    "raylet": lambda command: Path(command.split()[0]).name == "raylet",
+    "gcs_server": lambda command: Path(command.split()[0]).name == "gcs_server",
+}
+NODE = ("raylet", "gcs_server")  # the head goes with them: the test uses one of its own, started again after
+
+
+@pytest.mark.parametrize("victim, exit_code, said", [
+    ("worker", 0, "its Ray worker died"),  # the run goes on: each job in a new worker
+    ("mailbox", 0, "Ray lost the mailbox the workers report to"),  # goes on: a new mailbox, jobs handed out again
+    ("driver", -signal.SIGKILL, ""),
+    ("raylet", 1, "error: stopped: the Ray node of this process is gone"),  # the run stops, in one line
+    ("gcs_server", 1, "error: stopped: the Ray cluster at"),
+])
+def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, cluster,
+                                                                          tmp_path):
+    """SIGKILL of one kind of Ray process of ours while jobs train: no traceback; the run goes on, or ends
+    (exit_code) and the same command goes on; either way every job resumes after the last checkpoint the driver
+    held at the kill or later, no epoch is lost or repeated, no attempt counts as failed, every job is done
+    exactly once."""
+    head = RayHead() if victim in NODE else cluster
     config = _config(tmp_path, "run", epochs=4, batch_size=16)
     raw = yaml.safe_load(config.read_text())
-    raw["data"]["max_rows"] = 3000  # epochs long enough to be killed in
+    raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", "--config", str(config), "-v", "--executor",
-                               "ray", "--ray-address", cluster, "--workers", "2", "--cpus-per-worker", "1"],
-                              cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
-    first = tmp_path / "run" / ".backup" / JOBS[0]
-    deadline = time.monotonic() + 300
-    while _checkpointed_epoch(first) < 1:  # the first job has an epoch on the driver, and more to go
-        assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()[-3000:]
-        time.sleep(0.05)
-    killed = {}
-    for pid in _worker_pids("_Worker.train"):
-        killed[pid] = {job: _checkpointed_epoch(tmp_path / "run" / ".backup" / job) for job in JOBS}
-        os.kill(pid, signal.SIGKILL)
-    assert killed, "no worker was training"
-    output, _ = driver.communicate(timeout=600)
-    assert driver.returncode == 0, output[-3000:]
-
-    statuses, attempts = _ledger(tmp_path / "run")
-    assert statuses == dict.fromkeys(JOBS, "done") and attempts == {job: ["done"] for job in JOBS}
-    resumed = dict(re.findall(r"^(\w+): resuming at epoch (\d+) of 4", output, re.MULTILINE))
-    assert JOBS[0] in resumed and "its Ray worker died" in output
-    at_kill = next(iter(killed.values()))
-    for job, epoch in resumed.items():  # it began again after the last checkpoint the driver had: none lost
-        assert int(epoch) - 1 >= max(at_kill[job], 1), (job, epoch, at_kill)
-    for job in JOBS:  # every epoch ended exactly once, in order: the one under way at the kill began twice
-        ended = [int(e) for e in re.findall(rf"^{job}: epoch (\d)/4", output, re.MULTILINE)]
-        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")
-        assert ended == history["epoch"].tolist() == list(range(1, len(history) + 1)), (job, output[-3000:])
-
-
-def test_a_killed_driver_resumes_as_a_local_run_does(cluster, tmp_path):
-    """SIGKILL of the `cryptotrain run` process itself while its Ray workers train: the same command again
-    finishes every job exactly once, going on after the checkpoints the first driver received; no attempt failed."""
-    config = _config(tmp_path, "run", epochs=3, batch_size=16)
-    raw = yaml.safe_load(config.read_text())
-    raw["data"]["max_rows"] = 3000  # epochs long enough to be killed in
-    config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", cluster, "--workers", "2",
+    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address, "--workers", "2",
             "--cpus-per-worker", "1"]
-    driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, env=ENV)
-    first = tmp_path / "run" / ".backup" / JOBS[0]
-    deadline = time.monotonic() + 300
-    while _checkpointed_epoch(first) < 1:
-        assert driver.poll() is None and time.monotonic() < deadline
-        time.sleep(0.05)
-    driver.kill()
-    driver.wait(timeout=60)
-    at_kill = {job: _checkpointed_epoch(tmp_path / "run" / ".backup" / job) for job in JOBS}
+    backups = tmp_path / "run" / ".backup"
+    try:
+        driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=ENV)
+        deadline = time.monotonic() + 300
+        while _checkpointed_epoch(backups / JOBS[0]) < 1:  # the first job has an epoch on the driver, more to go
+            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()[-3000:]
+            time.sleep(0.05)
+        at_kill = {job: _checkpointed_epoch(backups / job) for job in JOBS}
+        victims = [driver.pid] if victim == "driver" else \
+            [pid for pid, command in head.processes().items() if KINDS[victim](command)]
+        assert victims, f"no {victim} process"
+        for pid in victims:
+            os.kill(pid, signal.SIGKILL)
+        first, _ = driver.communicate(timeout=600)
+        assert driver.returncode == exit_code and said in first and "Traceback" not in first, first[-3000:]
+        if exit_code == 1:  # its own line, the last
+            lines = first.splitlines()
+            assert [line for line in lines if line.startswith("error:")] == lines[-1:], first[-3000:]
 
-    again = _run(*args)
-    assert again.returncode == 0, again.stderr[-3000:]
+        outputs, kept = [first], None
+        if exit_code != 0:
+            kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}  # what the same command goes on from
+            if victim in NODE:  # the cluster back where it was
+                head.stop()
+                head = RayHead(port=head.port)
+            again = _run(*args)
+            outputs.append(again.stdout + again.stderr)  # notes such as "resuming at epoch" go to stderr
+            assert again.returncode == 0 and "Traceback" not in outputs[-1], outputs[-1][-3000:]
+    finally:
+        if head is not cluster:
+            head.stop()
+
+    resumed = {job: int(epoch) for job, epoch in
+               re.findall(r"^(\w+): resuming at epoch (\d+) of 4", outputs[-1], re.MULTILINE)}
+    if kept is None:  # the jobs under way went on in the same run, after the last checkpoint the driver had
+        assert JOBS[0] in resumed, outputs[-1][-3000:]  # at the kill or later
+        assert all(epoch - 1 >= max(at_kill[job], 1) for job, epoch in resumed.items()), (resumed, at_kill)
+    else:  # the same command went on after the last checkpoint on disk, each job it had not finished
+        assert resumed == {job: epoch + 1 for job, epoch in kept.items() if 0 < epoch < 4}, (resumed, kept)
     statuses, attempts = _ledger(tmp_path / "run")
     assert statuses == dict.fromkeys(JOBS, "done")
     assert all(outcomes.count("done") == 1 and "failed" not in outcomes for outcomes in attempts.values()), attempts
-    said = again.stdout + again.stderr  # notes such as "resuming at epoch" go to stderr
-    resumed = dict(re.findall(r"^(\w+): resuming at epoch (\d+) of 3", said, re.MULTILINE))
-    assert int(resumed.get(JOBS[0], 0)) == at_kill[JOBS[0]] + 1, (resumed, at_kill, said[-3000:])
-    for job in JOBS:  # no epoch lost or repeated in what the job kept
-        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")
-        assert history["epoch"].tolist() == list(range(1, len(history) + 1)), job
+    for job in JOBS:  # no epoch lost or repeated in what the job kept, none shown twice
+        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")["epoch"].tolist()
+        shown = [int(epoch) for output in outputs
+                 for epoch in re.findall(rf"^{job}: epoch (\d)/4", output, re.MULTILINE)]
+        assert history == list(range(1, len(history) + 1)), job
+        assert shown == sorted(set(shown)) and set(shown) <= set(history), (job, shown, history)
+
+
+def test_the_tests_stop_only_their_own_ray(cluster, tmp_path):
+    """Another Ray on the machine (a user's cluster, a second test run's) outlives this module's teardown: a run
+    of the module's fixtures alone, next to a second `ray start --head` and the module's own head, stops the Ray
+    it started and leaves both others running, every service of theirs."""
+    other = RayHead()
+    inner_tmp = tempfile.mkdtemp(prefix="ct-")  # where the inner run's head keeps its temp dir
+    try:
+        before = {head.address: _services(head) for head in (cluster, other)}
+        inner = subprocess.run([sys.executable, "-m", "pytest", "--setup-only", "-p", "no:cacheprovider",
+                                f"--basetemp={tmp_path / 'inner'}",
+                                f"{__file__}::test_jobs_on_two_ray_workers_end_as_they_do_locally"],
+                               cwd=REPO, capture_output=True, text=True, timeout=300, env={**ENV, "TMPDIR": inner_tmp})
+        assert inner.returncode == 0 and "TEARDOWN M cluster" in inner.stdout, inner.stdout[-3000:]
+        assert [command for _, command in _processes().values() if inner_tmp in command] == []  # its head gone
+        for head in (cluster, other):
+            assert _services(head) == before[head.address], head.address
+    finally:
+        other.stop()
+        shutil.rmtree(inner_tmp, ignore_errors=True)
+
+
+def _services(head: RayHead) -> dict[int, str]:
+    """The head's own processes (GCS, raylet, monitors; not its workers, which come and go)."""
+    return {pid: command for pid, command in head.processes().items()
+            if not command.startswith("ray::") and "default_worker.py" not in command}
 
 
 def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(tmp_path):
     config = _config(tmp_path, "run")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens there once the probe is closed
+    port = _free_port()
     result = _run("--config", str(config), "--executor", "ray", "--ray-address", f"127.0.0.1:{port}", timeout=120)
     assert result.returncode == 2
     assert [line for line in result.stderr.splitlines() if line.strip()] == [

@@ -7,19 +7,24 @@ code as a local run) in its one TensorFlow context, with its own compiled-model 
 traced once per worker, not once per job.
 
 While a job trains, its progress, its log lines and each finished epoch's checkpoint files come back through a
-Ray queue: the driver shows the first two and writes the checkpoints into RUN/.backup/JOB, as a local run
-would have. A worker that dies (SIGKILL, out of memory, its node lost) loses at most the epoch under way: Ray
-starts a new worker process in its place and the driver hands it the job again, with the checkpoints it has,
-so training goes on after the last one — not a failed attempt. A job that fails for its own reasons (bad data,
-a non-finite loss) fails as it does locally.
+mailbox (a small Ray actor of ours): the driver shows the first two and writes the checkpoints into
+RUN/.backup/JOB, as a local run would have. Faults:
+- a worker that dies (SIGKILL, out of memory, its node lost) loses at most the epoch under way: Ray starts a new
+  worker process in its place and the driver hands it the job again, with the checkpoints it has, so training
+  goes on after the last one — not a failed attempt;
+- the mailbox lost likewise: the driver makes a new one, and a job that may have lost messages in the old one
+  (a checkpoint, an epoch's progress) goes on in its worker from the last checkpoint the driver holds;
+- this node's Ray (its raylet) or the cluster's GCS gone, or anything else Ray cannot do: the run stops with
+  errors.RunStopped (one line, exit 1), its jobs left to resume with the same command.
+A job that fails for its own reasons (bad data, a non-finite loss) fails as it does locally.
 """
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
-import shutil
 import socket
 import tempfile
 import time
@@ -27,7 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .config import ExecutorConfig, RunConfig
-from .errors import JobError, UserError, first_line
+from .errors import JobError, RunStopped, UserError, first_line
 from .files import atomic_write
 from .jobs import Job
 from .pipeline import Events, JobResult, Prepared
@@ -35,8 +40,8 @@ from .training import ModelCache
 
 try:
     import ray
-    from ray.exceptions import RayActorError, RayTaskError
-    from ray.util.queue import Queue
+    import ray.util.client
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
 except ImportError:  # a local run never gets here; `--executor ray` says how to install it
     ray = None
 
@@ -45,15 +50,29 @@ log = logging.getLogger("cryptotrain")
 MAX_WORKER_DEATHS = 3  # per job: a job that kills its worker every time (out of memory, say) fails after these
 # Written last, so that a worker dying while the driver writes a checkpoint leaves the files it names in place.
 CHECKPOINT_FILES = ("checkpoint.previous.npz", "checkpoint.npz")
+# A cluster's GCS may restart (GCS fault tolerance) and Ray waits 60 s for it before it ends the driver itself:
+# the run stops, in one line, when the GCS has not answered for this long.
+GCS_PATIENCE_S = 10.0
+MAILBOX_WAIT_S = 10.0  # for the mailbox's answer; a call not answered by then is asked again at the next round
+RESUME = "run the same command again to resume (finished epochs are kept)"
 
 
 @dataclass
 class _Task:
     job: Job
     actor: object  # the _Worker handle training it
-    prepared: object  # the ObjectRef of its pipeline.Prepared, in the object store
+    prepared: Prepared
     backup: Path  # the driver's backup directory for the job
     deaths: int = 0  # workers that died while training it
+    # Of its current hand-over to a worker: the number its messages carry, the mailbox they go to, how many of
+    # them the driver has taken.
+    token: int = -1
+    mailbox: object = None
+    received: int = 0
+
+
+class _MailboxLost(Exception):
+    """Raised in a worker whose mailbox is gone: the driver hands its job out again."""
 
 
 class RayExecutor:
@@ -66,30 +85,38 @@ class RayExecutor:
         self.cfg, self.options = cfg, executor
         self.capacity = executor.workers
         ModelCache().model_for(cfg, len(cfg.features.columns))  # a model the config cannot build is bad input
-        self._started_here = False
+        self._connected_here = False  # ray.init called here (not in a notebook before)
+        self._workers: list = []
         self._free: list = []
+        self._submitted: list[_Task] = []  # handed to a worker in wait(), where a Ray that is gone stops the run
         self._running: dict = {}  # ObjectRef of a job's training -> _Task
         self._restarting: dict = {}  # ObjectRef of a call that answers once a dead worker's replacement runs -> _Task
-        self._backups: dict[str, Path] = {}  # job -> the driver's backup directory for it
+        self._tasks: dict[int, _Task] = {}  # token -> the task whose messages carry it
+        self._tokens = itertools.count()
+        self._take = None  # the mailbox's answer, while it has not come
+        self._gcs_silent_since: float | None = None
 
     def __enter__(self) -> RayExecutor:
         self._connect()
-        self.queue = Queue()
+        self._raylet, self._gcs = _watched_addresses()
+        self.mailbox = _Mailbox.remote()
         resources = {"num_cpus": self.options.cpus_per_worker, "num_gpus": self.options.gpus_per_worker}
-        self._free = [_Worker.options(**resources, max_restarts=-1, max_task_retries=0)
-                      .remote(self.cfg, self.options.cpus_per_worker) for _ in range(self.options.workers)]
+        self._workers = [_Worker.options(**resources, max_restarts=-1, max_task_retries=0)
+                         .remote(self.cfg, self.options.cpus_per_worker) for _ in range(self.options.workers)]
+        self._free = list(self._workers)
         return self
 
     def __exit__(self, *exc) -> None:
-        for actor in self._free + [task.actor for task in [*self._running.values(), *self._restarting.values()]]:
+        for actor in [*self._workers, self.mailbox]:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
-        if self._started_here:
+        if self._connected_here:  # a Ray of its own stops; a cluster is left, this process no longer its driver
             ray.shutdown()
+            _show_ray_notices(True)
 
     def _connect(self) -> None:
         address = self.options.address
-        if ray.is_initialized():  # a notebook that called ray.init itself
+        if ray.is_initialized():  # a notebook that called ray.init itself: its output is left as it is
             return
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # no Ray chatter through the display
         try:
@@ -97,7 +124,6 @@ class RayExecutor:
                 ray.init(num_cpus=max(1, round(self.options.workers * self.options.cpus_per_worker)),
                          num_gpus=round(self.options.workers * self.options.gpus_per_worker) or None,
                          include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
-                self._started_here = True
             else:
                 _reachable(address)  # Ray itself would keep trying for minutes
                 ray.init(address=address, **quiet)
@@ -105,46 +131,77 @@ class RayExecutor:
             where = f"the Ray cluster at {address}" if address else "a local Ray"
             raise UserError(f"--ray-address {address}: cannot reach {where} ({_first_line(exc)}); start one with "
                             "`ray start --head`, or leave --ray-address out for a Ray on this machine") from None
+        self._connected_here = True
+        _show_ray_notices(False)
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
-        self._dispatch(_Task(job, self._free.pop(), ray.put(prepared), backup))
-
-    def _dispatch(self, task: _Task) -> None:
-        self._backups[task.job.name] = task.backup
-        self._running[task.actor.train.remote(task.job, task.prepared, _read_dir(task.backup), self.queue)] = task
+        self._submitted.append(_Task(job, self._free.pop(), prepared, backup))
 
     def wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
+        """The module's docstring says what each fault does; RunStopped when the run cannot go on."""
+        try:
+            return self._wait(events)
+        except RayError as exc:  # anything else Ray could not do: the run stops, its jobs left to resume
+            self._check_ray()  # the likeliest cause, named
+            raise RunStopped(f"stopped: Ray failed ({_first_line(exc)}); {RESUME}") from exc
+
+    def _wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
         while True:
+            self._check_ray()  # before anything that needs this node's object store
+            while self._submitted:
+                self._dispatch(self._submitted.pop(0))
             self._drain(events)
             waiting = [*self._running, *self._restarting]
             ready, _ = ray.wait(waiting, num_returns=1, timeout=0.2)
             if not ready:
                 continue
             ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
+            self._check_ray()
             self._drain(events)  # every epoch of the jobs that ended is shown, and its checkpoint written
             outcomes = []
             for ref in ready:
                 if ref in self._restarting:
                     self._back_yet(ref)
-                    continue
-                task = self._running.pop(ref)
-                try:
-                    outcomes.append((task.job, ray.get(ref)))
-                except RayTaskError as exc:  # the job's own failure, raised in the worker
-                    outcomes.append((task.job, exc.cause if isinstance(exc.cause, Exception) else exc))
-                except RayActorError as exc:  # the worker died: the job goes on in its replacement
-                    task.deaths += 1
-                    if task.deaths >= MAX_WORKER_DEATHS:
-                        outcomes.append((task.job, JobError(f"its Ray worker died {task.deaths} times while "
-                                                            f"training it (out of memory?): {_first_line(exc)}")))
-                    else:
-                        log.warning("%s: its Ray worker died (%s); training goes on in a new worker from its last "
-                                    "checkpointed epoch", task.job.name, _first_line(exc))
-                        self._restarting[task.actor.pid.remote()] = task
-                        continue
-                self._free.append(task.actor)
+                elif (outcome := self._outcome(ref, self._running.pop(ref))) is not None:
+                    outcomes.append(outcome)
             if outcomes:
                 return outcomes
+
+    def _dispatch(self, task: _Task) -> None:
+        task.token, task.mailbox, task.received = next(self._tokens), self.mailbox, 0
+        self._tasks[task.token] = task
+        self._running[task.actor.train.remote(task.job, task.prepared, _read_dir(task.backup), task.mailbox,
+                                              task.token)] = task
+
+    def _outcome(self, ref, task: _Task) -> tuple[Job, JobResult | BaseException] | None:
+        """How a hand-over of a job to a worker ended: the job's outcome, or None when the job goes on in a
+        worker (a new one in a dead one's place, or the same one after a lost mailbox)."""
+        del self._tasks[task.token]
+        try:
+            sent, result = ray.get(ref)
+        except RayTaskError as exc:  # raised in the worker
+            if not isinstance(exc.cause, _MailboxLost):  # the job's own failure
+                self._free.append(task.actor)
+                return task.job, exc.cause if isinstance(exc.cause, Exception) else exc
+            if task.mailbox is self.mailbox:
+                self._new_mailbox(exc.cause)
+            self._dispatch(task)
+            return None
+        except RayActorError as exc:  # the worker died: the job goes on in its replacement
+            task.deaths += 1
+            if task.deaths >= MAX_WORKER_DEATHS:
+                self._free.append(task.actor)
+                return task.job, JobError(f"its Ray worker died {task.deaths} times while training it (out of "
+                                          f"memory?): {_first_line(exc)}")
+            log.warning("%s: its Ray worker died (%s); training goes on in a new worker from its last checkpointed "
+                        "epoch", task.job.name, _first_line(exc))
+            self._restarting[task.actor.pid.remote()] = task
+            return None
+        if task.received < sent:  # some of its messages were lost with a mailbox: go on from what the driver has
+            self._dispatch(task)
+            return None
+        self._free.append(task.actor)
+        return task.job, result
 
     def _back_yet(self, probe) -> None:
         """A dead worker's replacement answered, or not yet: its job is handed to it once it does."""
@@ -158,19 +215,84 @@ class RayExecutor:
         self._dispatch(task)
 
     def _drain(self, events: Events) -> None:
-        """Show what the workers reported, and write the checkpoints they sent, in the order they came."""
-        while not self.queue.empty():
-            for kind, name, payload in self.queue.get_nowait_batch(self.queue.qsize()):
+        """Show what the workers reported, and write the checkpoints they sent, in the order they came: all that
+        was in the mailbox when called, unless it does not answer in time (then asked again at the next call)."""
+        while True:
+            fresh = self._take is None
+            if fresh:
+                self._take = self.mailbox.take.remote()
+            try:
+                messages = ray.get(self._take, timeout=MAILBOX_WAIT_S)
+            except GetTimeoutError:  # a Ray that is slow, or going away: _check_ray tells
+                return
+            except RayActorError as exc:  # the mailbox is gone (unless Ray is: _check_ray tells)
+                self._check_ray()
+                self._new_mailbox(exc)
+                return
+            self._take = None
+            for kind, token, payload in messages:
+                task = self._tasks.get(token)
+                if task is None:  # from a hand-over that has ended: the job went on from the driver's checkpoints
+                    continue
+                task.received += 1
                 if kind == "checkpoint":
-                    _write_checkpoint(self._backups[name], *payload)
+                    _write_checkpoint(task.backup, *payload)
                 elif kind == "log":
                     log.log(payload[0], "%s", payload[1])
                 else:
-                    getattr(events, kind)(name, *payload)
+                    getattr(events, kind)(task.job.name, *payload)
+            if fresh:
+                return
+
+    def _new_mailbox(self, why: BaseException) -> None:
+        """The jobs under way lose their messages in the old one: each goes on from its last checkpoint the
+        driver holds (the worker finds its mailbox gone at its next message, see _Outbox)."""
+        log.warning("Ray lost the mailbox the workers report to (%s); the jobs under way go on from their last "
+                    "checkpointed epoch", _first_line(why))
+        with contextlib.suppress(Exception):
+            ray.kill(self.mailbox)  # should it still live: no worker's message goes where nobody reads
+        self.mailbox, self._take = _Mailbox.remote(), None
+
+    def _check_ray(self) -> None:
+        """RunStopped when the Ray this run uses is gone: this node's raylet not answering (its object store went
+        with it, and Ray would end this process at its next use), or the cluster's GCS silent GCS_PATIENCE_S."""
+        if self._gcs is None:
+            return
+        try:
+            _reachable(self._raylet, timeout=2.0)
+        except OSError as exc:
+            raise RunStopped(f"stopped: the Ray node of this process is gone (its raylet at {self._raylet}: "
+                             f"{_first_line(exc)}); {RESUME}") from None
+        try:
+            _reachable(self._gcs, timeout=2.0)
+        except OSError as exc:
+            self._gcs_silent_since = self._gcs_silent_since or time.monotonic()
+            if time.monotonic() - self._gcs_silent_since > GCS_PATIENCE_S:
+                raise RunStopped(f"stopped: the Ray cluster at {self._gcs} has not answered for "
+                                 f"{GCS_PATIENCE_S:.0f} s ({_first_line(exc)}); {RESUME}") from None
+        else:
+            self._gcs_silent_since = None
+
+
+def _show_ray_notices(show: bool) -> None:
+    """Ray prints its cluster's error notices ("(raylet) A worker died ...", a dead raylet's last 20 log lines)
+    on the driver's stdout whatever log_to_driver says; while a run drives Ray, the faults they tell of are the
+    executor's to say, each in one line. Ray's own switch for them (private: ray.util.rpdb uses it the same way)."""
+    ray._private.worker._worker_logs_enabled = show
+
+
+def _watched_addresses() -> tuple[str | None, str | None]:
+    """(this node's raylet, the cluster's GCS) as HOST:PORT, for RayExecutor._check_ray; neither through Ray
+    Client (ray://), where this process is on no node of the cluster."""
+    context = ray.get_runtime_context()
+    node = None if ray.util.client.ray.is_connected() else \
+        next((node for node in ray.nodes() if node["NodeID"] == context.get_node_id()), None)
+    return (f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", context.gcs_address) if node else (None, None)
 
 
 def _reachable(address: str, timeout: float = 5.0) -> None:
-    """Raises ConnectionError when nothing answers at a HOST:PORT address ("auto" and ray:// are Ray's to find)."""
+    """Raises OSError (ConnectionError, TimeoutError) when nothing answers at a HOST:PORT address ("auto" and
+    ray:// are Ray's to find)."""
     host, _, port = address.rpartition(":")
     if address == "auto" or "://" in address or not port.isdigit():
         return
@@ -197,9 +319,24 @@ def _first_line(exc: BaseException) -> str:
     return first_line(exc) or type(exc).__name__
 
 
-# ----------------------------------------------------------------------------- the worker side
+# ----------------------------------------------------------------------------- the actors
 if ray is not None:
     import keras
+
+    @ray.remote(num_cpus=0)  # no CPU to wait for when the workers hold them all and a lost one is replaced
+    class _Mailbox:
+        """Messages from the workers to the driver ((kind, token, payload)), kept in the order they came until
+        the driver takes them. Never restarted: a message lost with it is followed by no other of its job."""
+
+        def __init__(self) -> None:
+            self.messages: list = []
+
+        def put(self, message: tuple) -> None:
+            self.messages.append(message)
+
+        def take(self) -> list:
+            messages, self.messages = self.messages, []
+            return messages
 
     @ray.remote
     class _Worker:
@@ -212,72 +349,88 @@ if ray is not None:
             setup(cfg.train, cpus=max(1, round(cpus)))
             self.cfg = cfg
             self.cache = ModelCache()
-            self.dir = Path(tempfile.mkdtemp(prefix="cryptotrain-worker-"))
 
         def pid(self) -> int:
             return os.getpid()
 
-        def train(self, job: Job, prepared: Prepared, checkpoint: dict[str, bytes], queue: Queue) -> JobResult:
+        def train(self, job: Job, prepared: Prepared, checkpoint: dict[str, bytes], mailbox,
+                  token: int) -> tuple[int, JobResult]:
+            """(the number of messages sent, the job's result). The job's checkpoints live in a temporary
+            directory meanwhile, removed when it ends."""
             from .pipeline import train_one
 
-            backup = self.dir / job.name
-            shutil.rmtree(backup, ignore_errors=True)
-            backup.mkdir(parents=True)
-            for name, content in checkpoint.items():
-                (backup / name).write_bytes(content)
-            handler = _QueueLog(queue, job.name)
+            outbox = _Outbox(mailbox, token)
+            handler = _OutboxLog(outbox)
             logging.getLogger("cryptotrain").addHandler(handler)
-            logs = backup / "tensorboard"  # sent back with the result, for the driver to write where a local run does
             try:
-                result = train_one(self.cfg, job, prepared, backup, self.cache, _QueueEvents(queue),
-                                   callbacks=(_ShipCheckpoints(backup, job.name, queue),), tensorboard=logs)
-                return replace(result, tensorboard={str(path.relative_to(logs)): path.read_bytes()
-                                                    for path in logs.rglob("*") if path.is_file()})
+                with tempfile.TemporaryDirectory(prefix=f"cryptotrain-{job.name}-") as tmp:
+                    backup = Path(tmp)
+                    for name, content in checkpoint.items():
+                        (backup / name).write_bytes(content)
+                    logs = backup / "tensorboard"  # sent with the result: the driver writes them where a local run does
+                    result = train_one(self.cfg, job, prepared, backup, self.cache, _OutboxEvents(outbox),
+                                       callbacks=(_ShipCheckpoints(backup, outbox),), tensorboard=logs)
+                    return outbox.sent, replace(result, tensorboard={str(path.relative_to(logs)): path.read_bytes()
+                                                                     for path in logs.rglob("*") if path.is_file()})
             except Exception as exc:
-                if not isinstance(exc, JobError):
+                if not isinstance(exc, (JobError, _MailboxLost)):
                     self.cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
                 raise
             finally:
                 logging.getLogger("cryptotrain").removeHandler(handler)
-                shutil.rmtree(backup, ignore_errors=True)
 
-    class _QueueEvents:
+    class _Outbox:
+        """One hand-over's messages to the driver, each delivered to the mailbox before training goes on, and
+        counted: the driver compares the count with those it took."""
+
+        def __init__(self, mailbox, token: int) -> None:
+            self.mailbox, self.token, self.sent = mailbox, token, 0
+
+        def put(self, kind: str, payload: tuple) -> None:
+            try:
+                ray.get(self.mailbox.put.remote((kind, self.token, payload)))
+            except RayActorError as exc:
+                raise _MailboxLost(_first_line(exc)) from None
+            self.sent += 1
+
+    class _OutboxEvents:
         """pipeline.Events, sent to the driver."""
 
-        def __init__(self, queue: Queue) -> None:
-            self.queue = queue
+        def __init__(self, outbox: _Outbox) -> None:
+            self.outbox = outbox
 
         def training_started(self, job: str, epochs: int, done: int) -> None:
-            self.queue.put(("training_started", job, (epochs, done)))
+            self.outbox.put("training_started", (epochs, done))
 
         def epoch_ended(self, job: str, epoch: int, logs: dict) -> None:
-            self.queue.put(("epoch_ended", job, (epoch, logs)))
+            self.outbox.put("epoch_ended", (epoch, logs))
 
-    class _QueueLog(logging.Handler):
+    class _OutboxLog(logging.Handler):
         """The job's warnings, shown by the driver (Ray's own forwarding of worker output is off)."""
 
-        def __init__(self, queue: Queue, job: str) -> None:
+        def __init__(self, outbox: _Outbox) -> None:
             super().__init__(logging.INFO)
-            self.queue, self.job = queue, job
+            self.outbox = outbox
 
         def emit(self, record: logging.LogRecord) -> None:
-            self.queue.put(("log", self.job, (record.levelno, record.getMessage())))
+            with contextlib.suppress(_MailboxLost):  # the job finds out at its next checkpoint
+                self.outbox.put("log", (record.levelno, record.getMessage()))
 
     class _ShipCheckpoints(keras.callbacks.Callback):
         """After each epoch's checkpoint is written (training.EpochCheckpoint comes before it), sends the files
         of the job's backup directory that changed, and the names of those deleted, to the driver."""
 
-        def __init__(self, backup: Path, job: str, queue: Queue) -> None:
+        def __init__(self, backup: Path, outbox: _Outbox) -> None:
             super().__init__()
-            self.backup, self.job, self.queue = backup, job, queue
+            self.backup, self.outbox = backup, outbox
             self._sent = {name: _digest(content) for name, content in _read_dir(backup).items()}
 
         def on_epoch_end(self, epoch, logs=None):
             now = _read_dir(self.backup)
             changed = {name: content for name, content in now.items() if self._sent.get(name) != _digest(content)}
             gone = [name for name in self._sent if name not in now]
+            self.outbox.put("checkpoint", (changed, gone))
             self._sent = {name: _digest(content) for name, content in now.items()}
-            self.queue.put(("checkpoint", self.job, (changed, gone)))
 
     def _digest(content: bytes) -> str:
         return hashlib.sha256(content).hexdigest()

@@ -39,7 +39,7 @@ from .windows import Preprocessing, Windows, make_windows
 
 class Events(Protocol):
     """Where a job's training progress goes: the driver's display (reporting.JobProgress), or, from a Ray
-    worker, a queue the driver reads."""
+    worker, a mailbox actor the driver reads."""
 
     def training_started(self, job: str, epochs: int, done: int) -> None: ...
 
