@@ -258,3 +258,19 @@ def test_download_command_reports_failed_jobs_and_leaves_nothing_behind(tmp_path
     assert "1 of 2 jobs ready, 1 failed" in result.output
     cfg = RunConfig.model_validate(raw)
     assert not binance.stored_path(cfg.data.binance, cfg.cache_path, "NOPEUSDT", "1h").exists()
+
+
+def test_a_damaged_stored_file_is_downloaded_again_with_one_warning(tmp_path, exchange, caplog):
+    end = START + pd.Timedelta(hours=1200)
+    cfg = binance_cfg(tmp_path, exchange, end=end.isoformat())
+    candles = load_candles(cfg, "BTCUSDT", "1h")
+    stored = binance.stored_path(cfg.data.binance, cfg.cache_path, "BTCUSDT", "1h")
+    stored.write_bytes(b"\x00garbage, not gzip")
+    requests = len(exchange.requests)
+
+    with caplog.at_level("WARNING", logger="cryptotrain"):
+        again = load_candles(cfg, "BTCUSDT", "1h")
+    pd.testing.assert_frame_equal(again, candles)
+    assert len(exchange.requests) > requests  # downloaded again
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"binance:{stored}" in warnings[0] and "downloading the candles again" in warnings[0]

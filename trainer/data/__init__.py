@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..config import RunConfig
 from ..errors import JobError
+from ..files import remove_abandoned_temp_files
 from ..jobs import Job
 from . import binance, files, freqtrade, store, validate
 from .files import candles_from_bytes, job_filename, read_bytes
@@ -90,6 +91,7 @@ def download(cfg: RunConfig, jobs: list[Job],
     Nothing is done (and nothing returned) for a source without downloads (has_downloads)."""
     if not has_downloads(cfg):
         return []
+    remove_abandoned_temp_files(cfg.cache_path)  # what downloads cut short by a kill left
     outcomes = []
     for job in jobs:
         try:
@@ -145,7 +147,7 @@ def _job_file(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[Path, str]:
     if data.source == "hf":
         return hf_file(data.hf, symbol, timeframe), hf_label(data.hf, symbol, timeframe)
     path = binance.stored_path(data.binance, cfg.cache_path, symbol, timeframe)
-    if not path.exists():
+    if binance.load_stored(path, timeframe) is None:  # none yet, or damaged (removed): download them
         binance.update(data.binance, cfg.cache_path, symbol, timeframe)
     return path, f"binance:{path}"
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import time
 import urllib.error
 import urllib.parse
@@ -41,6 +42,7 @@ BACKOFF_S = 1.0  # first wait without a Retry-After; doubles on each attempt
 MAX_RETRY_AFTER_S = 300  # a longer ban is reported rather than waited out
 RATE_LIMITED = (418, 429)  # 418: banned for a while
 TIMEOUT_S = 30
+log = logging.getLogger("cryptotrain")  # a damaged stored file (downloaded again)
 
 Sleep = Callable[[float], None]
 
@@ -55,11 +57,25 @@ def stored_path(source: BinanceSource, cache: Path, symbol: str, timeframe: str)
     return cache / "candles" / "binance" / host / name
 
 
+def load_stored(path: Path, timeframe: str) -> pd.DataFrame | None:
+    """The candles downloaded earlier; None when there are none, or when the file is damaged: then it is removed,
+    with one warning, to be downloaded again."""
+    if not path.exists():
+        return None
+    where = f"binance:{path}"
+    try:
+        return candles_from_bytes(read_bytes(path, where), path, timeframe, where)
+    except JobError as exc:
+        log.warning("%s; downloading the candles again", exc)
+        path.unlink(missing_ok=True)
+        return None
+
+
 def update(source: BinanceSource, cache: Path, symbol: str, timeframe: str, *, sleep: Sleep = time.sleep) -> int:
     """Download the candles the stored file lacks; returns how many were added (0: up to date)."""
     path = stored_path(source, cache, symbol, timeframe)
     where = f"binance:{path}"
-    stored = candles_from_bytes(read_bytes(path, where), path, timeframe, where) if path.exists() else None
+    stored = load_stored(path, timeframe)
     now_ms = int(time.time() * 1000)
     end_ms = min(_date_ms(source.end) - 1, now_ms) if source.end else now_ms
     if stored is None:
