@@ -10,17 +10,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
-def atomic_write(path: Path, write: Callable[[Path], object], durable: bool = True) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
     """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one
-    (and perhaps the temp file, which remove_abandoned_temp_files clears). durable=False skips the fsync (a few
-    ms a file): for a cache, whose entries are verified when read, a write a power cut loses costs a recompute;
-    a kill alone never loses a renamed file."""
+    (and perhaps the temp file, which remove_abandoned_temp_files clears)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
     try:
         write(tmp)
-        if durable:
-            fsync(tmp)
+        fsync(tmp)
         os.replace(tmp, path)
     except BaseException:  # a full disk, say: no half-written temp file left behind
         with contextlib.suppress(OSError):

@@ -98,8 +98,7 @@ _unwritable: set[Path] = set()  # cache directories found unwritable in this pro
 def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
     body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
     header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
-    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body),
-                 durable=False)  # checked against its crc32 when read: a lost write is a recompute
+    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body))
 
 
 def _discard(path: Path, why: str) -> None:
