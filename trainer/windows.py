@@ -81,14 +81,15 @@ class Scaler:
         minmax: the very values `fit` finds (see _window_extremes). standard: mean and std from sums over
         each window (prefix sums), equal to `fit`'s to float rounding (about 1e-11 of the std)."""
         level, difference = (mask > 0 for mask in framing.masks(positions))
-        if kind == "standard":
-            statistics = _window_moments(level, difference, rows, length, anchor)
-        elif kind == "minmax":
-            statistics = _window_extremes(level, difference, rows, length, anchor)
-        else:
-            raise _unknown(kind)
         columns = framing.columns if positions is None else [framing.columns[p] for p in positions]
-        return cls._of(kind, columns, statistics, anchored, shared)
+        with np.errstate(over="ignore", invalid="ignore"):  # absurd candles: not finite, refused naming the file
+            if kind == "standard":
+                statistics = _window_moments(level, difference, rows, length, anchor)
+            elif kind == "minmax":
+                statistics = _window_extremes(level, difference, rows, length, anchor)
+            else:
+                raise _unknown(kind)
+            return cls._of(kind, columns, statistics, anchored, shared)
 
     @classmethod
     def _of(cls, kind: str, columns: Sequence[str], statistics: tuple[np.ndarray, np.ndarray],
