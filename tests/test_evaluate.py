@@ -187,12 +187,18 @@ def _prices(last_close: np.ndarray, high: np.ndarray, low: np.ndarray, ret: np.n
     return np.stack([close, last_close[:, None] * np.exp(high), last_close[:, None] * np.exp(-low), close], axis=-1)
 
 
-def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path):
+def _windows_and_baselines(tmp_path, rows: int):
+    """The tiny config's windows of `rows` real BTCUSDT 1h candles (horizon 3), their frame and fitted baselines."""
     cfg = tiny_cfg(tmp_path)
-    frame = feature_frame(1500)
+    frame = feature_frame(rows)
     windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    return windows, frame, fit_baselines(frame, "1h", 3, windows.train.first_target_rows,
+                                         windows.val.first_target_rows)
+
+
+def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path):
+    windows, frame, fitted = _windows_and_baselines(tmp_path, 1500)
     test, val = windows.test, windows.val
-    fitted = fit_baselines(frame, "1h", 3, windows.train.first_target_rows, val.first_target_rows)
     head = windows.preprocessing.heads[0]
 
     def forecast_of(baseline: str, split) -> np.ndarray:
@@ -224,11 +230,8 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
 
 
 def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path):
-    cfg = tiny_cfg(tmp_path)
-    frame = feature_frame(2900)
-    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    windows, _, fitted = _windows_and_baselines(tmp_path, 2900)
     test, val = windows.test, windows.val
-    fitted = fit_baselines(frame, "1h", 3, windows.train.first_target_rows, val.first_target_rows)
     zeros = np.zeros((len(test), 3))
     interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
                              _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted)["interval"]
