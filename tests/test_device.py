@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import keras
+import tensorflow as tf
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -177,7 +178,9 @@ def test_doctor_json_times_the_cpu_step():
     result = CliRunner().invoke(main, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
-    assert report["versions"]["tensorflow"] and report["versions"]["cuda_build"] is False
+    # the default install is TensorFlow's CUDA build on Linux, tensorflow-cpu elsewhere: either way it is said
+    assert report["versions"]["tensorflow"]
+    assert report["versions"]["cuda_build"] is bool(tf.sysconfig.get_build_info().get("is_cuda_build"))
     assert report["precision_auto"] == "float32"
     [cpu_step] = report["train_steps"]
     assert cpu_step["device"] == "CPU:0" and cpu_step["loss_finite"]
@@ -189,14 +192,22 @@ H100 = {"index": 0, "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30, "me
         "driver": "550.54"}
 
 
+CPU_ONLY_BUILD = {"is_cuda_build": False}
+CUDA_12_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
+
+
 @pytest.mark.usefixtures("float32_after")
-@pytest.mark.parametrize("driver, message, fix", [
-    ({"found": True, "gpus": [H100], "error": None}, "this TensorFlow is the CPU-only build", "TF_EXTRA=gpu"),
-    ({"found": True, "gpus": [], "error": "Failed to initialize NVML: Driver/library version mismatch"},
+@pytest.mark.parametrize("build, driver, message, fix", [
+    (CPU_ONLY_BUILD, {"found": True, "gpus": [H100], "error": None},
+     "this TensorFlow is the CPU-only build", "TF_EXTRA=gpu"),
+    (CUDA_12_BUILD, {"found": True, "gpus": [H100], "error": None},
+     "TensorFlow (CUDA 12.5.1, cuDNN 9) cannot use the GPU that nvidia-smi lists", "tensorflow[and-cuda]=="),
+    (CUDA_12_BUILD, {"found": True, "gpus": [], "error": "Failed to initialize NVML: Driver/library version mismatch"},
      "the NVIDIA driver does not answer: Failed to initialize NVML", "reboot"),
-])
-def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatch, driver, message, fix):
+], ids=["cpu-only build", "cuda build", "driver mismatch"])
+def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatch, build, driver, message, fix):
     monkeypatch.setattr(device, "nvidia_driver", lambda: driver)
+    monkeypatch.setattr(tf.sysconfig, "get_build_info", lambda: build)
     result = CliRunner().invoke(main, ["doctor", "--json"])
     assert result.exit_code == 1
     [finding] = json.loads(result.output)["findings"]

@@ -317,9 +317,11 @@ def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path)
     (-40, ["open", "high", "low", "close"], 1e150),  # a band far below zero, then infinite test metrics
     (-300, ["high"], 1e300),  # a training window: the loss diverges in the first epoch
 ])
-def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_config, tmp_path, row, columns, value):
-    """One absurd candle: the job fails with one line naming the file and the candle (not the learning rate);
-    nothing is recorded as done, and no file holds a bare NaN/Infinity token."""
+def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_config, tmp_path, recwarn, row,
+                                                                          columns, value):
+    """One absurd candle: the job fails with one line naming the file and the candle (not the learning rate),
+    without numpy's overflow warnings first; nothing is recorded as done, and no file holds a bare NaN/Infinity
+    token."""
     table = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz")
     table.loc[len(table) + row, columns] = value
     when = pd.Timestamp(table.loc[len(table) + row, "timestamp"])
@@ -335,6 +337,7 @@ def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_c
     jump = rf"the candles are implausible: ({'|'.join(columns)}) goes from [0-9.e+]+ to {re.escape(f'{value:.6g}')}"
     assert re.search(rf"{jump} at {when:%Y-%m-%d %H:%M} UTC", line), line  # the candle, the column, the jump
     assert "learning_rate" not in line
+    assert [str(w.message) for w in recwarn if issubclass(w.category, RuntimeWarning)] == []
     run_dir = tmp_path / "run"
     assert not (run_dir / "jobs" / "BTCUSDT_1h").exists()
     bare = []

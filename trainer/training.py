@@ -25,7 +25,7 @@ from .errors import JobError, first_line
 from .evaluate import INFERENCE_BATCH_SIZE
 from .files import atomic_write
 from .models import build_model, compile_settings
-from .windows import SplitWindows, Windows
+from .windows import SplitWindows, Windows, float32
 
 log = logging.getLogger("cryptotrain")
 
@@ -326,8 +326,8 @@ class DeviceFeed:
         self.rows.assign(windows.rows)
         for (offset, scale), scaler in zip(self.scalers, [prep.scaler, *(h.scaler for h in prep.heads)],
                                            strict=True):
-            offset.assign(scaler.offset.astype(np.float32))
-            scale.assign(scaler.scale.astype(np.float32))
+            offset.assign(float32(scaler.offset))
+            scale.assign(float32(scaler.scale))
 
     def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
         """(inputs, targets per head) of the samples whose first target rows are given, as make_windows

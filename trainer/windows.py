@@ -43,6 +43,13 @@ PRICE_LEVELS = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"
 PRICE_DIFFERENCES = frozenset({"macd", "signal", "atr"})
 
 
+def float32(values: np.ndarray) -> np.ndarray:
+    """`values` as contiguous float32 for the model. A value beyond float32's range becomes ±inf without numpy's
+    overflow warning: the job then fails with its one line naming the candle file (never counted as done)."""
+    with np.errstate(over="ignore"):
+        return np.ascontiguousarray(values, dtype=np.float32)
+
+
 @dataclass(frozen=True, eq=False)
 class Scaler:
     """Per-column affine scaling: x_scaled = (x - offset) / scale."""
@@ -119,7 +126,7 @@ class Scaler:
             frame_or_array = frame_or_array[list(columns)].to_numpy()
         scaled = np.subtract(frame_or_array, self.offset[positions], dtype=np.float64, out=out)
         scaled /= self.scale[positions]
-        return scaled.astype(np.float32)
+        return float32(scaled)
 
     def inverse(self, values: np.ndarray, columns: Sequence[str]) -> np.ndarray:
         """Back to the original units (float64); the last axis of `values` holds `columns`."""
@@ -485,7 +492,7 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
     rows = _Rows(encoded, raw, raw_positions, prep)
     splits = {split: SplitWindows(rows, first_target_rows[split], times[first_target_rows[split]])
               for split in SPLITS}
-    return Windows(**splits, preprocessing=prep, rows=np.ascontiguousarray(encoded, dtype=np.float32))
+    return Windows(**splits, preprocessing=prep, rows=float32(encoded))
 
 
 def _head_shapes(heads: Sequence[HeadSpec], horizon: int,
