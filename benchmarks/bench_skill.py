@@ -1,19 +1,21 @@
-"""Are the models worth having? Test skill vs persistence over every real series, absolute vs relative framing.
+"""Are the models worth having? The bundled family, trained on every real series, scored on what is predictable.
 
   make bench-skill
-  python benchmarks/bench_skill.py --epochs 4 --only 'BTC*'
+  python benchmarks/bench_skill.py --family v7 --epochs 4 --only 'BTC*'
 
-One small model of the V7 shape (the same layer stack with fewer units; V7's 12 inputs, lookback 60, horizon
-10, heads ohlc / bb / volatility) is trained with `cryptotrain run` on every series in ../shared/data/ohlcv,
-once per framing, with the same epochs, batch size and seed:
-  (a) absolute  window.relative_to: null - z-scored price levels, as the old scripts did
-  (b) relative  window.relative_to: last_close, ohlc a candle head - the bundled families' default
-Per series, on the held-out chronological test split: skill of the close vs persistence over every horizon
-step (1 - MAE / MAE of repeating the last close) - for (b) also before the validation-chosen shrink toward
-"no change" (window.shrink) and its factor -, direction accuracy of the close next to the majority-class
-rate, and the share of consistent predicted candles (high >= max(open, close), low <= min(open, close)).
-Prints the table and the overall figures; writes JSON to benchmarks/results/skill.json.
-Targets for (b): median skill >= 0.00, no series below -0.05, 100 % consistent candles.
+The family's config as shipped (configs/<family>.yaml: its features, window, heads, losses, layer kinds),
+scaled down only in units (128 -> 16, 64 -> 16, 32 -> 8), epochs (--epochs, early stopping patience 2) and
+batch size (64), is trained with `cryptotrain run` on every series in ../shared/data/ohlcv. Per series, on the
+held-out chronological test split, at the next candle:
+  - the high excursion ln(high / last close), the low excursion ln(last close / low) and the log range
+    ln(high / low): MAE skill vs no change, persistence, EWMA and HAR + time of day (the forecast scored is the
+    network's combined with HAR's, its weight chosen on validation; the network's own skill vs HAR beside);
+  - the 80 % interval of the close's return: coverage overall and by tercile of the forecast volatility;
+  - the close over every horizon step: skill vs persistence (after the validation-chosen shrink).
+Targets (issue 20): excursion skill vs HAR median >= +0.02 and none below -0.03; range skill vs HAR median
+>= 0; the interval covers 77-83 % on at least 44 of 48 series and each tercile within 5 points of 80 %; the
+close's skill >= -0.005 on every series. Prints the table and the overall figures; writes JSON to
+benchmarks/results/skill.json.
 """
 from __future__ import annotations
 
@@ -37,29 +39,27 @@ BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
 RESULTS = BENCH_DIR / "results" / "skill.json"
-TARGETS = {"median_skill": 0.0, "worst_skill": -0.05, "consistent_candles": 1.0}
-FRAMINGS = {"absolute": None, "relative": "last_close"}
+NARROW = {256: 16, 128: 16, 64: 16, 32: 8}  # the family's units -> these
+EXCURSION_MEDIAN, EXCURSION_WORST, RANGE_MEDIAN = 0.02, -0.03, 0.0
+COVERAGE, COVERAGE_SERIES_SHARE, TERCILE_TOLERANCE, CLOSE_WORST = (0.77, 0.83), 44 / 48, 0.05, -0.005
+QUANTITIES = ("high", "low", "range")
+BASELINES = ("no_change", "persistence", "ewma", "har_tod")
 
 
-def bench_config(framing: str, symbols: list[str], timeframes: list[str], epochs: int, run_dir: Path,
+def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs: int, run_dir: Path,
                  cache_dir: Path) -> dict:
-    """configs/v7.yaml with the series here, fewer units and epochs, and the framing under test."""
-    family = yaml.safe_load((REPO / "configs" / "v7.yaml").read_text())
-    relative = FRAMINGS[framing] is not None
-    narrow = {128: 16, 64: 16, 32: 8}  # V7's units -> these
-    layers = [{**layer, "units": narrow[layer["units"]]} if "units" in layer else layer
-              for layer in family["model"]["layers"]]
-    heads = [{**head, "candle": relative and head["name"] == "ohlc"} for head in family["heads"]]
+    """configs/<family>.yaml with the series here, fewer units, epochs and a larger batch: nothing else changed."""
+    config = yaml.safe_load((REPO / "configs" / f"{family}.yaml").read_text())
+    layers = [{**layer, "units": NARROW.get(layer["units"], layer["units"])} if "units" in layer else layer
+              for layer in config["model"]["layers"]]
     return {
-        "name": f"bench_skill_{framing}", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
+        **config, "name": f"bench_skill_{family}", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
         "data": {"source": "local", "local": {"path": str(SHARED_OHLCV)}, "symbols": symbols,
                  "timeframes": timeframes},
-        "features": family["features"],
-        "window": {**family["window"], "relative_to": FRAMINGS[framing]},
-        "heads": heads,
-        "model": {"layers": layers},
-        "train": {**family["train"], "batch_size": 64, "epochs": epochs, "learning_rate": 0.001,
-                  "early_stopping": {"patience": 2}, "reduce_lr": {"patience": 1}},
+        "model": {**config["model"], "layers": layers},
+        "train": {**config["train"], "batch_size": 64, "epochs": epochs,
+                  "early_stopping": {**config["train"].get("early_stopping", {}), "patience": 2},
+                  "reduce_lr": {**config["train"].get("reduce_lr", {}), "patience": 1}},
     }
 
 
@@ -68,14 +68,14 @@ def series_of(pattern: str) -> list[str]:
                   if fnmatch.fnmatch(p.name.removesuffix(".csv.gz"), pattern))
 
 
-def train(framing: str, series: list[str], epochs: int, scratch: Path) -> tuple[dict[str, dict], float]:
+def train(family: str, series: list[str], epochs: int, scratch: Path) -> tuple[dict[str, dict], float]:
     """Runs `cryptotrain run` over the series; job name -> metrics.json, and the wall time."""
     symbols = sorted({s.split("_")[0] for s in series})
     timeframes = sorted({s.split("_")[1] for s in series})
-    run_dir = scratch / framing
-    config = scratch / f"{framing}.yaml"
-    config.write_text(yaml.safe_dump(bench_config(framing, symbols, timeframes, epochs, run_dir,
-                                                  scratch / "cache"), sort_keys=False))
+    config = scratch / f"{family}.yaml"
+    run_dir = scratch / "run"
+    config.write_text(yaml.safe_dump(bench_config(family, symbols, timeframes, epochs, run_dir, scratch / "cache"),
+                                     sort_keys=False))
     started = time.perf_counter()
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
     only = [arg for s in series for arg in ("--only", s)]
@@ -90,41 +90,64 @@ def train(framing: str, series: list[str], epochs: int, scratch: Path) -> tuple[
     return found, seconds
 
 
-def row(metrics: dict | None) -> dict:
-    """The figures of one job: close skill (every step, and per step), direction vs majority, candles."""
-    if metrics is None:
-        return {"skill": None}
-    head = metrics["headline"]["head"]
-    scores = metrics["heads"][head]
-    return {"skill": scores["close"]["skill"], "skill_by_step": scores["close"]["skill_by_step"],
-            "skill_unshrunk": scores["close"]["skill_unshrunk"], "shrink": scores["shrink"],
-            "direction_accuracy": scores["close"]["direction_accuracy"],
-            "majority_rate": scores["close"]["majority_rate"], "up_move_rate": scores["close"]["up_move_rate"],
-            "consistent_candles": 1 - scores["inconsistent_candles"]["model"], "epochs": metrics["epochs_run"]}
-
-
-def overall(rows: list[dict]) -> dict:
-    skills = [r["skill"] for r in rows if r["skill"] is not None]
-    if not skills:
-        return {"jobs": 0}
+def row(metrics: dict | None) -> dict | None:
+    """The figures of one job at the next candle; None when it did not finish or has no candle head."""
+    if metrics is None or not metrics.get("candles"):
+        return None
+    candles, close = metrics["candles"], metrics["heads"][metrics["headline"]["head"]]["close"]
+    interval = candles["interval"]
     return {
-        "jobs": len(skills), "median_skill": statistics.median(skills), "mean_skill": statistics.fmean(skills),
-        "worst_skill": min(skills), "best_skill": max(skills),
-        "below_-0.05": sum(s < -0.05 for s in skills), "at_least_0": sum(s >= 0 for s in skills),
-        "median_skill_unshrunk": statistics.median(r["skill_unshrunk"] for r in rows if r["skill"] is not None),
-        "shrunk_to_no_change": sum(r["shrink"] == 0 for r in rows if r["skill"] is not None),
-        "median_direction_accuracy": statistics.median(r["direction_accuracy"] for r in rows if r["skill"] is not None),
-        "median_majority_rate": statistics.median(r["majority_rate"] for r in rows if r["skill"] is not None),
-        "consistent_candles": statistics.fmean(r["consistent_candles"] for r in rows if r["skill"] is not None),
+        **{f"{q}_vs_{b}": candles[q]["skill"].get(b) for q in QUANTITIES for b in BASELINES},
+        **{f"{q}_network_vs_har_tod": (candles[q].get("network_skill") or {}).get("har_tod") for q in QUANTITIES},
+        **{f"{q}_weight": (candles[q].get("network_weight") or [None])[0] for q in ("high", "low")},
+        "coverage": interval["coverage"], "coverage_by_tercile": interval["coverage_by_tercile"],
+        "close_skill": close["skill"], "shrink": metrics["headline"]["shrink"], "epochs": metrics["epochs_run"],
     }
+
+
+def overall(rows: dict[str, dict | None], n_series: int) -> dict:
+    done = [r for r in rows.values() if r is not None]
+    if not done:
+        return {"jobs": 0}
+
+    def spread(key: str) -> dict:
+        values = [r[key] for r in done if r[key] is not None]
+        return {"median": statistics.median(values), "min": min(values), "max": max(values),
+                "above_0": sum(v > 0 for v in values)}
+
+    figures = {"jobs": len(done), **{f"{q}_vs_{b}": spread(f"{q}_vs_{b}") for q in QUANTITIES for b in BASELINES},
+               **{f"{q}_network_vs_har_tod": spread(f"{q}_network_vs_har_tod") for q in QUANTITIES},
+               "coverage": spread("coverage"), "close_skill": spread("close_skill")}
+    covered = [COVERAGE[0] <= r["coverage"] <= COVERAGE[1] for r in done]
+    terciles = [all(abs(c - 0.8) <= TERCILE_TOLERANCE for c in r["coverage_by_tercile"]) for r in done]
+    figures["coverage_in_range"] = sum(covered)
+    figures["terciles_within_tolerance"] = sum(terciles)
+    figures["median_coverage_by_tercile"] = [statistics.median(r["coverage_by_tercile"][i] for r in done)
+                                             for i in range(3)]
+    figures["targets"] = {
+        "all series finished": len(done) == n_series,
+        f"high, low vs HAR: median >= {EXCURSION_MEDIAN:+.2f}": all(
+            figures[f"{q}_vs_har_tod"]["median"] >= EXCURSION_MEDIAN for q in ("high", "low")),
+        f"high, low vs HAR: none below {EXCURSION_WORST:+.2f}": all(
+            figures[f"{q}_vs_har_tod"]["min"] >= EXCURSION_WORST for q in ("high", "low")),
+        f"range vs HAR: median >= {RANGE_MEDIAN:+.2f}": figures["range_vs_har_tod"]["median"] >= RANGE_MEDIAN,
+        f"80 % interval covers {COVERAGE[0]:.0%}-{COVERAGE[1]:.0%} on >= {COVERAGE_SERIES_SHARE:.0%} of series":
+            sum(covered) >= COVERAGE_SERIES_SHARE * n_series,
+        f"each tercile within {TERCILE_TOLERANCE:.0%} of 80 % on >= {COVERAGE_SERIES_SHARE:.0%} of series":
+            sum(terciles) >= COVERAGE_SERIES_SHARE * n_series,
+        f"close vs persistence >= {CLOSE_WORST} on every series": figures["close_skill"]["min"] >= CLOSE_WORST,
+    }
+    return figures
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", default="v7", choices=["v7", "v8_stable", "v8_aligned"],
+                        help="the bundled config to train (default: v7)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per job (early stopping may end sooner)")
     parser.add_argument("--only", default="*", help="series glob, e.g. 'BTC*' or '*_1h' (default: every series)")
     args = parser.parse_args()
-    console = Console(width=120)
+    console = Console(width=140)
     if not SHARED_OHLCV.is_dir():
         console.print(f"bench-skill runs over every series in {SHARED_OHLCV} (../shared beside the checkout); "
                       "it is not there, so nothing was measured")
@@ -134,47 +157,50 @@ def main() -> int:
         console.print(f"no series matching {args.only!r} in {SHARED_OHLCV}")
         return 2
 
-    results, seconds = {}, {}
     with tempfile.TemporaryDirectory(prefix="bench-skill-") as scratch:
-        for framing in FRAMINGS:
-            console.print(f"[bold]{framing}[/]: training {len(series)} series, {args.epochs} epochs each")
-            results[framing], seconds[framing] = train(framing, series, args.epochs, Path(scratch))
+        console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
+        results, seconds = train(args.family, series, args.epochs, Path(scratch))
+    rows = {s: row(results.get(s)) for s in series}
 
-    rows = {framing: {s: row(results[framing].get(s)) for s in series} for framing in FRAMINGS}
-    table = Table(title=f"test skill of the close vs persistence, every step of the horizon ({args.epochs} epochs)")
-    for column in ("series", "skill abs", "skill rel", "unshrunk", "shrink", "dir abs", "dir rel", "majority",
-                   "candles ok abs", "candles ok rel"):
+    table = Table(title=f"{args.family} (scaled down, {args.epochs} epochs): next candle, MAE skill on the test split")
+    for column in ("series", "high vs HAR", "low vs HAR", "range vs HAR", "(network alone: h / l / r)",
+                   "weight h / l", "high vs none", "80 % cover", "by tercile", "close vs pers."):
         table.add_column(column, justify="left" if column == "series" else "right")
     for s in series:
-        a, r = rows["absolute"][s], rows["relative"][s]
-        table.add_row(s, _fmt(a["skill"], "+.3f"), _fmt(r["skill"], "+.4f"), _fmt(r.get("skill_unshrunk"), "+.4f"),
-                      _fmt(r.get("shrink"), ".2f"), _fmt(a.get("direction_accuracy")),
-                      _fmt(r.get("direction_accuracy")), _fmt(r.get("majority_rate")),
-                      _fmt(a.get("consistent_candles"), ".1%"), _fmt(r.get("consistent_candles"), ".1%"))
+        r = rows[s]
+        if r is None:
+            table.add_row(s, *["failed"] + [""] * 9)
+            continue
+        table.add_row(s, *(_fmt(r[f"{q}_vs_har_tod"], "+.3f") for q in QUANTITIES),
+                      " / ".join(_fmt(r[f"{q}_network_vs_har_tod"], "+.2f") for q in QUANTITIES),
+                      f"{_fmt(r['high_weight'], '.2f')} / {_fmt(r['low_weight'], '.2f')}",
+                      _fmt(r["high_vs_no_change"], "+.3f"), _fmt(r["coverage"], ".1%"),
+                      " / ".join(_fmt(c, ".0%") for c in r["coverage_by_tercile"]), _fmt(r["close_skill"], "+.4f"))
     console.print(table)
-    summary = {framing: overall(list(rows[framing].values())) for framing in FRAMINGS}
-    for framing, figures in summary.items():
-        if figures["jobs"]:
-            console.print(f"{framing:>9}: {figures['jobs']} series, median skill {figures['median_skill']:+.4f} "
-                          f"(unshrunk {figures['median_skill_unshrunk']:+.4f}; shrunk to no change: "
-                          f"{figures['shrunk_to_no_change']}), "
-                          f"worst {figures['worst_skill']:+.4f}, best {figures['best_skill']:+.4f}, "
-                          f"{figures['at_least_0']} >= 0, {figures['below_-0.05']} below -0.05; direction "
-                          f"{figures['median_direction_accuracy']:.3f} vs majority "
-                          f"{figures['median_majority_rate']:.3f}; consistent candles "
-                          f"{figures['consistent_candles']:.1%}; {seconds[framing]:.0f} s")
-        else:
-            console.print(f"{framing:>9}: no job finished")
-    rel = summary["relative"]
-    met = bool(rel["jobs"]) and rel["jobs"] == len(series) and rel["median_skill"] >= TARGETS["median_skill"] \
-        and rel["worst_skill"] >= TARGETS["worst_skill"] and rel["consistent_candles"] >= TARGETS["consistent_candles"]
-    console.print(f"targets (relative): median skill >= {TARGETS['median_skill']:.2f}, none below "
-                  f"{TARGETS['worst_skill']:.2f}, 100 % consistent candles: {'MET' if met else 'NOT MET'}")
+    figures = overall(rows, len(series))
+    if figures["jobs"]:
+        for q in QUANTITIES:
+            console.print(f"{q:>5}: " + "; ".join(
+                f"vs {b} median {figures[f'{q}_vs_{b}']['median']:+.3f} [{figures[f'{q}_vs_{b}']['min']:+.3f}, "
+                f"{figures[f'{q}_vs_{b}']['max']:+.3f}]" for b in BASELINES if f"{q}_vs_{b}" in figures
+                and figures[f"{q}_vs_{b}"]["median"] is not None)
+                + f"; the network alone vs HAR {figures[f'{q}_network_vs_har_tod']['median']:+.3f}")
+        console.print(f"80 % interval: median coverage {figures['coverage']['median']:.1%} "
+                      f"[{figures['coverage']['min']:.1%}, {figures['coverage']['max']:.1%}], in 77-83 % on "
+                      f"{figures['coverage_in_range']}/{len(series)}; by tercile (medians) "
+                      + " / ".join(f"{c:.1%}" for c in figures["median_coverage_by_tercile"])
+                      + f", all three within 5 points on {figures['terciles_within_tolerance']}/{len(series)}")
+        console.print(f"close vs persistence: median {figures['close_skill']['median']:+.4f}, worst "
+                      f"{figures['close_skill']['min']:+.4f}; {seconds:.0f} s")
+        for target, met in figures["targets"].items():
+            console.print(f"  {'MET    ' if met else 'NOT MET'}  {target}")
+    else:
+        console.print("no job finished")
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cpus", "epochs": args.epochs, "series": series, "seconds": seconds,
-        "targets": TARGETS, "targets_met": met, "overall": summary, "per_series": rows,
+        f"{os.cpu_count()} cpus", "family": args.family, "epochs": args.epochs, "units": NARROW, "series": series,
+        "seconds": seconds, "overall": figures, "per_series": rows,
     }, indent=1))
     console.print(f"written: {RESULTS}")
     return 0

@@ -171,6 +171,18 @@ def test_quantiles_are_ordered_and_forecasts_exist_after_the_last_row(candles):
     assert (har["high"] < har["range"]).all() and (har["low"] < har["range"]).all()
 
 
+def test_a_combination_weighs_each_forecast_by_what_it_adds_on_validation():
+    rng = np.random.default_rng(3)
+    actual = rng.gamma(2.0, 0.005, (20_000, 2))
+    baseline = actual + rng.normal(0, 0.004, actual.shape)
+    assert bl.combination_weights(actual, baseline, actual).tolist() == [1.0, 1.0]  # the truth needs no baseline
+    unrelated = 4 * rng.permutation(actual)  # unrelated to the actual values, and far too large
+    assert bl.combination_weights(unrelated, baseline, actual).tolist() == [0.0, 0.0]
+    # Two forecasts as good as each other with independent errors: each weighs about a half.
+    other = actual + rng.normal(0, 0.004, actual.shape)
+    assert np.allclose(bl.combination_weights(other, baseline, actual), 0.5, atol=0.1)
+
+
 def test_scores():
     actual = np.array([[0.01, 0.02], [0.02, 0.04]])
     assert bl.mae(actual * 2, actual) == pytest.approx(0.0225)

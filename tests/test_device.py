@@ -9,9 +9,9 @@ import subprocess
 import sys
 
 import keras
-import tensorflow as tf
 import numpy as np
 import pytest
+import tensorflow as tf
 from click.testing import CliRunner
 from rich.console import Console
 

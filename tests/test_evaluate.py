@@ -137,7 +137,8 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
         scaled = model.predict(windows.test.x, verbose=0)[head.name]
         framed = scaled * head.scaler.scale + head.scaler.offset
         expected = np.exp(framed) * last_close[:, None, None] if relative_to else framed  # tiny heads: price levels
-        np.testing.assert_allclose(predicted[head.name], expected, rtol=1e-9)
+        # float32 network outputs, batched differently by the two predict calls
+        np.testing.assert_allclose(predicted[head.name], expected, rtol=1e-6)
         # Actual and last-input values straight from the frame, independent of the windows' scaling.
         values = frame[list(head.columns)].to_numpy()
         actual = np.stack([values[row:row + cfg.window.horizon] for row in test_rows])
@@ -227,6 +228,18 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     for quantity in ("high", "low", "range"):
         assert all(v == pytest.approx(1) for v in perfect[quantity]["skill"].values()), quantity
     assert perfect["interval"]["margin"] == pytest.approx([0, 0, 0], abs=1e-12)
+    assert perfect["high"]["network_weight"] == perfect["low"]["network_weight"] == [1, 1, 1]  # HAR adds nothing
+
+    # A network of noise: validation gives it (almost) no weight beside HAR, and what is scored is HAR's.
+    rng = np.random.default_rng(1)
+
+    def noise(split) -> np.ndarray:
+        return _prices(split.last_close, *np.abs(rng.normal(0, 0.02, (2, len(split), 3))), np.zeros((len(split), 3)))
+
+    noisy = candle_scores(head, noise(test), test, noise(val), val, fitted)
+    for quantity in ("high", "low"):
+        assert max(noisy[quantity]["network_weight"]) <= 0.1, noisy[quantity]["network_weight"]
+        assert noisy[quantity]["network_skill"]["har_tod"] < -0.5 < noisy[quantity]["skill"]["har_tod"]
 
 
 def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path):

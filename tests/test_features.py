@@ -65,6 +65,7 @@ def true_range(candles: pd.DataFrame) -> np.ndarray:
 
 
 def references(candles: pd.DataFrame) -> dict[str, np.ndarray]:
+    open_, high, low = (candles[c].to_numpy() for c in ("open", "high", "low"))
     close, volume = candles["close"].to_numpy(), candles["volume"].to_numpy()
     mean, std = rolling(close, 20, np.mean), rolling(close, 20, np.std)  # np.std: population, ddof 0
     upper, lower = mean + 2 * std, mean - 2 * std
@@ -83,7 +84,21 @@ def references(candles: pd.DataFrame) -> dict[str, np.ndarray]:
         "atr": wilder(true_range(candles), 14, 13),
         "roc": (close - shifted) / shifted * 100,
         "volume_norm": volume / rolling(volume, 20, np.mean),
+        "log_range": np.log(high / low),
+        "parkinson": np.sqrt(rolling(np.log(high / low) ** 2, 20, np.mean) / (4 * np.log(2))),
+        "garman_klass": np.sqrt(rolling(0.5 * np.log(high / low) ** 2 - (2 * np.log(2) - 1)
+                                        * np.log(close / open_) ** 2, 20, np.mean)),
+        **cyclic(candles.index),
     }
+
+
+def cyclic(times: pd.DatetimeIndex) -> dict[str, np.ndarray]:
+    """From the timestamps' text (HH:MM and the weekday's name), not from pandas' fields."""
+    hours = np.array([int(t[:2]) + int(t[3:5]) / 60 for t in times.strftime("%H:%M")])
+    days = np.array([["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"].index(d) for d in times.strftime("%a")])
+    day, week = 2 * np.pi * hours / 24, 2 * np.pi * (days + hours / 24) / 7
+    return {"time_of_day_sin": np.sin(day), "time_of_day_cos": np.cos(day),
+            "day_of_week_sin": np.sin(week), "day_of_week_cos": np.cos(week)}
 
 
 # ----------------------------------------------------------------------------- tests
@@ -97,6 +112,22 @@ def test_every_indicator_matches_an_independent_computation(candles):
         rows = burn_in if name == "rsi" else features.index
         np.testing.assert_allclose(features.loc[rows, name], expected.loc[rows, name], rtol=1e-9, atol=1e-8,
                                    err_msg=name)
+
+
+def test_time_features_are_cyclic_and_ranges_never_negative(candles):
+    spec = FeaturesConfig(indicators=[{"name": n} for n in ("time_of_day_sin", "time_of_day_cos", "day_of_week_sin",
+                                                            "day_of_week_cos", "garman_klass", "log_range")])
+    features = compute_features(candles, spec)
+    day = features[["time_of_day_sin", "time_of_day_cos"]].to_numpy()
+    week = features[["day_of_week_sin", "day_of_week_cos"]].to_numpy()
+    np.testing.assert_allclose((day**2).sum(axis=1), 1.0)  # on the unit circle: 23:45 is next to 00:00
+    step = pd.Timedelta(features.index[1] - features.index[0])
+    one_day, one_week = pd.Timedelta(days=1) // step, pd.Timedelta(days=7) // step
+    continuous = features.index[one_week:] - features.index[:-one_week] == pd.Timedelta(days=7)
+    np.testing.assert_allclose(day[one_week:][continuous], day[:-one_week][continuous], atol=1e-12)
+    np.testing.assert_allclose(week[one_week:][continuous], week[:-one_week][continuous], atol=1e-12)
+    assert not np.allclose(week[one_day:one_day + 10], week[:10])  # a day later is another day of the week
+    assert (features["garman_klass"] >= 0).all() and (features["log_range"] >= 0).all()
 
 
 def test_vectorized_atr_equals_ta_average_true_range(candles):

@@ -174,6 +174,19 @@ def calibrate(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: n
     return Conformal(coverage, np.sort(scores, axis=0)[rank - 1])
 
 
+# ----------------------------------------------------------------------------- combination
+WEIGHTS = np.linspace(0.0, 1.0, 21)
+
+
+def combination_weights(forecast: np.ndarray, baseline: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Per step (axis 1), the weight w of WEIGHTS whose w x forecast + (1 - w) x baseline has the lowest MAE on
+    these (validation) samples: 0 where the forecast adds nothing to the baseline. A combination of two
+    forecasts whose errors differ beats either (Bates & Granger 1969); one weight per step is too few parameters
+    for the validation split to overfit."""
+    errors = [np.mean(np.abs(w * forecast + (1 - w) * baseline - actual), axis=0) for w in WEIGHTS]  # (W, H)
+    return WEIGHTS[np.argmin(errors, axis=0)]
+
+
 # ----------------------------------------------------------------------------- scores
 def mae(forecast: np.ndarray, actual: np.ndarray) -> float:
     return float(np.mean(np.abs(forecast - actual)))

@@ -241,12 +241,54 @@ class VolumeNorm(_Indicator):
     window: int = Field(20, gt=1)
 
 
+# The size of candles: what volatility clustering makes predictable (docs/forecasting.md).
+class LogRange(_Indicator):
+    """ln(high / low) of the candle itself."""
+    name: Literal["log_range"]
+
+
+class Parkinson(_Indicator):
+    """Parkinson's range-based volatility over `window` candles: sqrt(mean(ln(high / low)^2) / (4 ln 2))."""
+    name: Literal["parkinson"]
+    window: int = Field(20, gt=0)
+
+
+class GarmanKlass(_Indicator):
+    """Garman-Klass volatility over `window` candles: sqrt(mean(ln(high / low)^2 / 2 - (2 ln 2 - 1)
+    ln(close / open)^2))."""
+    name: Literal["garman_klass"]
+    window: int = Field(20, gt=0)
+
+
+# When a candle is: the daily and weekly rhythm of volatility, cyclic (sin and cos: 23:00 is next to 00:00).
+class _Cyclic(_Indicator):
+    pass
+
+
+class TimeOfDaySin(_Cyclic):
+    name: Literal["time_of_day_sin"]
+
+
+class TimeOfDayCos(_Cyclic):
+    name: Literal["time_of_day_cos"]
+
+
+class DayOfWeekSin(_Cyclic):
+    name: Literal["day_of_week_sin"]
+
+
+class DayOfWeekCos(_Cyclic):
+    name: Literal["day_of_week_cos"]
+
+
 Indicator = Annotated[
-    Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm,
+    Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm
+    | LogRange | Parkinson | GarmanKlass | TimeOfDaySin | TimeOfDayCos | DayOfWeekSin | DayOfWeekCos,
     Field(discriminator="name"),
 ]
 INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
-              "volatility", "atr", "roc", "volume_norm")
+              "volatility", "atr", "roc", "volume_norm", "log_range", "parkinson", "garman_klass",
+              "time_of_day_sin", "time_of_day_cos", "day_of_week_sin", "day_of_week_cos")
 
 
 class FeaturesConfig(Strict):

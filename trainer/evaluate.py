@@ -184,27 +184,52 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
     widened by split conformal on the validation split, the residuals normalised by HAR's volatility (its
     coverage overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled
-    quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples."""
-    model, val_model = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
-    steps = model["range"].shape[1]
+    quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples.
+
+    The excursions scored are the network's combined with HAR + time of day's (combine_with_har), its weight
+    chosen on validation; the network's own scores are kept beside ("network", "network_skill")."""
+    steps = test_prices.reshape(len(test_prices), -1, len(head.columns)).shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
     forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
+    network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
+    weights, model = combine_with_har(network, val_network, fitted, test, val)
     scores = {"head": head.name, "steps": steps}
     for quantity, names in POINT_BASELINES.items():
         own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
+        alone = baselines.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
         scores[quantity] = {
             **own, "baselines": of,
             "skill": {name: baselines.skill(own["mae"], b["mae"]) for name, b in of.items()},
             "skill_horizon": {name: baselines.skill(own["mae_horizon"], b["mae_horizon"]) for name, b in of.items()},
+            "network": alone,
+            "network_skill": {name: baselines.skill(alone["mae"], b["mae"]) for name, b in of.items()},
+            "network_weight": weights[quantity].tolist() if quantity in weights else None,
         }
         if quantity == "range" and own["qlike"] is not None:
             rms = baselines.point_scores(forecasts["har_tod_rms"]["range"], actual["range"], "range", fitted.floor)
             scores["range"]["qlike_skill"] = baselines.skill(own["qlike"], rms["qlike"])
-    scores["interval"] = _interval_scores(model["return"], val_model["return"], actual["return"], test, val, fitted)
+    scores["interval"] = _interval_scores(network["return"], val_network["return"], actual["return"], test, val,
+                                          fitted)
     return scores
+
+
+def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], fitted: Baselines,
+                     test: SplitWindows, val: SplitWindows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The candle's excursions as w x the network's + (1 - w) x HAR + time of day's, w per excursion and step
+    chosen on validation (baselines.combination_weights; 0: the network adds nothing to HAR there), like the
+    close's shrink toward no change. The range is the combined high plus the combined low (a candle's). ->
+    (weights per excursion (H,), the combined quantities of the test samples)."""
+    steps = network["range"].shape[1]
+    har = {q: v[:, :steps] for q, v in fitted.forecast(test.first_target_rows)["har_tod"].items()}
+    val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)["har_tod"].items()}
+    val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
+    weights = {q: baselines.combination_weights(val_network[q], val_har[q], val_actual[q])
+               for q in baselines.EXCURSIONS}
+    combined = {q: weights[q] * network[q] + (1 - weights[q]) * har[q] for q in baselines.EXCURSIONS}
+    return weights, {**network, **combined, "range": combined["high"] + combined["low"]}
 
 
 def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> dict[str, np.ndarray]:

@@ -32,8 +32,10 @@ from .config import (
     BbUpper,
     BbWidthPct,
     FeaturesConfig,
+    GarmanKlass,
     Macd,
     MacdSignal,
+    Parkinson,
     Roc,
     Rsi,
     RunConfig,
@@ -165,9 +167,10 @@ class _Indicators:
     def __init__(self, candles: pd.DataFrame):
         # Bare series (default index, no attrs): pandas would deep-copy the frame's attrs into every
         # intermediate result, and compute_features puts the timestamps back anyway.
-        self.high, self.low, self.close, self.volume = (
-            pd.Series(candles[column].to_numpy(np.float64)) for column in ("high", "low", "close", "volume")
+        self.open, self.high, self.low, self.close, self.volume = (
+            pd.Series(candles[column].to_numpy(np.float64)) for column in OHLCV
         )
+        self.times = candles.index
         self._bands: dict[tuple[int, float], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._macds: dict[tuple[int, int, int], MACD] = {}
 
@@ -226,6 +229,42 @@ class _Indicators:
         average = self.volume.rolling(spec.window).mean().to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(average == 0, 1.0, self.volume.to_numpy() / average)
+
+    def log_range(self, spec: object) -> np.ndarray:
+        return np.log(self.high.to_numpy() / self.low.to_numpy())
+
+    def parkinson(self, spec: Parkinson) -> np.ndarray:
+        squared = pd.Series(self.log_range(spec) ** 2)
+        return np.sqrt(squared.rolling(spec.window).mean().to_numpy() / (4 * np.log(2)))
+
+    def garman_klass(self, spec: GarmanKlass) -> np.ndarray:
+        """Clipped at 0: a candle whose body is long beside its range can make a window's mean negative."""
+        body = np.log(self.close.to_numpy() / self.open.to_numpy())
+        per_candle = pd.Series(0.5 * self.log_range(spec) ** 2 - (2 * np.log(2) - 1) * body**2)
+        return np.sqrt(np.maximum(per_candle.rolling(spec.window).mean().to_numpy(), 0.0))
+
+    def time_of_day_sin(self, spec: object) -> np.ndarray:
+        return np.sin(self._angle(self._seconds_of_day(), 86400))
+
+    def time_of_day_cos(self, spec: object) -> np.ndarray:
+        return np.cos(self._angle(self._seconds_of_day(), 86400))
+
+    def day_of_week_sin(self, spec: object) -> np.ndarray:
+        return np.sin(self._angle(self._seconds_of_week(), 7 * 86400))
+
+    def day_of_week_cos(self, spec: object) -> np.ndarray:
+        return np.cos(self._angle(self._seconds_of_week(), 7 * 86400))
+
+    def _seconds_of_day(self) -> np.ndarray:
+        return (self.times.hour * 3600 + self.times.minute * 60 + self.times.second).to_numpy(np.float64)
+
+    def _seconds_of_week(self) -> np.ndarray:
+        """From Monday 00:00 UTC."""
+        return self.times.dayofweek.to_numpy(np.float64) * 86400 + self._seconds_of_day()
+
+    @staticmethod
+    def _angle(seconds: np.ndarray, period: float) -> np.ndarray:
+        return 2 * np.pi * seconds / period
 
     def _bollinger(self, spec: BbUpper | BbLower | BbWidthPct | BbPosition) -> tuple[np.ndarray, ...]:
         """(lower, middle, upper) bands."""

@@ -145,7 +145,8 @@ class NativeStderr:
 # ----------------------------------------------------------------------------- summary and status
 SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
                    "shrink", "direction_accuracy", "majority_rate", "high_skill_har", "low_skill_har",
-                   "range_skill_har", "interval_coverage", "seconds", "train_step_seconds", "rss_mb", "synthetic"]
+                   "range_skill_har", "network_weight", "interval_coverage", "seconds", "train_step_seconds", "rss_mb",
+                   "synthetic"]
 
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
@@ -170,7 +171,11 @@ def candle_phrase(summary: dict) -> str:
     if all(v is None for v in skills.values()):
         return ""
     worse = [q for q, v in skills.items() if v is not None and v < 0]
-    return ("; next candle vs HAR + time of day: " + ", ".join(f"{q} {_fmt(v, '+.3f')}" for q, v in skills.items())
+    weight = summary.get("network_weight")
+    combined = "" if weight is None else " (HAR alone: validation gave the network no weight)" if weight == 0 else \
+        f" (the network weighted {weight:.2f} beside HAR)"
+    return ("; next candle vs HAR + time of day" + combined + ": "
+            + ", ".join(f"{q} {_fmt(v, '+.3f')}" for q, v in skills.items())
             + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
             + (f"; 80 % interval covered {summary['interval_coverage']:.0%} of the test split"
                if summary.get("interval_coverage") is not None else ""))
@@ -211,13 +216,14 @@ def print_summary_table(records) -> None:
         sizes = Table(title="the next candle: MAE skill vs HAR + time of day, test split", box=box.SIMPLE_HEAD,
                       padding=(0, 1), collapse_padding=True, pad_edge=False,
                       caption="high / low: excursion from the last close; range: ln(high / low) (< 0: worse than "
-                              "HAR)\n80 % interval: how often it held the next close")
+                              "HAR)\nnetwork: its weight beside HAR, chosen on validation (0: HAR alone)\n"
+                              "80 % interval: how often it held the next close")
         sizes.add_column("job", no_wrap=True)
-        for column in ("high", "low", "range", "80 % interval"):
+        for column in ("high", "low", "range", "network", "80 % interval"):
             sizes.add_column(column, justify="right", no_wrap=True)
         for name, s in candles:
             sizes.add_row(name, *(_fmt(s.get(f"{q}_skill_har"), "+.3f") for q in ("high", "low", "range")),
-                          _fmt(s.get("interval_coverage"), ".1%"))
+                          _fmt(s.get("network_weight"), ".2f"), _fmt(s.get("interval_coverage"), ".1%"))
         out.print(sizes)
     for record in records:
         if record.status == "failed":
