@@ -2,6 +2,7 @@
 
   make bench-skill
   python benchmarks/bench_skill.py --family v7 --epochs 4 --only 'BTC*'
+  python benchmarks/bench_skill.py --set heads.0.loss=mse      # a variant: any `cryptotrain run --set`
 
 The family's config as shipped (configs/<family>.yaml: its features, window, heads, losses, layer kinds),
 scaled down only in units (128 -> 16, 64 -> 16, 32 -> 8), epochs (--epochs, early stopping patience 2) and
@@ -68,7 +69,8 @@ def series_of(pattern: str) -> list[str]:
                   if fnmatch.fnmatch(p.name.removesuffix(".csv.gz"), pattern))
 
 
-def train(family: str, series: list[str], epochs: int, scratch: Path) -> tuple[dict[str, dict], float]:
+def train(family: str, series: list[str], epochs: int, scratch: Path,
+          overrides: list[str]) -> tuple[dict[str, dict], float]:
     """Runs `cryptotrain run` over the series; job name -> metrics.json, and the wall time."""
     symbols = sorted({s.split("_")[0] for s in series})
     timeframes = sorted({s.split("_")[1] for s in series})
@@ -79,7 +81,8 @@ def train(family: str, series: list[str], epochs: int, scratch: Path) -> tuple[d
     started = time.perf_counter()
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
     only = [arg for s in series for arg in ("--only", s)]
-    subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), *only], cwd=REPO,
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), *only, *sets], cwd=REPO,
                    env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=False)
     seconds = time.perf_counter() - started
     found = {}
@@ -99,7 +102,7 @@ def row(metrics: dict | None) -> dict | None:
     return {
         **{f"{q}_vs_{b}": candles[q]["skill"].get(b) for q in QUANTITIES for b in BASELINES},
         **{f"{q}_network_vs_har_tod": (candles[q].get("network_skill") or {}).get("har_tod") for q in QUANTITIES},
-        **{f"{q}_weight": (candles[q].get("network_weight") or [None])[0] for q in ("high", "low")},
+        **{f"{q}_weight": (candles[q].get("network_weight") or [None])[0] for q in QUANTITIES},
         "coverage": interval["coverage"], "coverage_by_tercile": interval["coverage_by_tercile"],
         "close_skill": close["skill"], "shrink": metrics["headline"]["shrink"], "epochs": metrics["epochs_run"],
     }
@@ -110,9 +113,9 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
     if not done:
         return {"jobs": 0}
 
-    def spread(key: str) -> dict:
+    def spread(key: str) -> dict | None:
         values = [r[key] for r in done if r[key] is not None]
-        return {"median": statistics.median(values), "min": min(values), "max": max(values),
+        return None if not values else {"median": statistics.median(values), "min": min(values), "max": max(values),
                 "above_0": sum(v > 0 for v in values)}
 
     figures = {"jobs": len(done), **{f"{q}_vs_{b}": spread(f"{q}_vs_{b}") for q in QUANTITIES for b in BASELINES},
@@ -146,6 +149,8 @@ def main() -> int:
                         help="the bundled config to train (default: v7)")
     parser.add_argument("--epochs", type=int, default=4, help="epochs per job (early stopping may end sooner)")
     parser.add_argument("--only", default="*", help="series glob, e.g. 'BTC*' or '*_1h' (default: every series)")
+    parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
+                        help="a config override, as `cryptotrain run --set` takes it (repeatable)")
     args = parser.parse_args()
     console = Console(width=140)
     if not SHARED_OHLCV.is_dir():
@@ -159,12 +164,16 @@ def main() -> int:
 
     with tempfile.TemporaryDirectory(prefix="bench-skill-") as scratch:
         console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
-        results, seconds = train(args.family, series, args.epochs, Path(scratch))
+        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides)
     rows = {s: row(results.get(s)) for s in series}
 
-    table = Table(title=f"{args.family} (scaled down, {args.epochs} epochs): next candle, MAE skill on the test split")
-    for column in ("series", "high vs HAR", "low vs HAR", "range vs HAR", "(network alone: h / l / r)",
-                   "weight h / l", "high vs none", "80 % cover", "by tercile", "close vs pers."):
+    variant = f" with {' '.join(args.overrides)}" if args.overrides else ""
+    table = Table(title=f"{args.family}{variant} (scaled down, {args.epochs} epochs): next candle, MAE skill on the "
+                        "test split", caption="high, low, range: vs HAR + time of day (the network combined with "
+                        "it); net alone: the network's own; weight: the network's, chosen on validation; high vs 0: "
+                        "vs no change; 80 %: the interval's coverage; close: vs persistence, every step")
+    for column in ("series", "high", "low", "range", "net alone h/l/r", "weight h/l/r", "high vs 0", "80 %",
+                   "by tercile", "close"):
         table.add_column(column, justify="left" if column == "series" else "right")
     for s in series:
         r = rows[s]
@@ -172,18 +181,17 @@ def main() -> int:
             table.add_row(s, *["failed"] + [""] * 9)
             continue
         table.add_row(s, *(_fmt(r[f"{q}_vs_har_tod"], "+.3f") for q in QUANTITIES),
-                      " / ".join(_fmt(r[f"{q}_network_vs_har_tod"], "+.2f") for q in QUANTITIES),
-                      f"{_fmt(r['high_weight'], '.2f')} / {_fmt(r['low_weight'], '.2f')}",
+                      "/".join(_fmt(r[f"{q}_network_vs_har_tod"], "+.2f") for q in QUANTITIES),
+                      "/".join(_fmt(r[f"{q}_weight"], ".2f") for q in QUANTITIES),
                       _fmt(r["high_vs_no_change"], "+.3f"), _fmt(r["coverage"], ".1%"),
-                      " / ".join(_fmt(c, ".0%") for c in r["coverage_by_tercile"]), _fmt(r["close_skill"], "+.4f"))
+                      "/".join(_fmt(c, ".0%") for c in r["coverage_by_tercile"]), _fmt(r["close_skill"], "+.4f"))
     console.print(table)
     figures = overall(rows, len(series))
     if figures["jobs"]:
         for q in QUANTITIES:
             console.print(f"{q:>5}: " + "; ".join(
                 f"vs {b} median {figures[f'{q}_vs_{b}']['median']:+.3f} [{figures[f'{q}_vs_{b}']['min']:+.3f}, "
-                f"{figures[f'{q}_vs_{b}']['max']:+.3f}]" for b in BASELINES if f"{q}_vs_{b}" in figures
-                and figures[f"{q}_vs_{b}"]["median"] is not None)
+                f"{figures[f'{q}_vs_{b}']['max']:+.3f}]" for b in BASELINES if figures[f"{q}_vs_{b}"] is not None)
                 + f"; the network alone vs HAR {figures[f'{q}_network_vs_har_tod']['median']:+.3f}")
         console.print(f"80 % interval: median coverage {figures['coverage']['median']:.1%} "
                       f"[{figures['coverage']['min']:.1%}, {figures['coverage']['max']:.1%}], in 77-83 % on "
@@ -199,7 +207,8 @@ def main() -> int:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cpus", "family": args.family, "epochs": args.epochs, "units": NARROW, "series": series,
+        f"{os.cpu_count()} cpus", "family": args.family, "overrides": args.overrides, "epochs": args.epochs,
+        "units": NARROW, "series": series,
         "seconds": seconds, "overall": figures, "per_series": rows,
     }, indent=1))
     console.print(f"written: {RESULTS}")

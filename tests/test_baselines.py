@@ -2,6 +2,7 @@
 process, a conformal interval covers its nominal rate, quantiles ordered, the scores."""
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -169,6 +170,21 @@ def test_quantiles_are_ordered_and_forecasts_exist_after_the_last_row(candles):
     # The excursions' HAR forecasts are shares of the range's, below it.
     har = fitted.forecast(windows.test.first_target_rows)["har_tod"]
     assert (har["high"] < har["range"]).all() and (har["low"] < har["range"]).all()
+
+
+def test_har_alone_forecasts_after_any_candles_as_fitted_and_round_trips_through_json(candles):
+    """What `predict` uses (har.json): from the candles up to an origin - a week of them is enough - the same
+    forecast as the fitted baselines' at that origin, through to_dict / from_dict."""
+    windows = split(candles)
+    fitted = fit(candles, windows)
+    har = bl.Har.from_dict(json.loads(json.dumps(fitted.har.to_dict())))
+    for row in windows.test.first_target_rows[[0, 37, -1]]:
+        week_before = candles.iloc[row - 200:row]  # rows up to the origin row - 1: more than a week
+        forecast = har.forecast(week_before)
+        expected = fitted.forecast(np.array([row]))["har_tod"]
+        for quantity in ("range", "high", "low"):
+            np.testing.assert_allclose(forecast[quantity], expected[quantity][0], rtol=1e-9, err_msg=quantity)
+        np.testing.assert_allclose(forecast["volatility"], fitted.volatility(np.array([row]))["har"][0], rtol=1e-9)
 
 
 def test_a_combination_weighs_each_forecast_by_what_it_adds_on_validation():

@@ -89,7 +89,23 @@ def references(candles: pd.DataFrame) -> dict[str, np.ndarray]:
         "garman_klass": np.sqrt(rolling(0.5 * np.log(high / low) ** 2 - (2 * np.log(2) - 1)
                                         * np.log(close / open_) ** 2, 20, np.mean)),
         **cyclic(candles.index),
+        **har_regressors(candles),
     }
+
+
+def har_regressors(candles: pd.DataFrame) -> dict[str, np.ndarray]:
+    """Means of ln(high / low) over the last day and week of rows, and, row by row, over the rows so far whose
+    time of day is the next row's."""
+    log_range = np.log(candles["high"].to_numpy() / candles["low"].to_numpy())
+    per_day = round(pd.Timedelta(days=1) / (candles.index[1] - candles.index[0]))
+    clock = candles.index.strftime("%H:%M")
+    following = (candles.index + (candles.index[1] - candles.index[0])).strftime("%H:%M")
+    next_slot = np.full(len(candles), np.nan)
+    for row in range(len(candles)):
+        same = log_range[:row + 1][clock[:row + 1] == following[row]]
+        next_slot[row] = same.mean() if len(same) else np.nan
+    return {"range_day": rolling(log_range, per_day, np.mean), "range_week": rolling(log_range, 7 * per_day, np.mean),
+            "range_time_of_day": next_slot}
 
 
 def cyclic(times: pd.DatetimeIndex) -> dict[str, np.ndarray]:
@@ -140,11 +156,15 @@ def test_vectorized_atr_equals_ta_average_true_range(candles):
 def test_warm_up_rows_are_dropped_and_nothing_else(candles):
     features = compute_features(candles, V8_STABLE)
     assert list(features.columns) == [*OHLCV, *INDICATORS]  # no duplicated or missing column
-    # The longest warm-up: signal needs 26 closes for the slow EMA, then 9 MACD values.
-    assert features.index[0] == candles.index[26 + 9 - 2]
-    assert features.index.equals(candles.index[33:])
+    # The longest warm-up: range_week needs a week of candles.
+    week = round(pd.Timedelta(days=7) / (candles.index[1] - candles.index[0]))
+    assert features.index[0] == candles.index[week - 1]
+    assert features.index.equals(candles.index[week - 1:])
     assert np.isfinite(features.to_numpy()).all()
-    pd.testing.assert_frame_equal(features[list(OHLCV)], candles.iloc[33:])
+    pd.testing.assert_frame_equal(features[list(OHLCV)], candles.iloc[week - 1:])
+    # Without the day- and week-long ones, signal's: 26 closes for the slow EMA, then 9 MACD values.
+    without = FeaturesConfig(indicators=[{"name": n} for n in INDICATORS if not n.startswith("range_")])
+    assert compute_features(candles, without).index[0] == candles.index[26 + 9 - 2]
     assert features.attrs == candles.attrs
 
 

@@ -15,6 +15,7 @@ from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer import artifacts
+from trainer.baselines import Har
 from trainer.cli import main
 from trainer.config import RunConfig
 from trainer.data import load_candles
@@ -60,10 +61,45 @@ def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
 
     last = candles.index[-1]
     assert list(forecast.index) == [last + pd.Timedelta(hours=k) for k in (1, 2, 3)]
-    assert list(forecast.columns) == ["open", "high", "low", "close", "bb_upper", "bb_lower"]
+    assert list(forecast.columns) == ["open", "high", "low", "close", "bb_upper", "bb_lower",
+                                      "expected_high", "expected_low", "expected_range_pct", "close_80_low",
+                                      "close_80_high"]
     assert np.isfinite(forecast.to_numpy()).all()
     ratio = forecast["close"] / candles["close"].iloc[-1]
     assert ratio.between(0.5, 2.0).all()  # prices, not scaled values
+    assert (forecast["expected_low"] < forecast["expected_high"]).all()
+    assert (forecast["close_80_low"] < forecast["close"]).all()
+    assert (forecast["close"] < forecast["close_80_high"]).all()
+
+
+def _network_weight(value: float):
+    def change(stage) -> None:
+        metrics = json.loads((stage / "metrics.json").read_text())
+        for quantity in ("high", "low"):
+            metrics["candles"][quantity]["network_weight"] = [value] * metrics["candles"]["steps"]
+        metrics["candles"]["range"]["network_weight"] = [value] * metrics["candles"]["steps"]
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+    return change
+
+
+def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed_them(run, job_dir, tmp_path):
+    candles = load_candles(run, "BTCUSDT", "1h")
+    last_close = candles["close"].iloc[-1]
+    har = Har.from_dict(json.loads((job_dir / "har.json").read_text())).forecast(candles)
+    for weight in (0.0, 1.0):
+        copy = tmp_path / f"w{weight}" / "jobs" / "BTCUSDT_1h"
+        shutil.copytree(job_dir, copy)
+        recommit(copy, _network_weight(weight))
+        forecast = predict_next(copy, candles)
+        if weight == 0:  # HAR + time of day alone
+            np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
+            np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
+            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(har["range"]), rtol=1e-12)
+        else:  # the network's own wicks
+            np.testing.assert_allclose(forecast["expected_high"], forecast["high"], rtol=1e-9)
+            np.testing.assert_allclose(forecast["expected_low"], forecast["low"], rtol=1e-9)
+            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1),
+                                       rtol=1e-9)
 
 
 def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
@@ -220,6 +256,7 @@ def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir
 
     out = predict_cli("--model", str(copy), "--data", str(DATA_FILE))
     assert f"skill {skill:+.3f}" in out
+    assert "Its next candle against HAR + time of day (MAE skill): high " in out and "80 % interval held" in out
     assert ("WORSE than persistence" in out) is worse
     record = json.loads(predict_cli("--model", str(copy), "--data", str(DATA_FILE), "--json"))["test_skill"]
     assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
@@ -244,8 +281,9 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
             del head["scaler"], head["candle"]
         (stage / "preprocessing.json").write_text(json.dumps(prep))
         metrics = json.loads((stage / "metrics.json").read_text())
-        del metrics["headline"]
+        del metrics["headline"], metrics["candles"]
         (stage / "metrics.json").write_text(json.dumps(metrics))
+        (stage / "har.json").unlink()
         config = yaml.safe_load((stage / "config.yaml").read_text())
         del config["window"]["relative_to"]
         for head in config["heads"]:
@@ -263,4 +301,5 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]],
                                scaler.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
                                rtol=1e-6)
+    assert "expected_high" not in forecast.columns
     assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]

@@ -56,6 +56,7 @@ LEVELS = (0.1, 0.5, 0.9)
 RISKMETRICS_ALPHA = 0.06  # of the EWMA of squared returns: RiskMetrics' lambda = 0.94
 DAY, WEEK = pd.Timedelta(days=1), pd.Timedelta(days=7)
 HAR_TERMS = ("intercept", "last", "day", "week", "time_of_day")
+HAR_FILE = "har.json"  # a job directory's Har
 
 
 def quantities(high: np.ndarray, low: np.ndarray, close: np.ndarray, last_close: np.ndarray) -> dict[str, np.ndarray]:
@@ -84,6 +85,12 @@ class Baselines:
     volatilities: dict[str, np.ndarray]  # "ewma" / "har" -> (T, H) volatility of the k-step return
     static: dict[str, np.ndarray]  # quantity -> (L, H) train quantiles
     scaled: dict[str, np.ndarray]  # quantity -> (L, H) validation quantiles of value / ewma volatility
+    timeframe: str = "1h"
+
+    @property
+    def har(self) -> Har:
+        """HAR + time of day alone, to forecast after any candles (predict)."""
+        return Har(self.timeframe, self.floor, self.har_coefficients, self.time_of_day, self.excursion_shares)
 
     def actual(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """quantity -> (N, H) the samples' actual values."""
@@ -102,6 +109,41 @@ class Baselines:
     def volatility(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """"ewma" / "har" -> (N, H) volatility forecasts of the k-step return (normalisers for calibrate)."""
         return {name: _at(v, rows) for name, v in self.volatilities.items()}
+
+
+@dataclass(frozen=True)
+class Har:
+    """HAR + time of day as fitted on a job's train split (Baselines.har): what `predict` needs to forecast the
+    range and the excursions of the candles after the last one it is given (har.json in a job directory)."""
+    timeframe: str
+    floor: float
+    coefficients: np.ndarray  # (H, 5) of HAR_TERMS, per step, of ln range
+    time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
+    shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
+
+    def forecast(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
+        """After the last row of `frame` (candles: high, low; UTC times; the last week of them is used, fewer
+        where there are fewer): "range", "high", "low" -> (H,), and "volatility" (H,) of the k-step return."""
+        times, high, low, _ = _candles(frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):])
+        log_range = np.log(np.maximum(np.log(high / low), self.floor))
+        delta = timeframe_delta(self.timeframe)
+        origin = np.array([len(log_range) - 1])
+        log_har = np.array([_har_design(log_range, times, delta, self.time_of_day, k + 1)[origin] @ coefficients
+                            for k, coefficients in enumerate(self.coefficients)])[:, 0]
+        har_range = np.exp(log_har)
+        return {"range": har_range, **{q: self.shares[q] * har_range for q in EXCURSIONS},
+                "volatility": np.sqrt(np.cumsum(har_range**2) / (4 * math.log(2)))}
+
+    def to_dict(self) -> dict:
+        return {"timeframe": self.timeframe, "floor": self.floor, "terms": list(HAR_TERMS),
+                "coefficients": self.coefficients.tolist(), "time_of_day": self.time_of_day.tolist(),
+                "shares": {q: v.tolist() for q, v in self.shares.items()}}
+
+    @classmethod
+    def from_dict(cls, values: dict) -> Har:
+        return cls(values["timeframe"], float(values["floor"]), np.asarray(values["coefficients"], np.float64),
+                   np.asarray(values["time_of_day"], np.float64),
+                   {q: np.asarray(values["shares"][q], np.float64) for q in EXCURSIONS})
 
 
 def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray, val_rows: np.ndarray,
@@ -144,6 +186,7 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
         volatilities={"ewma": ewma_vol, "har": np.sqrt(np.cumsum(har_range**2, axis=1) / (4 * math.log(2)))},
         static={q: np.quantile(v[train], levels, axis=0) for q, v in values.items()},
         scaled={q: np.quantile(v[val] / ewma_vol[val], levels, axis=0) for q, v in values.items()},
+        timeframe=timeframe,
     )
 
 
@@ -292,24 +335,29 @@ def _chosen_ewma(values: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.nd
 def _fit_har(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, train: np.ndarray, train_end: int,
              horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """HAR + time of day, one least-squares fit per step on the train origins: the train split's mean ln range
-    per time-of-day slot (slots of the timeframe in a day), the coefficients (H, 5) of HAR_TERMS - the last ln
-    range, its means over the last day and week (as many candles as there are at the start), the slot mean at
-    the target candle's time - and the fitted ln range (T, H) at every origin."""
-    day, week = (max(1, round(span / delta)) for span in (DAY, WEEK))
+    per time-of-day slot (slots of the timeframe in a day), the coefficients (H, 5) of HAR_TERMS (_har_design)
+    and the fitted ln range (T, H) at every origin."""
     slot = (times % DAY.value) // delta.value
     counts = np.bincount(slot[:train_end], minlength=math.ceil(DAY / delta))
     sums = np.bincount(slot[:train_end], weights=log_range[:train_end], minlength=len(counts))
     time_of_day = np.where(counts > 0, sums / np.maximum(counts, 1), log_range[:train_end].mean())
-    series = pd.Series(log_range)
-    past = np.column_stack([np.ones(len(log_range)), log_range, series.rolling(day, min_periods=1).mean(),
-                            series.rolling(week, min_periods=1).mean()])
     coefficients, fitted = np.empty((horizon, len(HAR_TERMS))), np.empty((len(log_range), horizon))
     for k in range(horizon):
-        target_slot = ((times + (k + 1) * delta.value) % DAY.value) // delta.value
-        design = np.column_stack([past, time_of_day[target_slot]])
+        design = _har_design(log_range, times, delta, time_of_day, k + 1)
         coefficients[k] = np.linalg.lstsq(design[train], log_range[train + k + 1], rcond=None)[0]
         fitted[:, k] = design @ coefficients[k]
     return time_of_day, coefficients, fitted
+
+
+def _har_design(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, time_of_day: np.ndarray,
+                step: int) -> np.ndarray:
+    """(T, 5) HAR_TERMS at every origin for the candle `step` rows ahead: 1, the last ln range, its means over
+    the last day and week (as many candles as there are at the start), the mean at that candle's time of day."""
+    day, week = (max(1, round(span / delta)) for span in (DAY, WEEK))
+    series = pd.Series(log_range)
+    target_slot = ((times + step * delta.value) % DAY.value) // delta.value
+    return np.column_stack([np.ones(len(log_range)), log_range, series.rolling(day, min_periods=1).mean(),
+                            series.rolling(week, min_periods=1).mean(), time_of_day[target_slot]])
 
 
 def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:

@@ -260,6 +260,21 @@ class GarmanKlass(_Indicator):
     window: int = Field(20, gt=0)
 
 
+# HAR's regressors (Corsi 2009), computed from the candles up to each row (nothing to fit): the mean ln range
+# over the last day and the last week (in candles of the series' spacing), and the mean ln range so far of the
+# candles at the next candle's time of day.
+class RangeDay(_Indicator):
+    name: Literal["range_day"]
+
+
+class RangeWeek(_Indicator):
+    name: Literal["range_week"]
+
+
+class RangeTimeOfDay(_Indicator):
+    name: Literal["range_time_of_day"]
+
+
 # When a candle is: the daily and weekly rhythm of volatility, cyclic (sin and cos: 23:00 is next to 00:00).
 class _Cyclic(_Indicator):
     pass
@@ -283,12 +298,14 @@ class DayOfWeekCos(_Cyclic):
 
 Indicator = Annotated[
     Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm
-    | LogRange | Parkinson | GarmanKlass | TimeOfDaySin | TimeOfDayCos | DayOfWeekSin | DayOfWeekCos,
+    | LogRange | Parkinson | GarmanKlass | RangeDay | RangeWeek | RangeTimeOfDay | TimeOfDaySin | TimeOfDayCos
+    | DayOfWeekSin | DayOfWeekCos,
     Field(discriminator="name"),
 ]
 INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
-              "volatility", "atr", "roc", "volume_norm", "log_range", "parkinson", "garman_klass",
-              "time_of_day_sin", "time_of_day_cos", "day_of_week_sin", "day_of_week_cos")
+              "volatility", "atr", "roc", "volume_norm", "log_range", "parkinson", "garman_klass", "range_day",
+              "range_week", "range_time_of_day", "time_of_day_sin", "time_of_day_cos", "day_of_week_sin",
+              "day_of_week_cos")
 
 
 class FeaturesConfig(Strict):

@@ -170,6 +170,7 @@ POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod"),
 INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
 INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
 INTERVAL_NORMALISER = "har"  # the volatility forecast the conformal residuals are divided by
+COMBINED = ("high", "low", "range")  # the quantities forecast as the network's combined with HAR's
 
 
 def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
@@ -218,18 +219,17 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
 
 def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], fitted: Baselines,
                      test: SplitWindows, val: SplitWindows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The candle's excursions as w x the network's + (1 - w) x HAR + time of day's, w per excursion and step
-    chosen on validation (baselines.combination_weights; 0: the network adds nothing to HAR there), like the
-    close's shrink toward no change. The range is the combined high plus the combined low (a candle's). ->
-    (weights per excursion (H,), the combined quantities of the test samples)."""
+    """The high and low excursions and the range as w x the network's + (1 - w) x HAR + time of day's, w per
+    quantity and step chosen on validation (baselines.combination_weights; 0: the network adds nothing to HAR
+    there), like the close's shrink toward no change. Each is a median forecast of its own: the range's is not
+    the high's plus the low's (the median of a sum is not the sum of the medians). -> (weights per quantity
+    (H,), the combined quantities of the test samples)."""
     steps = network["range"].shape[1]
     har = {q: v[:, :steps] for q, v in fitted.forecast(test.first_target_rows)["har_tod"].items()}
     val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)["har_tod"].items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
-    weights = {q: baselines.combination_weights(val_network[q], val_har[q], val_actual[q])
-               for q in baselines.EXCURSIONS}
-    combined = {q: weights[q] * network[q] + (1 - weights[q]) * har[q] for q in baselines.EXCURSIONS}
-    return weights, {**network, **combined, "range": combined["high"] + combined["low"]}
+    weights = {q: baselines.combination_weights(val_network[q], val_har[q], val_actual[q]) for q in COMBINED}
+    return weights, {**network, **{q: weights[q] * network[q] + (1 - weights[q]) * har[q] for q in COMBINED}}
 
 
 def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> dict[str, np.ndarray]:

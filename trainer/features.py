@@ -243,6 +243,37 @@ class _Indicators:
         per_candle = pd.Series(0.5 * self.log_range(spec) ** 2 - (2 * np.log(2) - 1) * body**2)
         return np.sqrt(np.maximum(per_candle.rolling(spec.window).mean().to_numpy(), 0.0))
 
+    def range_day(self, spec: object) -> np.ndarray:
+        return self._mean_log_range(pd.Timedelta(days=1))
+
+    def range_week(self, spec: object) -> np.ndarray:
+        return self._mean_log_range(pd.Timedelta(days=7))
+
+    def range_time_of_day(self, spec: object) -> np.ndarray:
+        """The mean ln range of the candles so far (this one included) at the next candle's time of day: the
+        next candle's slot is this row's slot + 1 (mod the slots of a day); a slot not seen yet is NaN, so the
+        first day is warm-up."""
+        spacing = self._spacing()
+        slots = max(1, round(pd.Timedelta(days=1) / spacing))
+        slot = (self._seconds_of_day() // spacing.total_seconds()).astype(np.int64) % slots
+        log_range = self.log_range(spec)
+        # running sums per slot, read at each row for the next slot
+        onehot = np.zeros((len(slot), slots))
+        onehot[np.arange(len(slot)), slot] = 1.0
+        counts, sums = np.cumsum(onehot, axis=0), np.cumsum(onehot * log_range[:, None], axis=0)
+        following = (slot + 1) % slots
+        rows = np.arange(len(slot))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(counts[rows, following] > 0, sums[rows, following] / counts[rows, following], np.nan)
+
+    def _mean_log_range(self, span: pd.Timedelta) -> np.ndarray:
+        window = max(1, round(span / self._spacing()))
+        return pd.Series(self.log_range(None)).rolling(window).mean().to_numpy()
+
+    def _spacing(self) -> pd.Timedelta:
+        """The candles' usual spacing (their timeframe): the median time between rows."""
+        return (self.times[1:] - self.times[:-1]).median() if len(self.times) > 1 else pd.Timedelta(hours=1)
+
     def time_of_day_sin(self, spec: object) -> np.ndarray:
         return np.sin(self._angle(self._seconds_of_day(), 86400))
 

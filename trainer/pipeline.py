@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from . import artifacts
-from .baselines import fit_baselines
+from .baselines import HAR_FILE, Har, fit_baselines
 from .config import RunConfig
 from .data import load_candles
 from .errors import JobError
@@ -100,12 +100,14 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
         release_free_memory()
         scores = evaluate(predictions, windows.test, prep, unshrunk)
+        har = None
         if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
             fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
                                    windows.train.first_target_rows, windows.val.first_target_rows)
             scores["candles"] = candle_scores(head, predictions[head.name], windows.test,
                                               prep.to_prices(val_outputs, windows.val.last_close)[head.name],
                                               windows.val, fitted)
+            har = fitted.har
         values = {
             "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
             "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
@@ -120,7 +122,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                            "values")
     metrics = JobMetrics.model_validate(values)
     with tempfile.TemporaryDirectory(prefix="cryptotrain-job-") as tmp:
-        write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions)
+        write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions, har)
         files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
     return JobResult(job, metrics, files)
 
@@ -154,8 +156,10 @@ def _naming(prepared: Prepared):
 
 def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
                     windows: Windows, result: FitResult, metrics: JobMetrics,
-                    predictions: dict[str, np.ndarray]) -> None:
+                    predictions: dict[str, np.ndarray], har: Har | None = None) -> None:
     model.save(stage / "model.keras")
+    if har is not None:  # predict's expected high / low and interval after the latest candles
+        artifacts.write_json(stage / HAR_FILE, har.to_dict())
     replace(prep, symbol=job.symbol, timeframe=job.timeframe,
             indicators=tuple(ind.model_dump(mode="json") for ind in cfg.features.indicators)
             ).to_file(stage / "preprocessing.json")

@@ -5,6 +5,7 @@ how to scale them and which columns each head predicts. The forecast follows the
 """
 from __future__ import annotations
 
+import json
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,11 +17,13 @@ import yaml
 from pydantic import ValidationError
 
 from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
+from .baselines import HAR_FILE, Har, quantities
 from .config import FeaturesConfig, TrainConfig, load_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
 from .device import setup
 from .errors import UserError, first_line
+from .evaluate import COMBINED
 from .features import compute_features
 from .results import JobMetrics
 from .windows import Preprocessing
@@ -74,11 +77,17 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
 
 def track_record(job_dir: Path) -> dict:
     """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
-    worse than persistence: what a forecast is worth."""
+    worse than persistence: what a forecast is worth. With a candle head, the next candle's high, low and
+    range skill vs HAR + time of day and how often the 80 % interval held the close ("candles"; None before)."""
     metrics = _job_file(job_dir, "metrics.json", JobMetrics.from_file)
     line = metrics.headline
+    summary = metrics.summary()
+    candles = None if metrics.candles is None else {
+        **{f"{q}_skill_har": summary[f"{q}_skill_har"] for q in ("high", "low", "range")},
+        "network_weight": summary["network_weight"], "interval_coverage": summary["interval_coverage"]}
     return {**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
-            "test_range": metrics.test_range, "worse_than_persistence": line.worse_than_persistence}
+            "test_range": metrics.test_range, "worse_than_persistence": line.worse_than_persistence,
+            "candles": candles}
 
 
 def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
@@ -100,9 +109,36 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
         steps = prices[head.name].reshape(horizon, len(head.columns))  # (1, horizon, C) or (1, C)
         for i, column in enumerate(head.columns):
             columns[f"{head.name}.{column}" if shared else column] = steps[:, i]
+    if (job_dir / HAR_FILE).is_file():
+        columns |= _expected_candles(job_dir, prices, candles, horizon)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
+
+
+def _expected_candles(job_dir: Path, prices: dict[str, np.ndarray], candles: pd.DataFrame,
+                      horizon: int) -> dict[str, np.ndarray]:
+    """The candle head's expected high, low and range as evaluation scored them (the network's combined with
+    HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
+    high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
+    network's close widened by the validation margin x HAR's volatility): "expected_high", "expected_low",
+    "expected_range_pct", "close_80_low", "close_80_high"."""
+    har = _job_file(job_dir, HAR_FILE, lambda path: Har.from_dict(json.loads(path.read_text())))
+    scores = _job_file(job_dir, "metrics.json", JobMetrics.from_file).candles
+    head = next(h for h in _job_file(job_dir, PREPROCESSING, Preprocessing.from_file).heads if h.name == scores.head)
+    candle = prices[head.name].reshape(horizon, len(head.columns))
+    high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
+    last_close = float(candles["close"].iloc[-1])
+    network = quantities(high[None], low[None], close[None], np.array([last_close]))
+    baseline = har.forecast(candles)
+    weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
+    combined = {q: weight[q] * network[q][0] + (1 - weight[q]) * baseline[q][:len(weight[q])] for q in COMBINED}
+    spread = np.asarray(scores.interval.margin) * baseline["volatility"][:len(scores.interval.margin)]
+    return {"expected_high": last_close * np.exp(combined["high"]),
+            "expected_low": last_close * np.exp(-combined["low"]),
+            "expected_range_pct": 100 * np.expm1(combined["range"]),
+            "close_80_low": last_close * np.exp(network["return"][0] - spread),
+            "close_80_high": last_close * np.exp(network["return"][0] + spread)}
 
 
 def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -> Path:

@@ -422,6 +422,14 @@ def track_record_text(record: dict) -> str:
             f"{what} MAE was {record['mae']:.6g} against persistence's {record['persistence_mae']:.6g}: skill {skill}.")
     if record["worse_than_persistence"]:
         text += " It was WORSE than persistence: repeating the last candle forecast better than this model."
+    if candles := record.get("candles"):
+        worse = [q for q in ("high", "low", "range") if (candles[f"{q}_skill_har"] or 0) < 0]
+        text += (" Its next candle against HAR + time of day (MAE skill): "
+                 + ", ".join(f"{q} {_fmt(candles[f'{q}_skill_har'], '+.3f')}" for q in ("high", "low", "range"))
+                 + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
+                 + f"; its 80 % interval held the next close {_fmt(candles['interval_coverage'], '.1%')} of the time."
+                 + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
+                 " close_80_low / close_80_high: that interval.")
     return text
 
 

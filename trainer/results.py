@@ -64,8 +64,8 @@ class QuantityScores(PointScores):
     skill_horizon: dict[str, float | None]  # over every step
     qlike_skill: float | None = None  # the range: QLIKE skill at the next candle vs HAR's root-mean-square range
     # The scores above are of the network's forecast combined with HAR + time of day's (evaluate.combine_with_har);
-    # the network's own, and its weight per step in the combination (the excursions; 0: HAR alone). None: written
-    # before the combination.
+    # the network's own, and its weight per step in the combination (0: HAR alone). None: written before the
+    # combination.
     network: PointScores | None = None
     network_skill: dict[str, float | None] | None = None
     network_weight: list[float] | None = None
@@ -167,11 +167,12 @@ class JobMetrics(_Record):
 
     def _candle_summary(self) -> dict:
         """Next-candle skill of the high, the low and the range vs HAR + time of day, the network's weight in them
-        (the mean of the high's and the low's at the next candle); the 80 % interval's coverage."""
+        (the mean of the three at the next candle); the 80 % interval's coverage."""
         skill = self.candles.skill_vs("har_tod") if self.candles else dict.fromkeys(("high", "low", "range"))
-        weights = [getattr(self.candles, q).network_weight for q in ("high", "low")] if self.candles else [None]
+        weights = [getattr(self.candles, q).network_weight for q in ("high", "low", "range")] if self.candles \
+            else [None]
         return {**{f"{q}_skill_har": v for q, v in skill.items()},
-                "network_weight": sum(w[0] for w in weights) / 2 if all(weights) else None,
+                "network_weight": sum(w[0] for w in weights) / len(weights) if all(weights) else None,
                 "interval_coverage": self.candles.interval.coverage if self.candles else None}
 
     @classmethod
