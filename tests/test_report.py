@@ -63,7 +63,7 @@ class Page(HTMLParser):
     def __init__(self, text: str) -> None:
         super().__init__()
         self.tags: list[tuple[str, dict]] = []
-        self.cells: dict[str, dict] = {}  # heatmap: job -> the cell's attributes
+        self.maps: dict[str, dict[str, dict]] = {}  # heatmap (its measure) -> job -> the cell's attributes
         self.rows: dict[str, str] = {}  # jobs table: job -> the row's text
         self.details: dict[str, str] = {}  # job -> its <details>' text
         self.svgs: dict[str, int] = {}  # job -> <svg> elements in its details
@@ -76,14 +76,19 @@ class Page(HTMLParser):
         attrs = dict(attrs)
         self.tags.append((tag, attrs))
         job = attrs.get("data-job")
-        if tag == "td" and job and "data-skill" in attrs:
-            self.cells[job] = attrs
+        if tag == "td" and job and "data-value" in attrs:
+            self.maps.setdefault(attrs["data-measure"], {})[job] = attrs
         if tag in ("details", "tr") and job:
             self._open.append((tag, job, self.details if tag == "details" else self.rows))
         inside = [j for t, j, _ in self._open if t == "details"]
         if inside and tag in ("svg", "polyline"):
             counts = self.svgs if tag == "svg" else self.polylines
             counts[inside[-1]] = counts.get(inside[-1], 0) + 1
+
+    @property
+    def cells(self) -> dict[str, dict]:
+        """The close's skill heatmap."""
+        return self.maps.get("skill", {})
 
     def handle_endtag(self, tag):
         if self._open and self._open[-1][0] == tag:
@@ -127,11 +132,24 @@ def test_heatmap_cells_carry_the_headline_skill_of_metrics_json(run_dir):
     page = _page(run_dir)
     for job in DONE:
         skill = _metrics(run_dir, job)["headline"]["skill"]
-        assert float(page.cells[job]["data-skill"]) == pytest.approx(skill, abs=1e-12)
+        assert float(page.cells[job]["data-value"]) == pytest.approx(skill, abs=1e-12)
         assert f"{skill:+.3f}" in " ".join(page.text)
         assert page.cells[job].get("style", "").startswith("background:")  # coloured by its skill
     for job in FAILED + PENDING:  # marked, with no skill
-        assert page.cells[job]["data-skill"] == ""
+        assert page.cells[job]["data-value"] == ""
+
+
+def test_heatmaps_of_the_next_candle_vs_har_and_of_the_interval_carry_metrics_json(run_dir):
+    page = _page(run_dir)
+    assert set(page.maps) == {"skill", "high vs HAR", "low vs HAR", "range vs HAR", "80 % interval"}
+    for job in DONE:
+        candles = _metrics(run_dir, job)["candles"]
+        for quantity in ("high", "low", "range"):
+            cell = page.maps[f"{quantity} vs HAR"][job]
+            assert float(cell["data-value"]) == pytest.approx(candles[quantity]["skill"]["har_tod"], abs=1e-12)
+        assert float(page.maps["80 % interval"][job]["data-value"]) == pytest.approx(candles["interval"]["coverage"])
+    for measure in page.maps.values():
+        assert all(measure[job]["data-value"] == "" for job in FAILED + PENDING)
 
 
 def test_the_page_fetches_nothing_from_elsewhere(run_dir):
@@ -196,7 +214,7 @@ def test_missing_or_damaged_job_files_are_noted_not_fatal(run_copy):
     assert "metrics.json is missing" in fifteen and "from the run ledger" in fifteen
     # metrics.json gone: the heatmap falls back on the ledger's summary of the job
     summary = next(r.summary for r in Ledger(run_copy).jobs() if r.name == "BTCUSDT_15m")
-    assert float(page.cells["BTCUSDT_15m"]["data-skill"]) == pytest.approx(summary["skill"])
+    assert float(page.cells["BTCUSDT_15m"]["data-value"]) == pytest.approx(summary["skill"])
 
     shutil.rmtree(run_copy / "jobs" / "BTCUSDT_1h")
     page = _page(run_copy)

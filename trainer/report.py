@@ -16,6 +16,7 @@ import html
 import itertools
 import math
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -193,7 +194,7 @@ def _page(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]
     if not jobs:
         body.append("<p class=note>The ledger lists no jobs yet.</p>")
     else:
-        body += ["<h2>Test skill against persistence</h2>", _heatmap(config, jobs),
+        body += [*_heatmaps(config, jobs),
                  "<h2>Jobs</h2>", _table(jobs),
                  "<h2>Per job</h2>",
                  "<p class=hint><button type=button id=open-all>expand all</button> "
@@ -266,14 +267,62 @@ def _source_text(data: dict) -> str:
 
 
 # ----------------------------------------------------------------------------- heatmap
-def _heatmap(config: dict, jobs: list[_Job]) -> str:
+@dataclass(frozen=True)
+class _Measure:
+    """What a heatmap shows of each done job: its value (None: not measured), the cell's text and colour."""
+    name: str
+    value: Callable[[_Job], float | None]
+    text: Callable[[float], str]
+    goodness: Callable[[float], float]  # > 0 green, < 0 red, 0 white
+    hint: str
+
+
+CLOSE_SKILL = _Measure(
+    "skill", lambda job: job.skill, lambda v: f"{v:+.3f}", lambda v: v,
+    "skill = 1 - MAE / persistence MAE of the close on the test split, every horizon step (metrics.json headline). "
+    "Green: better than repeating the last close; red: worse; white: no better.")
+
+
+def _candle_skill(quantity: str) -> _Measure:
+    def value(job: _Job) -> float | None:
+        candles = job.metrics.candles if job.metrics and job.status == "done" else None
+        return getattr(candles, quantity).skill.get("har_tod") if candles else None
+    return _Measure(f"{quantity} vs HAR", value, lambda v: f"{v:+.3f}", lambda v: v,
+                    f"the next candle's {quantity}: MAE skill vs HAR + time of day on the test split (the network "
+                    "combined with HAR, its weight chosen on validation). Red: worse than HAR.")
+
+
+def _coverage(job: _Job) -> float | None:
+    candles = job.metrics.candles if job.metrics and job.status == "done" else None
+    return candles.interval.coverage if candles else None
+
+
+COVERAGE = _Measure(
+    "80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 0.03 - abs(v - 0.8),
+    "how often the 80 % interval of the next close (calibrated on validation) held it on the test split. Green: "
+    "within 3 points of 80 %; red: further off.")
+
+
+def _heatmaps(config: dict, jobs: list[_Job]) -> list[str]:
+    """The close's skill; with a candle head, the next candle's high, low and range vs HAR and the interval."""
+    out = ["<h2>Test skill against persistence</h2>", _heatmap(config, jobs, CLOSE_SKILL)]
+    if any(_coverage(job) is not None for job in jobs):
+        out += ["<h2>The next candle against HAR + time of day</h2><div class=heatrow>",
+                *(_heatmap(config, jobs, _candle_skill(q)) for q in ("high", "low", "range")),
+                _heatmap(config, jobs, COVERAGE), "</div>"]
+    return out
+
+
+def _heatmap(config: dict, jobs: list[_Job], measure: _Measure) -> str:
     data = config.get("data") or {}
     symbols = list(dict.fromkeys([*(data.get("symbols") or []), *(j.symbol for j in jobs)]))
     timeframes = list(dict.fromkeys([*(data.get("timeframes") or []), *(j.timeframe for j in jobs)]))
     by_cell = {(j.symbol, j.timeframe): j for j in jobs}
-    skills = [abs(j.skill) for j in jobs if j.skill is not None]
-    scale = _nice_ceiling(max([*skills, 0.01]))
-    rows = ["<tr><th></th>" + "".join(f"<th scope=col>{_e(tf)}</th>" for tf in timeframes) + "</tr>"]
+    values = {j.name: measure.value(j) for j in jobs}
+    extent = [abs(measure.goodness(v)) for v in values.values() if v is not None]
+    scale = _nice_ceiling(max([*extent, 0.01]))
+    rows = [f"<tr><th>{_e(measure.name)}</th>" + "".join(f"<th scope=col>{_e(tf)}</th>" for tf in timeframes)
+            + "</tr>"]
     for symbol in symbols:
         cells = []
         for timeframe in timeframes:
@@ -281,26 +330,28 @@ def _heatmap(config: dict, jobs: list[_Job]) -> str:
             if job is None:
                 cells.append("<td class=absent>not in this run</td>")
                 continue
-            attrs = f' data-job="{_e(job.name)}" data-status="{_e(job.status)}"'
-            if job.status == "done" and job.skill is not None:
-                attrs += f' data-skill="{job.skill!r}" style="{_skill_style(job.skill, scale)}"'
-                text, title = f"{job.skill:+.3f}", f"{job.name}: skill {job.skill:+.4f}{verdict(job.skill)}"
+            value = values[job.name]
+            attrs = f' data-job="{_e(job.name)}" data-status="{_e(job.status)}" data-measure="{_e(measure.name)}"'
+            if job.status == "done" and value is not None:
+                attrs += f' data-value="{value!r}" style="{_skill_style(measure.goodness(value), scale)}"'
+                text = measure.text(value)
+                title = f"{job.name}: {measure.name} {text}" + (verdict(value) if measure is CLOSE_SKILL else "")
             elif job.status == "done":
-                attrs += ' data-skill=""'
+                attrs += ' data-value=""'
                 text = "n/a" if job.line else "no metrics"
-                title = f"{job.name}: " + ("no skill (persistence was exact)" if job.line else "; ".join(job.notes))
+                title = f"{job.name}: " + ("not measured" if job.line else "; ".join(job.notes))
             else:
-                attrs += f' data-skill="" class="{_e(job.status)}"'
+                attrs += f' data-value="" class="{_e(job.status)}"'
                 text = job.status
                 title = f"{job.name} {job.status}" + (f": {_one_line(job.record.error)}" if job.record.error else "")
             cells.append(f'<td{attrs} title="{_e(title)}"><a href="#job-{_e(job.name)}">{_e(text)}</a></td>')
         rows.append(f"<tr><th scope=row>{_e(symbol)}</th>{''.join(cells)}</tr>")
-    legend = (f"<div class=scale><span>skill</span><span>{-scale:+.3g}</span><span class=bar></span>"
-              f"<span>{scale:+.3g}</span></div>"
-              "<p class=hint>skill = 1 - MAE / persistence MAE of the close on the test split, every horizon step "
-              "(metrics.json headline). Green: better than repeating the last close; red: worse; white: no "
-              "better. Hatched: failed or not yet done. Click a cell for the job's details.</p>")
-    return f"<div class=heatwrap><table class=heatmap>{''.join(rows)}</table>{legend}</div>"
+    legend = "" if measure is COVERAGE else (
+        f"<div class=scale><span>{_e(measure.name)}</span><span>{-scale:+.3g}</span><span class=bar></span>"
+        f"<span>{scale:+.3g}</span></div>")
+    hint = (f"<p class=hint>{_e(measure.hint)} Hatched: failed or not yet done. Click a cell for the job's "
+            "details.</p>")
+    return f"<div class=heatwrap><table class=heatmap>{''.join(rows)}</table>{legend}{hint}</div>"
 
 
 def _skill_style(skill: float, scale: float) -> str:
