@@ -303,3 +303,23 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
                                rtol=1e-6)
     assert "expected_high" not in forecast.columns
     assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
+
+
+def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(job_dir):
+    """The job's model card (what the Hub shows): the next candle's skill vs each baseline, the network's weight,
+    the interval's coverage - in the text and in the model-index metrics."""
+    from trainer.cards import job_card
+
+    candles = json.loads((job_dir / "metrics.json").read_text())["candles"]
+    card = job_card(job_dir, "tester/cards", "BTCUSDT/1h")
+    assert "### The next candle: its high, low and range" in card
+    high = candles["high"]
+    row = next(line for line in card.splitlines() if line.startswith("| high | "))
+    assert f"{high['skill']['har_tod']:.4g}" in row and f"{high['network_weight'][0]:.4g}" in row
+    assert f"it held {candles['interval']['coverage']:.4g} of the test split" in card
+    metadata = yaml.safe_load(card.split("---\n")[1])
+    results = {m["name"]: m["value"] for r in metadata["model-index"][0]["results"] for m in r["metrics"]}
+    for quantity in ("high", "low", "range"):
+        assert results[f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)"] == pytest.approx(
+            candles[quantity]["skill"]["har_tod"])
+    assert results["80 % interval of the next close: coverage"] == pytest.approx(candles["interval"]["coverage"])

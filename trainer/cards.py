@@ -62,7 +62,7 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
         f"{lookback} candles of {', '.join(prep.input_columns)}. Heads: {heads}. Trained with "
         "cryptotrain.",
         "## Data\n\n" + _data_text(data, metrics.n_test, test_range),
-        "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics),
+        "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics) + _candles_text(metrics),
         "## Training\n\n" + _training_text(metrics),
         "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo), install),
         "## Config\n\n```yaml\n" + _public_config(job_dir / "config.yaml") + "```",
@@ -188,6 +188,35 @@ def _metrics_table(metrics: JobMetrics) -> str:
     return "\n".join(lines)
 
 
+def _candles_text(metrics: JobMetrics) -> str:
+    """The size of the next candle against the baselines a quant tries first, and the interval's coverage."""
+    candles = metrics.candles
+    if candles is None:
+        return ""
+    skills = candles.skill_vs("har_tod")
+    worse = [q for q, v in skills.items() if v is not None and v < 0]
+    lines = ["", "", "### The next candle: its high, low and range", "",
+             "Excursions from the last close C: high ln(high / C), low ln(C / low); range ln(high / low). MAE skill "
+             "on the test split against each baseline, fitted on the train split (HAR + time of day: Corsi's HAR on "
+             "log ranges with the time-of-day mean). The forecast is the network's combined with HAR's, the "
+             "network's weight chosen on validation (0: HAR alone)." + (
+                 f" **Worse than HAR + time of day for the {' and the '.join(worse)}.**" if worse else ""), "",
+             "| quantity | vs no change | vs persistence | vs EWMA | vs HAR + time of day | the network alone vs HAR "
+             "| network weight |", "|---|---|---|---|---|---|---|"]
+    for quantity in ("high", "low", "range"):
+        scores = getattr(candles, quantity)
+        weight = scores.network_weight[0] if scores.network_weight else None
+        alone = (scores.network_skill or {}).get("har_tod")
+        lines.append(f"| {quantity} | " + " | ".join(_num(scores.skill.get(b)) for b in
+                                                     ("no_change", "persistence", "ewma", "har_tod"))
+                     + f" | {_num(alone)} | {_num(weight)} |")
+    interval = candles.interval
+    lines += ["", f"80 % interval of the next close (split conformal on validation, residuals normalised by HAR's "
+                  f"volatility): it held {_num(interval.coverage)} of the test split; by tercile of that volatility "
+                  + " / ".join(_num(c) for c in interval.coverage_by_tercile) + "."]
+    return "\n".join(lines)
+
+
 def _training_text(metrics: JobMetrics) -> str:
     return (f"{metrics.epochs_run} epoch(s) (best: epoch {metrics.best_epoch}, validation loss "
             f"{_num(metrics.best_val_loss)}), {metrics.seconds:.0f} s. Loss curves and the test-split "
@@ -228,6 +257,10 @@ def _eval_results(metrics: JobMetrics, dataset: str | None) -> list[EvalResult]:
     scores = [("mae", line.mae, f"MAE of {what} (price units)"),
               ("mae", line.persistence_mae, f"MAE of persistence, {what} (price units)"),
               ("skill", line.skill, "skill vs persistence (1 - MAE / persistence MAE)")]
+    if metrics.candles is not None:
+        scores += [("skill", value, f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)")
+                   for quantity, value in metrics.candles.skill_vs("har_tod").items()]
+        scores.append(("coverage", metrics.candles.interval.coverage, "80 % interval of the next close: coverage"))
     return [EvalResult(**common, metric_type=kind, metric_value=value, metric_name=name)
             for kind, value, name in scores if value is not None]
 
