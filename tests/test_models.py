@@ -11,7 +11,7 @@ import pytest
 from tests.conftest import REPO, tiny_config_dict
 from trainer.config import LAYER_KINDS, RunConfig, load_config
 from trainer.errors import UserError
-from trainer.models import LAYERS, build_model, count_params, output_shapes
+from trainer.models import LAYERS, Pinball, build_model, count_params, output_shapes
 from trainer.windows import make_windows
 
 
@@ -187,3 +187,62 @@ def test_relative_heads_start_at_no_change(tmp_path):
     model = build_model(cfg, len(cfg.features.columns))
     outputs = model(np.random.default_rng(0).normal(size=(4, 16, len(cfg.features.columns))), training=False)
     assert np.all(np.asarray(outputs["ohlc"])[..., [0, 3]] == 0) and np.all(np.asarray(outputs["bb"]) == 0)
+
+
+QUANTILE_HEAD = {"name": "close_q", "columns": ["close", "rsi"], "quantiles": [0.1, 0.5, 0.9]}
+
+
+@pytest.mark.parametrize("horizon", [3, 1])
+def test_a_quantile_heads_outputs_are_ordered_whatever_the_weights(tmp_path, horizon):
+    """Each quantile at or above the one below by construction (a softplus gap, 0 only where float32 rounds it
+    away): random weights, random inputs, and the inversion
+    to prices keep the order; the targets keep the head's columns' shape (no quantile axis)."""
+    raw = tiny_config_dict(tmp_path)
+    raw["window"]["horizon"] = horizon
+    raw["heads"].append(QUANTILE_HEAD)
+    if horizon == 1:
+        raw["model"]["layers"] = [{"kind": "lstm", "units": 8}]
+    cfg = RunConfig.model_validate(raw)
+    model = build_model(cfg, len(cfg.features.columns))
+    steps = (horizon,) if horizon > 1 else ()
+    assert output_shapes(model, cfg.heads)["close_q"] == (*steps, 2)
+    assert tuple(model.output["close_q"].shape[1:]) == (*steps, 3, 2)
+    rng = np.random.default_rng(0)
+    model.set_weights([rng.normal(scale=3.0, size=w.shape) for w in model.get_weights()])
+    windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
+                           output_shapes(model, cfg.heads))
+    x = rng.normal(scale=3.0, size=(500, *windows.test.x.shape[1:])).astype("float32")
+    outputs = np.asarray(model(x, training=False)["close_q"])
+    assert (np.diff(outputs, axis=-2) >= 0).all() and np.mean(np.diff(outputs, axis=-2) > 0) > 0.9  # never cross
+    prices = windows.preprocessing.head_prices(windows.preprocessing.heads[-1], outputs,
+                                               rng.uniform(1, 1000, size=500))
+    assert (np.diff(prices, axis=-2) >= 0).all()  # prices (close) and rsi alike
+    point = windows.preprocessing.point({**{h.name: None for h in windows.preprocessing.heads},
+                                         "close_q": outputs})["close_q"]
+    np.testing.assert_array_equal(point, outputs[..., 1, :])  # the median
+
+
+def test_the_pinball_loss_is_each_levels_quantile_loss_averaged():
+    levels = [0.1, 0.5, 0.9]
+    y_true = np.array([[1.0, -2.0]])  # (batch, C)
+    y_pred = np.array([[[0.0, 0.0], [1.0, -1.0], [3.0, 1.0]]])  # (batch, Q, C)
+    error = y_true[:, None, :] - y_pred
+    expected = np.mean(np.maximum(np.array(levels)[:, None] * error, (np.array(levels)[:, None] - 1) * error))
+    assert float(Pinball(levels)(y_true, y_pred)) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"quantiles": [0.5, 0.1]}, "increasing"),
+    ({"quantiles": [0.5]}, "at least two"),
+    ({"quantiles": [0.0, 0.5]}, "between 0 and 1"),
+    ({"loss": "mae"}, "pinball"),
+])
+def test_quantile_heads_are_checked(tmp_path, change, message):
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"].append({**QUANTILE_HEAD, **change})
+    with pytest.raises(ValueError, match=message):
+        RunConfig.model_validate(raw)
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"][0]["quantiles"] = [0.1, 0.9]  # on the candle head
+    with pytest.raises(ValueError, match="a candle head forecasts one candle"):
+        RunConfig.model_validate(raw)

@@ -323,3 +323,23 @@ def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(jo
         assert results[f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)"] == pytest.approx(
             candles[quantity]["skill"]["har_tod"])
     assert results["80 % interval of the next close: coverage"] == pytest.approx(candles["interval"]["coverage"])
+
+
+def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_path):
+    """A head of quantiles on the close, end to end: trained with the pinball loss, scored on the test split
+    (pinball per level, coverage of the outer pair), and `predict` gives each level, ordered, around the median."""
+    raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
+    raw["data"]["symbols"] = ["BTCUSDT"]
+    raw["heads"].append({"name": "close_q", "columns": ["close"], "quantiles": [0.1, 0.5, 0.9]})
+    raw["train"]["epochs"] = 2
+    cfg = RunConfig.model_validate(raw)
+    assert run_config(cfg, make_jobs(cfg)).complete
+    job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
+    scores = json.loads((job_dir / "metrics.json").read_text())["heads"]["close_q"]
+    assert scores["quantiles"]["levels"] == [0.1, 0.5, 0.9] and scores["quantiles"]["nominal"] == pytest.approx(0.8)
+    assert 0 < scores["quantiles"]["coverage"] <= 1 and all(p > 0 for p in scores["quantiles"]["pinball"])
+    assert scores["quantiles"]["below"] == sorted(scores["quantiles"]["below"])
+    forecast = predict_next(job_dir, load_candles(cfg, "BTCUSDT", "1h"))
+    low, median, high = (forecast[f"close_q.close_q{q}"] for q in (10, 50, 90))
+    assert (low <= median).all() and (median <= high).all() and (low < high).all()
+    np.testing.assert_allclose(forecast["close_q.close"], median)  # the point forecast is the median

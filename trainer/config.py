@@ -364,12 +364,30 @@ class HeadConfig(Strict):
     # A candle-shaped head over open, high, low, close: high >= max(open, close) >= min(open, close) >= low
     # by construction (open and close, plus two non-negative wicks).
     candle: bool = False
+    # A quantile head: these quantiles of each column (e.g. [0.1, 0.5, 0.9]), ordered by construction (the
+    # lowest plus non-negative gaps) and trained with the pinball loss; its point forecast is the median (0.5,
+    # else the middle quantile).
+    quantiles: list[float] = []
 
     @model_validator(mode="after")
     def _candle_columns(self) -> HeadConfig:
         if self.candle and sorted(self.columns) != sorted(CANDLE):
             raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
                              f"(got {', '.join(self.columns)})")
+        return self
+
+    @model_validator(mode="after")
+    def _quantile_levels(self) -> HeadConfig:
+        if not self.quantiles:
+            return self
+        if len(self.quantiles) < 2 or not all(0 < q < 1 for q in self.quantiles) \
+                or any(b <= a for a, b in zip(self.quantiles, self.quantiles[1:])):
+            raise ValueError(f"quantiles: at least two levels, increasing, each between 0 and 1 (got "
+                             f"{self.quantiles}), e.g. [0.1, 0.5, 0.9]")
+        if self.candle:
+            raise ValueError("quantiles: a candle head forecasts one candle; put the quantiles on a head of its own")
+        if "loss" in self.model_fields_set:
+            raise ValueError(f"loss: {self.loss}: a quantile head is trained with the pinball loss; drop the loss")
         return self
 
 

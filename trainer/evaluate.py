@@ -49,13 +49,13 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
     """The preprocessing with each head's shrink factor (Preprocessing.shrunk) chosen on `split`, the
     validation split: the factor of SHRINK_GRID whose forecasts of the head's price levels (a candle's body:
     open and close) have the lowest MAE in price units. 0 where validation finds no deviation from "no
-    change" worth keeping. Heads without framed price levels keep 1."""
+    change" worth keeping. Heads without framed price levels, and quantile heads, keep 1."""
     factors = {}
     for head in preprocessing.heads:
         positions = preprocessing.head_positions(head)
         judged = [head.columns.index(c) for c in ("open", "close")] if head.candle else \
             [i for i, p in enumerate(positions) if preprocessing.framing.level[p] > 0]
-        if not judged:
+        if not judged or head.quantiles:  # a quantile head's spread is its own: never shrunk
             continue
         actual = split.y_raw[head.name][..., judged]
         errors = [np.mean(np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
@@ -66,10 +66,11 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
 
 
 def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
-             unshrunk: dict[str, np.ndarray] | None = None) -> dict:
+             unshrunk: dict[str, np.ndarray] | None = None, quantiles: dict[str, np.ndarray] | None = None) -> dict:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
     split) and for persistence; and the job's headline (see headline()). `unshrunk`: the same predictions
-    with every shrink factor 1 (the network's output as it is), whose close skill is reported beside."""
+    with every shrink factor 1 (the network's output as it is), whose close skill is reported beside.
+    `quantiles`: every head's outputs in prices, a quantile head's (N, ..., Q, C) scored by quantile_scores."""
     heads = {}
     for head in preprocessing.heads:
         actual = test.y_raw[head.name]
@@ -87,6 +88,8 @@ def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing
             if unshrunk is not None:
                 scores["close"]["skill_unshrunk"] = close_scores(unshrunk[head.name][..., close],
                                                                  actual[..., close], last_close)["skill"]
+        if head.quantiles and quantiles is not None:
+            scores["quantiles"] = quantile_scores(quantiles[head.name], actual, head.quantiles)
         if set(CANDLE) <= set(head.columns):
             scores["inconsistent_candles"] = {"model": inconsistent_share(predicted[head.name], head),
                                               "actual": inconsistent_share(actual, head)}
@@ -126,6 +129,19 @@ def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -
         "direction_accuracy": float(np.mean(np.sign(pred - last) == moves)),
         **rates, "majority_rate": max(*rates.values(), 1 - sum(rates.values())),
     }
+
+
+def quantile_scores(forecast: np.ndarray, actual: np.ndarray, levels: tuple[float, ...]) -> dict:
+    """A quantile head's forecasts (N, ..., Q, C) in prices against the actual values (N, ..., C): the pinball
+    loss of each level (price units, every step and column), how often each level was above the actual value
+    (its level, when calibrated), and the share inside the outermost pair (their nominal coverage beside)."""
+    actual = actual[..., None, :]
+    below = np.mean(actual <= forecast, axis=tuple(i for i in range(forecast.ndim) if i != forecast.ndim - 2))
+    inside = (actual[..., 0, :] >= forecast[..., 0, :]) & (actual[..., 0, :] <= forecast[..., -1, :])
+    return {"levels": list(levels),
+            "pinball": [baselines.pinball(forecast[..., i, :], actual[..., 0, :], level)
+                        for i, level in enumerate(levels)],
+            "below": below.tolist(), "coverage": float(inside.mean()), "nominal": levels[-1] - levels[0]}
 
 
 def inconsistent_share(candles: np.ndarray, head: HeadTarget) -> float:

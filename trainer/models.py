@@ -6,7 +6,7 @@ unroll, use_cudnn="auto"), so they run on cuDNN on a GPU unless the config sets 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import keras
 
@@ -65,19 +65,39 @@ def build_model(cfg: RunConfig, n_features: int) -> keras.Model:
     return model
 
 
+class Pinball(keras.losses.Loss):
+    """The pinball (quantile) loss of a quantile head, averaged over its levels: outputs (..., Q, C) against
+    targets (..., C)."""
+
+    def __init__(self, levels: list[float], name: str = "pinball", **kwargs) -> None:
+        super().__init__(name=name, **kwargs)
+        self.levels = list(levels)
+
+    def call(self, y_true, y_pred):
+        levels = keras.ops.reshape(keras.ops.convert_to_tensor(self.levels, dtype=y_pred.dtype), (-1, 1))
+        error = keras.ops.expand_dims(keras.ops.cast(y_true, y_pred.dtype), -2) - y_pred  # (..., Q, C)
+        return keras.ops.mean(keras.ops.maximum(levels * error, (levels - 1) * error), axis=(-2, -1))
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "levels": self.levels}
+
+
 def compile_settings(cfg: RunConfig) -> dict:
     """compile()'s arguments other than the optimizer (training.WindowTrainer is compiled with them too)."""
     return {
-        "loss": {head.name: head.loss for head in cfg.heads},
+        "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in cfg.heads},
         "loss_weights": {head.name: head.weight for head in cfg.heads},
         "steps_per_execution": cfg.train.steps_per_execution,
         "jit_compile": False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
     }
 
 
-def output_shapes(model: keras.Model) -> dict[str, tuple[int, ...]]:
-    """Head name -> output shape without the batch axis."""
-    return {name: tuple(tensor.shape[1:]) for name, tensor in model.output.items()}
+def output_shapes(model: keras.Model, heads: Sequence[HeadConfig] = ()) -> dict[str, tuple[int, ...]]:
+    """Head name -> the shape of its targets: its output's without the batch axis, and without the quantile axis
+    (the last but one) of the quantile heads among `heads`."""
+    quantile_heads = {head.name for head in heads if head.quantiles}
+    return {name: tuple(tensor.shape[1:-2]) + tuple(tensor.shape[-1:]) if name in quantile_heads
+            else tuple(tensor.shape[1:]) for name, tensor in model.output.items()}
 
 
 def count_params(cfg: RunConfig, n_features: int) -> int:
@@ -124,6 +144,8 @@ def _head(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, relative: 
 
     Framed relative to the last close, a head starts at zero, i.e. at "no change" (its targets are scaled
     with offset 0, see windows.py): the network learns deviations from the last close, as in NLinear.
+    A quantile head outputs (..., Q, C): its lowest quantile, then each next one as the one below plus a gap
+    through softplus, so they never cross.
     A candle head outputs open and close, and two wicks through softplus (never negative):
     high = max(open, close) + upper wick, low = min(open, close) - lower wick; the target scaler shares one
     scale between the four, so the candle is consistent in prices too."""
@@ -134,9 +156,19 @@ def _head(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, relative: 
                                    name=name)
         return (keras.layers.TimeDistributed(layer, dtype="float32", name=name) if per_step else layer)(trunk)
 
+    f32 = {"dtype": "float32"}
+    if head.quantiles:  # the lowest quantile, then non-negative gaps: ordered (..., Q, C)
+        columns, shape = len(head.columns), (trunk.shape[1],) if per_step else ()
+        quantile = dense(columns, f"{head.name}_q0")
+        stacked = [quantile]
+        for i in range(1, len(head.quantiles)):
+            gap = dense(columns, f"{head.name}_gap{i}", "softplus")
+            quantile = keras.layers.Add(**f32)([quantile, gap])
+            stacked.append(quantile)
+        stacked = [keras.layers.Reshape((*shape, 1, columns), **f32)(q) for q in stacked]
+        return keras.layers.Concatenate(axis=-2, name=head.name, **f32)(stacked)
     if not head.candle:
         return dense(len(head.columns), head.name)
-    f32 = {"dtype": "float32"}
     open_, close = dense(1, f"{head.name}_open"), dense(1, f"{head.name}_close")
     upper, lower = dense(1, f"{head.name}_upper_wick", "softplus"), dense(1, f"{head.name}_lower_wick", "softplus")
     parts = {

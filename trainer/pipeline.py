@@ -88,18 +88,21 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                                                              write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg, len(cfg.features.columns))
     with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
-        windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+        windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
+                               output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
         prep = windows.preprocessing
-        val_outputs = predict_fixed_batches(model, windows.val.x)
+        val_outputs = prep.point(predict_fixed_batches(model, windows.val.x))
         if cfg.window.shrink:
             prep = choose_shrink(val_outputs, windows.val, prep)
-        outputs = predict_fixed_batches(model, windows.test.x)
+        quantile_outputs = predict_fixed_batches(model, windows.test.x)
+        outputs = prep.point(quantile_outputs)
         predictions = prep.to_prices(outputs, windows.test.last_close)
         unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
         release_free_memory()
-        scores = evaluate(predictions, windows.test, prep, unshrunk)
+        scores = evaluate(predictions, windows.test, prep, unshrunk,
+                          quantiles=prep.to_prices(quantile_outputs, windows.test.last_close))
         har = None
         if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
             fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,

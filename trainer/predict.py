@@ -100,15 +100,20 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
     setup(train)  # before TensorFlow touches a GPU: memory growth, threads
     model = _job_file(job_dir, "model.keras", _read_model)
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
-    prices = prep.to_prices(outputs, last_close)
+    prices = prep.to_prices(prep.point(outputs), last_close)
     horizon, heads = prep.horizon, prep.heads
     all_columns = [c for head in heads for c in head.columns]
     shared = len(set(all_columns)) < len(all_columns)
     columns = {}
     for head in heads:
         steps = prices[head.name].reshape(horizon, len(head.columns))  # (1, horizon, C) or (1, C)
+        quantiles = prep.head_prices(head, outputs[head.name], last_close).reshape(
+            horizon, len(head.quantiles), len(head.columns)) if head.quantiles else None
         for i, column in enumerate(head.columns):
-            columns[f"{head.name}.{column}" if shared else column] = steps[:, i]
+            name = f"{head.name}.{column}" if shared else column
+            columns[name] = steps[:, i]
+            for j, level in enumerate(head.quantiles):  # a quantile head: each level, e.g. close_q10
+                columns[f"{name}_q{level * 100:g}"] = quantiles[:, j, i]
     if (job_dir / HAR_FILE).is_file():
         columns |= _expected_candles(job_dir, prices, candles, horizon)
     step = timeframe_delta(prep.timeframe)

@@ -38,6 +38,16 @@ class CloseScores(_Record):
     skill_unshrunk: float | None = None  # the network's own forecast, before the shrink chosen on validation
 
 
+class QuantileScores(_Record):
+    """A quantile head on the test split: per level its pinball loss (price units) and how often the actual value
+    was at or below it; the share inside the outermost pair, and their nominal coverage."""
+    levels: list[float]
+    pinball: list[float]
+    below: list[float]
+    coverage: float
+    nominal: float
+
+
 class HeadScores(_Record):
     model: Scores
     persistence: Scores
@@ -45,6 +55,7 @@ class HeadScores(_Record):
     shrink: float = 1.0
     close: CloseScores | None = None  # heads that predict the close
     inconsistent_candles: dict[str, float] | None = None  # candle heads: share with high/low inside the body
+    quantiles: QuantileScores | None = None  # quantile heads (evaluate.quantile_scores)
 
 
 class PointScores(_Record):

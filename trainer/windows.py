@@ -235,6 +235,14 @@ class HeadTarget:
     candle: bool = False
     # The weight of the forecast's deviation from "no change" (see Preprocessing.shrunk); 1: as the model says.
     shrink: float = 1.0
+    quantiles: tuple[float, ...] = ()  # a quantile head's levels: its outputs are (*shape[:-1], Q, C)
+
+    @property
+    def median(self) -> int | None:
+        """The position of a quantile head's point forecast among its levels: 0.5, else the middle one."""
+        if not self.quantiles:
+            return None
+        return self.quantiles.index(0.5) if 0.5 in self.quantiles else len(self.quantiles) // 2
 
 
 @dataclass(frozen=True, eq=False)
@@ -272,8 +280,14 @@ class Preprocessing:
         framed = self.framing.frame(encoded_ahead, anchor[:, None, None], self.head_positions(head))
         return head.scaler.transform(framed, out=framed).reshape(len(framed), *head.shape)
 
+    def point(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Model outputs -> each head's point forecast, shaped like its targets: a quantile head's median."""
+        return {head.name: outputs[head.name] if head.median is None else outputs[head.name][..., head.median, :]
+                for head in self.heads}
+
     def to_prices(self, outputs: dict[str, np.ndarray], last_close: np.ndarray) -> dict[str, np.ndarray]:
-        """Model outputs (head -> (N, *head shape)) -> the same in raw units (prices), float64.
+        """Model outputs (head -> (N, *head shape), or a quantile head's (N, ..., Q, C)) -> the same in raw units
+        (prices), float64 (every quantile framed and scaled as its column: their order is kept).
         `last_close`: (N,) each sample's last input close (unused when relative_to is null).
         The one place where outputs become prices: evaluation, predict, cards and the Hub all use it."""
         return {head.name: self.head_prices(head, outputs[head.name], last_close) for head in self.heads}
@@ -326,7 +340,8 @@ class Preprocessing:
             "lookback": self.lookback,
             "horizon": self.horizon,
             "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
-                       "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict()} for h in self.heads],
+                       "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict(),
+                       "quantiles": list(h.quantiles)} for h in self.heads],
             "splits": self.splits,
             "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
         }
@@ -358,7 +373,8 @@ class Preprocessing:
                 positions = scaler._positions(columns)
                 head_scaler = Scaler(scaler.kind, columns, scaler.offset[positions], scaler.scale[positions])
             heads.append(HeadTarget(h["name"], columns, tuple(h["target_shape"]), head_scaler,
-                                    bool(h.get("candle", False)), float(h.get("shrink", 1.0))))
+                                    bool(h.get("candle", False)), float(h.get("shrink", 1.0)),
+                                    tuple(h.get("quantiles", ()))))
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d.get("relative_to"), scaler,
                    tuple(heads), d.get("splits", {}), d.get("symbol"), d.get("timeframe"),
                    tuple(d.get("indicators", ())))
@@ -481,7 +497,8 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
         head_scaler = Scaler.fit_windows(window.scaler, framing, encoded[train[0]:train[-1] + horizon, positions],
                                          horizon, anchor, positions, anchored=framing.level[positions] > 0,
                                          shared=head.candle)
-        targets.append(HeadTarget(head.name, tuple(head.columns), shapes[head.name], head_scaler, head.candle))
+        targets.append(HeadTarget(head.name, tuple(head.columns), shapes[head.name], head_scaler, head.candle,
+                                  quantiles=tuple(head.quantiles)))
 
     split_rows = {
         split: {"first": frame.index[start].isoformat(), "last": frame.index[end - 1].isoformat(),
