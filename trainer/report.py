@@ -287,9 +287,7 @@ def _candle_skill(quantity: str) -> _Measure:
     def value(job: _Job) -> float | None:
         candles = job.metrics.candles if job.metrics and job.status == "done" else None
         return getattr(candles, quantity).skill.get("har_tod") if candles else None
-    return _Measure(f"{quantity} vs HAR", value, lambda v: f"{v:+.3f}", lambda v: v,
-                    f"the next candle's {quantity}: MAE skill vs HAR + time of day on the test split (the network "
-                    "combined with HAR, its weight chosen on validation). Red: worse than HAR.")
+    return _Measure(f"{quantity} vs HAR", value, lambda v: f"{v:+.3f}", lambda v: v, "")
 
 
 def _coverage(job: _Job) -> float | None:
@@ -297,30 +295,39 @@ def _coverage(job: _Job) -> float | None:
     return candles.interval.coverage if candles else None
 
 
-COVERAGE = _Measure(
-    "80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 0.03 - abs(v - 0.8),
-    "how often the 80 % interval of the next close (calibrated on validation) held it on the test split. Green: "
-    "within 3 points of 80 %; red: further off.")
+COVERAGE = _Measure("80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 0.03 - abs(v - 0.8), "")
+CANDLES_HINT = (
+    "The next candle on the test split: MAE skill of its high (ln(high / last close)), low (ln(last close / low)) "
+    "and range (ln(high / low)) vs HAR + time of day, the network combined with HAR, its weight chosen on "
+    "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated on "
+    "validation, held it (green: within 3 points of 80 %; red: further off). Click a cell for the job's details.")
 
 
 def _heatmaps(config: dict, jobs: list[_Job]) -> list[str]:
-    """The close's skill; with a candle head, the next candle's high, low and range vs HAR and the interval."""
+    """The close's skill; with a candle head, the next candle's high, low and range vs HAR (one colour scale)
+    and the interval's coverage, side by side."""
     out = ["<h2>Test skill against persistence</h2>", _heatmap(config, jobs, CLOSE_SKILL)]
     if any(_coverage(job) is not None for job in jobs):
-        out += ["<h2>The next candle against HAR + time of day</h2><div class=heatrow>",
-                *(_heatmap(config, jobs, _candle_skill(q)) for q in ("high", "low", "range")),
-                _heatmap(config, jobs, COVERAGE), "</div>"]
+        measures = [_candle_skill(q) for q in ("high", "low", "range")]
+        extent = [abs(v) for m in measures for v in map(m.value, jobs) if v is not None]
+        scale = _nice_ceiling(max([*extent, 0.01]))
+        out += ["<h2>The next candle against HAR + time of day</h2><div class=heatwrap>",
+                *(_heatmap(config, jobs, m, scale) for m in measures), _heatmap(config, jobs, COVERAGE),
+                f"</div><div class=scale><span>skill vs HAR</span><span>{-scale:+.3g}</span><span class=bar></span>"
+                f"<span>{scale:+.3g}</span></div><p class=hint>{_e(CANDLES_HINT)}</p>"]
     return out
 
 
-def _heatmap(config: dict, jobs: list[_Job], measure: _Measure) -> str:
+def _heatmap(config: dict, jobs: list[_Job], measure: _Measure, scale: float | None = None) -> str:
+    """One measure's symbol x timeframe table; with its own colour scale and hint unless `scale` is given."""
     data = config.get("data") or {}
     symbols = list(dict.fromkeys([*(data.get("symbols") or []), *(j.symbol for j in jobs)]))
     timeframes = list(dict.fromkeys([*(data.get("timeframes") or []), *(j.timeframe for j in jobs)]))
     by_cell = {(j.symbol, j.timeframe): j for j in jobs}
     values = {j.name: measure.value(j) for j in jobs}
     extent = [abs(measure.goodness(v)) for v in values.values() if v is not None]
-    scale = _nice_ceiling(max([*extent, 0.01]))
+    alone = scale is None
+    scale = scale or _nice_ceiling(max([*extent, 0.01]))
     rows = [f"<tr><th>{_e(measure.name)}</th>" + "".join(f"<th scope=col>{_e(tf)}</th>" for tf in timeframes)
             + "</tr>"]
     for symbol in symbols:
@@ -346,12 +353,12 @@ def _heatmap(config: dict, jobs: list[_Job], measure: _Measure) -> str:
                 title = f"{job.name} {job.status}" + (f": {_one_line(job.record.error)}" if job.record.error else "")
             cells.append(f'<td{attrs} title="{_e(title)}"><a href="#job-{_e(job.name)}">{_e(text)}</a></td>')
         rows.append(f"<tr><th scope=row>{_e(symbol)}</th>{''.join(cells)}</tr>")
-    legend = "" if measure is COVERAGE else (
-        f"<div class=scale><span>{_e(measure.name)}</span><span>{-scale:+.3g}</span><span class=bar></span>"
-        f"<span>{scale:+.3g}</span></div>")
-    hint = (f"<p class=hint>{_e(measure.hint)} Hatched: failed or not yet done. Click a cell for the job's "
-            "details.</p>")
-    return f"<div class=heatwrap><table class=heatmap>{''.join(rows)}</table>{legend}{hint}</div>"
+    table = f"<table class=heatmap>{''.join(rows)}</table>"
+    if not alone or measure is COVERAGE:
+        return table
+    return (f"<div class=heatwrap>{table}<div class=scale><span>{_e(measure.name)}</span><span>{-scale:+.3g}</span>"
+            f"<span class=bar></span><span>{scale:+.3g}</span></div><p class=hint>{_e(measure.hint)} Hatched: failed "
+            "or not yet done. Click a cell for the job's details.</p></div>")
 
 
 def _skill_style(skill: float, scale: float) -> str:
