@@ -32,7 +32,7 @@ from trainer.reporting import JobProgress, summary_line
 from trainer.windows import Preprocessing
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
-             "predictions.npz", "manifest.json"}
+             "predictions.npz", "har.json", "manifest.json"}
 
 
 def _run(*args: str):
@@ -134,6 +134,28 @@ def test_a_job_directory_made_by_another_config_is_trained_again(finished_run, t
     assert result.exit_code == 0, result.output
     metrics = json.loads((tmp_path / "run" / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())
     assert metrics["epochs_run"] == 1 and metrics["fingerprint"] == load_config(config).fingerprint()
+
+
+def test_a_run_recorded_by_an_earlier_version_resumes_with_the_options_added_since_at_their_defaults(
+        finished_run, tmp_path):
+    """Its ledger's config lacks an option this version added (heads[].quantiles) and its fingerprint was computed
+    without it: the same command takes the run over, trains nothing again, and never asks for --new-run."""
+    run_dir, config_path, _ = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(config_path.read_text()), "output_dir": str(copy)}))
+    with sqlite3.connect(copy / "ledger.sqlite") as db:
+        recorded = json.loads(db.execute("SELECT config_json FROM run").fetchone()[0])
+        for head in recorded["heads"]:
+            del head["quantiles"]
+        db.execute("UPDATE run SET fingerprint = 'computed-by-an-earlier-version', config_json = ?",
+                   (json.dumps(recorded),))
+    before = {p: p.stat().st_mtime_ns for p in (copy / "jobs").rglob("*")}
+    result = _run("--config", str(config))
+    assert result.exit_code == 0, result.output
+    assert "--new-run" not in result.output
+    assert {p: p.stat().st_mtime_ns for p in (copy / "jobs").rglob("*")} == before  # nothing trained again
 
 
 def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(finished_run):

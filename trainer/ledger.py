@@ -18,7 +18,7 @@ import sqlite3
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -203,11 +203,13 @@ class Ledger:
 
     # --- the run -----------------------------------------------------------------------------
 
-    def open_run(self, fingerprint: str, config_data: dict, ignored: tuple[str, ...] = ()) -> None:
+    def open_run(self, fingerprint: str, config_data: dict, ignored: tuple[str, ...] = (),
+                 normalise: Callable[[dict], dict] = lambda recorded: recorded) -> None:
         """Record the run's config on first use; afterwards refuse a config with another fingerprint, naming the
         keys that changed. Keys in `ignored` (dotted paths) may change: the record follows the latest config.
         A fingerprint that differs with only such keys changed (one computed by an earlier version, which still
-        counted them) is taken over."""
+        counted them) is taken over. `normalise`: the recorded config as this version reads it (an option added
+        since, at its default, is no change)."""
         config_json = json.dumps(config_data)
         with self._transaction() as conn:
             row = conn.execute("SELECT fingerprint, config_json FROM run").fetchone()
@@ -215,7 +217,7 @@ class Ledger:
                 conn.execute("INSERT INTO run (id, fingerprint, config_json, created_at) VALUES (1, ?, ?, ?)",
                              (fingerprint, config_json, time.time()))
                 return
-            changes = [change for change in _changed_keys(json.loads(row["config_json"]), config_data)
+            changes = [change for change in _changed_keys(normalise(json.loads(row["config_json"])), config_data)
                        if change.split(" ", 1)[0] not in ignored]
             if row["fingerprint"] != fingerprint and changes:
                 raise UserError(f"{self.run_dir}: made with a different config ({_describe(changes)}); "

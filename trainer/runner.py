@@ -274,7 +274,7 @@ def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> Ledger:
     run_dir = cfg.run_dir
     ledger = Ledger(run_dir)
     try:
-        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
+        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS, normalise=_as_read_now)
     except UserError:
         busy = ledger.in_use() if new_run else []
         ledger.close()
@@ -290,6 +290,15 @@ def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> Ledger:
         ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
     atomic_write(run_dir / "config.yaml", lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
     return ledger
+
+
+def _as_read_now(recorded: dict) -> dict:
+    """A run's recorded config as this version reads it: options added since appear at their defaults (which is
+    what the run was made with). As recorded where this version cannot read it (then it differs anyway)."""
+    try:
+        return RunConfig.model_validate(recorded).fingerprint_data()
+    except ValueError:  # pydantic's ValidationError
+        return recorded
 
 
 def _recheck_done_jobs(run_dir: Path, ledger: Ledger, names: list[str]) -> None:
