@@ -13,7 +13,7 @@ from tests.test_windows import feature_frame, positions
 from trainer.baselines import fit_baselines
 from trainer.config import RunConfig
 from trainer.errors import JobError
-from trainer.evaluate import candle_scores, choose_shrink, evaluate, metrics, predict_prices
+from trainer.evaluate import candle_scores, choose_shrink, evaluate, metrics, predict_prices, significant_gain
 from trainer.models import build_model, output_shapes
 from trainer.results import CandleScores
 from trainer.windows import make_windows
@@ -180,6 +180,16 @@ def test_the_shrink_factor_is_chosen_on_the_validation_split(tmp_path):
     noise["ohlc"][..., 1] = noise["ohlc"][..., [0, 3]].max(-1) + 0.1  # candles, as a candle head makes them
     noise["ohlc"][..., 2] = noise["ohlc"][..., [0, 3]].min(-1) - 0.1
     assert [h.shrink for h in choose_shrink(noise, val, windows.preprocessing).heads] == [0.0, 0.0, 1.0]
+
+
+def test_a_shrink_is_kept_only_for_a_gain_beyond_chance_counting_overlapping_horizons():
+    rng = np.random.default_rng(0)
+    assert significant_gain(rng.normal(0.5, 1, 400), block=10)  # a real gain
+    assert not significant_gain(rng.normal(0.0, 1, 400), block=10) and not significant_gain(-np.ones(50), block=5)
+    # Gains shared by the 10 samples of a horizon (they overlap): 20 independent draws, not 200.
+    shared = np.repeat(np.tile([1.3, -0.7], 10), 10)  # mean 0.3
+    assert 0.3 / (shared.std() / np.sqrt(len(shared))) > 2  # naively "significant"
+    assert not significant_gain(shared, block=10)
 
 
 def _prices(last_close: np.ndarray, high: np.ndarray, low: np.ndarray, ret: np.ndarray) -> np.ndarray:

@@ -48,8 +48,9 @@ SHRINK_GRID = np.linspace(0.0, 1.0, 21)
 def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preprocessing: Preprocessing) -> Preprocessing:
     """The preprocessing with each head's shrink factor (Preprocessing.shrunk) chosen on `split`, the
     validation split: the factor of SHRINK_GRID whose forecasts of the head's price levels (a candle's body:
-    open and close) have the lowest MAE in price units. 0 where validation finds no deviation from "no
-    change" worth keeping. Heads without framed price levels, and quantile heads, keep 1."""
+    open and close) have the lowest MAE in price units - kept only where its gain over "no change" (factor 0)
+    is significant (significant_gain), else 0: validation found no deviation from "no change" worth keeping.
+    Heads without framed price levels, and quantile heads, keep 1."""
     factors = {}
     for head in preprocessing.heads:
         positions = preprocessing.head_positions(head)
@@ -58,11 +59,23 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
         if not judged or head.quantiles:  # a quantile head's spread is its own: never shrunk
             continue
         actual = split.y_raw[head.name][..., judged]
-        errors = [np.mean(np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
-                                                           split.last_close)[..., judged] - actual))
-                  for factor in SHRINK_GRID]
-        factors[head.name] = float(SHRINK_GRID[int(np.argmin(errors))])
+        errors = np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
+                                                            split.last_close)[..., judged] - actual)
+                           .reshape(len(actual), -1).mean(axis=1) for factor in SHRINK_GRID])  # (factors, N)
+        best = int(np.argmin(errors.mean(axis=1)))
+        gain = errors[0] - errors[best]
+        factors[head.name] = float(SHRINK_GRID[best]) if significant_gain(gain, preprocessing.horizon) else 0.0
     return preprocessing.with_shrink(factors)
+
+
+def significant_gain(gain: np.ndarray, block: int) -> bool:
+    """Whether per-sample gains (N,) in time order are positive beyond chance: their mean at least two standard
+    errors above 0, the errors of means over blocks of `block` consecutive samples (samples whose horizons
+    overlap are not independent; blocks of a horizon's length nearly are)."""
+    blocks = gain[:len(gain) // block * block].reshape(-1, block).mean(axis=1)
+    if len(blocks) < 2 or not blocks.mean() > 0:
+        return False
+    return bool(blocks.mean() >= 2 * blocks.std(ddof=1) / np.sqrt(len(blocks)))
 
 
 def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
