@@ -317,7 +317,10 @@ def test_a_job_without_skill_is_summarised_without_one():
 
 @pytest.mark.parametrize("skill, said", [(-0.0123, "skill -0.012 (WORSE than persistence: repeating the last close "
                                                   "forecasts better)"),
-                                         (0.0456, "skill +0.046 (better than persistence)")])
+                                         (0.0456, "skill +0.046 (better than persistence)"),
+                                         (0.00004, "skill +4.0e-05 (better than persistence)"),
+                                         (-0.0003, "skill -3.0e-04 (WORSE than persistence: repeating the last "
+                                                   "close forecasts better)")])
 def test_a_jobs_line_says_plainly_whether_it_beats_persistence(skill, said):
     summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.6, "skill": skill}
     assert summary_line(summary).endswith(said)

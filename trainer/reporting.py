@@ -159,7 +159,7 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
 
 def summary_line(summary: dict) -> str:
     return (f"done in {summary['epochs']} epochs, test MAE ({summary['head']}) {summary['test_mae']:.4g} vs "
-            f"persistence {summary['persistence_mae']:.4g}: skill {_fmt(summary['skill'], '+.3f')}"
+            f"persistence {summary['persistence_mae']:.4g}: skill {skill_text(summary['skill'])}"
             f"{verdict(summary['skill'])}"
             + ("; validation found no deviation from no change worth keeping" if summary.get("shrink") == 0 else "")
             + candle_phrase(summary))
@@ -251,6 +251,14 @@ def print_resume_hint(command: str, jobs: list[str]) -> None:
     during = f" during {', '.join(jobs)}" if jobs else ""
     console.print(f"\nInterrupted{during}; finished epochs are saved. Resume with:\n  {command}",
                   soft_wrap=True, markup=False, highlight=False)  # one line, to copy and paste
+
+
+def skill_text(skill: float | None) -> str:
+    """A skill to three decimals, or in two significant digits where those would show a tiny gain or loss as
+    +0.000 beside the verdict "better" or "WORSE"."""
+    if skill is not None and 0 < abs(skill) < 0.0005:
+        return f"{skill:+.1e}"
+    return _fmt(skill, "+.3f")
 
 
 def _fmt(value, spec: str = ".4g") -> str:
