@@ -115,14 +115,14 @@ def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
             for j, level in enumerate(head.quantiles):  # a quantile head: each level, e.g. close_q10
                 columns[f"{name}_q{level * 100:g}"] = quantiles[:, j, i]
     if (job_dir / HAR_FILE).is_file():
-        columns |= _expected_candles(job_dir, prices, candles, horizon)
+        columns |= _expected_candles(job_dir, prep, prices, candles)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
 
-def _expected_candles(job_dir: Path, prices: dict[str, np.ndarray], candles: pd.DataFrame,
-                      horizon: int) -> dict[str, np.ndarray]:
+def _expected_candles(job_dir: Path, prep: Preprocessing, prices: dict[str, np.ndarray],
+                      candles: pd.DataFrame) -> dict[str, np.ndarray]:
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
@@ -130,8 +130,8 @@ def _expected_candles(job_dir: Path, prices: dict[str, np.ndarray], candles: pd.
     "expected_range_pct", "close_80_low", "close_80_high"."""
     har = _job_file(job_dir, HAR_FILE, lambda path: Har.from_dict(json.loads(path.read_text())))
     scores = _job_file(job_dir, "metrics.json", JobMetrics.from_file).candles
-    head = next(h for h in _job_file(job_dir, PREPROCESSING, Preprocessing.from_file).heads if h.name == scores.head)
-    candle = prices[head.name].reshape(horizon, len(head.columns))
+    head = next(h for h in prep.heads if h.name == scores.head)
+    candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
     last_close = float(candles["close"].iloc[-1])
     network = quantities(high[None], low[None], close[None], np.array([last_close]))
