@@ -223,7 +223,7 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
-    weights, model = combine_with_har(network, val_network, fitted, test, val)
+    weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
     scores = {"head": head.name, "steps": steps}
     for quantity, names in POINT_BASELINES.items():
         own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
@@ -246,15 +246,14 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     return scores
 
 
-def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], fitted: Baselines,
-                     test: SplitWindows, val: SplitWindows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
+                     fitted: Baselines, val: SplitWindows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The high and low excursions and the range as w x the network's + (1 - w) x HAR + time of day's, w per
     quantity and step chosen on validation (baselines.combination_weights; 0: the network adds nothing to HAR
     there), like the close's shrink toward no change. Each is a median forecast of its own: the range's is not
     the high's plus the low's (the median of a sum is not the sum of the medians). -> (weights per quantity
-    (H,), the combined quantities of the test samples)."""
+    (H,), the combined quantities of the test samples). `har`: HAR's forecasts of the test samples."""
     steps = network["range"].shape[1]
-    har = {q: v[:, :steps] for q, v in fitted.forecast(test.first_target_rows)["har_tod"].items()}
     val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)["har_tod"].items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
     weights = {q: baselines.combination_weights(val_network[q], val_har[q], val_actual[q]) for q in COMBINED}

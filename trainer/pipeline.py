@@ -102,7 +102,8 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
         release_free_memory()
         scores = evaluate(predictions, windows.test, prep, unshrunk,
-                          quantiles=prep.to_prices(quantile_outputs, windows.test.last_close))
+                          quantiles=prep.to_prices(quantile_outputs, windows.test.last_close)
+                          if any(head.quantiles for head in prep.heads) else None)
         har = None
         if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
             fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
