@@ -10,9 +10,14 @@ their parameters chosen on validation, scored on the test split:
     the horizon (every step) and of the mean range of the next 10 candles vs persistence; QLIKE skill of HAR's
     root-mean-square range (har_tod_rms) vs persistence and vs EWMA
   - next-candle high / low excursion, MAE skill of HAR + time of day vs no change and vs persistence
+  - a ceiling, not a forecast: HAR + time of day given also the future's local volatility (the mean ln range,
+    less its time-of-day mean, of the 12 candles before and the 12 after the target candle; least squares with
+    ln HAR's range on the train split, the excursions as shares of it as HAR's). Its high / low MAE skill vs
+    HAR bounds what any forecast of the candles' scale can add to HAR at the next candle
   - coverage of the next return's 80 % interval (quantiles 0.1 and 0.9): EWMA-scaled, overall and by tercile
     of the EWMA volatility; static (train) quantiles; split conformal around "no change" normalised by the
-    HAR volatility (calibrate), overall and by tercile of that volatility.
+    HAR volatility and by the geometric mean of HAR's and the EWMA's (calibrate), overall and by tercile of
+    that volatility.
 Prints each series and the median [min, max] over series; writes benchmarks/results/baselines.json.
 docs/forecasting.md gives the figures to expect.
 """
@@ -30,6 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import numpy as np
+import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
@@ -37,6 +43,7 @@ from trainer import baselines as bl
 from trainer.artifacts import write_json
 from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
+from trainer.data.validate import timeframe_delta
 from trainer.files import atomic_write
 from trainer.windows import make_windows
 
@@ -59,6 +66,8 @@ COLUMNS = {
     "high_har_vs_persistence": ("high HAR/pers", "+.3f"),
     "low_har_vs_no_change": ("low HAR/no change", "+.3f"),
     "low_har_vs_persistence": ("low HAR/pers", "+.3f"),
+    "high_oracle_vs_har": ("high ceiling/HAR", "+.3f"),
+    "low_oracle_vs_har": ("low ceiling/HAR", "+.3f"),
     "cover_ewma_scaled": ("80% EWMA-scaled", ".1%"),
     "cover_ewma_scaled_t1": ("t1", ".1%"),
     "cover_ewma_scaled_t2": ("t2", ".1%"),
@@ -68,6 +77,10 @@ COLUMNS = {
     "cover_conformal_har_t1": ("t1", ".1%"),
     "cover_conformal_har_t2": ("t2", ".1%"),
     "cover_conformal_har_t3": ("t3", ".1%"),
+    "cover_conformal_har_ewma": ("80% conformal HAR x EWMA", ".1%"),
+    "cover_conformal_har_ewma_t1": ("t1", ".1%"),
+    "cover_conformal_har_ewma_t2": ("t2", ".1%"),
+    "cover_conformal_har_ewma_t3": ("t3", ".1%"),
 }
 
 
@@ -100,6 +113,7 @@ def series_figures(path: Path) -> dict:
         "range_qlike_har_vs_ewma": skill_of("range", "har_tod_rms", "ewma", "qlike"),
         **{f"{q}_har_vs_{b}": skill_of(q, "har_tod", b) for q in bl.EXCURSIONS for b in ("no_change", "persistence")},
     }
+    figures |= {f"{q}_oracle_vs_har": skill for q, skill in _ceiling(candles, fitted, windows).items()}
     returns = actual["return"][:, 0]
     quantiles = fitted.quantiles(test)
     vol_test, vol_val = fitted.volatility(test), fitted.volatility(val)
@@ -107,8 +121,10 @@ def series_figures(path: Path) -> dict:
         "ewma_scaled": (quantiles["ewma_scaled"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
         "static": (quantiles["static"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
     }
-    conformal = bl.calibrate(0.0, 0.0, fitted.actual(val)["return"][:, 0], vol_val["har"][:, 0])
-    intervals["conformal_har"] = (conformal.interval(0.0, 0.0, vol_test["har"][:, 0]), vol_test["har"][:, 0])
+    for normaliser in ("har", "har_ewma"):
+        conformal = bl.calibrate(0.0, 0.0, fitted.actual(val)["return"][:, 0], vol_val[normaliser][:, 0])
+        intervals[f"conformal_{normaliser}"] = (conformal.interval(0.0, 0.0, vol_test[normaliser][:, 0]),
+                                                vol_test[normaliser][:, 0])
     for name, ((lower, upper), scale) in intervals.items():
         covered = bl.coverage(lower, upper, returns, scale)
         figures[f"cover_{name}"] = covered["overall"]
@@ -119,6 +135,29 @@ def series_figures(path: Path) -> dict:
                   "excursion_shares_next": {q: float(s[0]) for q, s in fitted.excursion_shares.items()},
                   "n_test": len(test)}
     return {"figures": figures, "parameters": parameters}
+
+
+def _ceiling(candles, fitted: bl.Baselines, windows) -> dict[str, float]:
+    """High / low MAE skill vs HAR at the next candle of HAR given the future's local volatility (docstring)."""
+    times = candles.index if "timestamp" not in candles.columns else candles["timestamp"]
+    slot = (pd.DatetimeIndex(times).as_unit("ns").asi8 % bl.DAY.value) // timeframe_delta(fitted.timeframe).value
+    log_range = np.log(np.maximum(np.log(candles["high"] / candles["low"]).to_numpy(), fitted.floor))
+    deviation = pd.Series(log_range - fitted.time_of_day[slot])
+    around = (deviation.rolling(25, center=True, min_periods=1).sum() - deviation) / 24 + fitted.time_of_day[slot]
+    train, test = windows.train.first_target_rows, windows.test.first_target_rows  # target rows: t + 1
+
+    def design(rows: np.ndarray) -> np.ndarray:
+        har = np.log(fitted.forecast(rows)["har_tod"]["range"][:, 0])
+        return np.column_stack([np.ones(len(rows)), har, around.to_numpy()[rows]])
+
+    ceiling = np.exp(design(test) @ np.linalg.lstsq(design(train), log_range[train], rcond=None)[0])
+    fitted_train = np.exp(design(train) @ np.linalg.lstsq(design(train), log_range[train], rcond=None)[0])
+    actual_train, actual, har = fitted.actual(train), fitted.actual(test), fitted.forecast(test)["har_tod"]
+    out = {}
+    for q in bl.EXCURSIONS:
+        share = np.median(actual_train[q][:, 0] / fitted_train)
+        out[q] = bl.skill(bl.mae(share * ceiling, actual[q][:, 0]), bl.mae(har[q][:, 0], actual[q][:, 0]))
+    return out
 
 
 def summary(rows: dict[str, dict]) -> dict:

@@ -190,6 +190,12 @@ def test_a_shrink_is_kept_only_for_a_gain_beyond_chance_counting_overlapping_hor
     shared = np.repeat(np.tile([1.3, -0.7], 10), 10)  # mean 0.3
     assert 0.3 / (shared.std() / np.sqrt(len(shared))) > 2  # naively "significant"
     assert not significant_gain(shared, block=10)
+    # A gain made in one stretch of validation only: far beyond two standard errors overall, but not a gain to
+    # expect on the next stretch.
+    episode = np.concatenate([rng.normal(1.0, 0.5, 200), rng.normal(-0.05, 0.1, 200)])
+    blocks = episode.reshape(-1, 10).mean(axis=1)
+    assert blocks.mean() > 4 * blocks.std(ddof=1) / np.sqrt(len(blocks))
+    assert not significant_gain(episode, block=10)
 
 
 def _prices(last_close: np.ndarray, high: np.ndarray, low: np.ndarray, ret: np.ndarray) -> np.ndarray:

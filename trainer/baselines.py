@@ -31,9 +31,11 @@ Quantile forecasts (Baselines.quantiles) of every quantity at `levels`:
     ewma_scaled  the EWMA volatility times validation quantiles of the values divided by it
 Volatility forecasts (Baselines.volatility) of the k-step return: "ewma" (RiskMetrics: sqrt(k x EWMA of squared
 one-candle returns), alpha 0.06, i.e. lambda 0.94 - an alpha chosen on the same validation split as the
-quantiles covers the test split worse) and "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
-range^2 / (4 ln 2))). Either one normalises the residuals of `calibrate`: split conformal around any point or
-quantile forecast (Gibbs & Candes 2021).
+quantiles covers the test split worse), "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
+range^2 / (4 ln 2))) and "har_ewma", the geometric mean of the two (a combination of two volatility forecasts
+whose errors differ). Any one normalises the residuals of `calibrate`: split conformal around any point or
+quantile forecast (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of
+volatility (README "Model quality").
 Scores: mae, skill, qlike (the range), pinball (quantiles), coverage (intervals, by tercile of volatility too).
 No GARCH: `arch` is not a dependency.
 """
@@ -57,6 +59,8 @@ RISKMETRICS_ALPHA = 0.06  # of the EWMA of squared returns: RiskMetrics' lambda 
 DAY, WEEK = pd.Timedelta(days=1), pd.Timedelta(days=7)
 HAR_TERMS = ("intercept", "last", "day", "week", "time_of_day")
 HAR_FILE = "har.json"  # a job directory's Har
+VOLATILITY_NAMES = {"ewma": "the EWMA volatility (RiskMetrics)", "har": "HAR's volatility",
+                    "har_ewma": "the geometric mean of HAR's and the EWMA volatility"}  # Baselines.volatility's
 
 
 def quantities(high: np.ndarray, low: np.ndarray, close: np.ndarray, last_close: np.ndarray) -> dict[str, np.ndarray]:
@@ -82,7 +86,7 @@ class Baselines:
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
     har_log_variance: np.ndarray  # (H,) train residual variance of ln range (har_tod_rms)
     excursion_shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / har_tod range
-    volatilities: dict[str, np.ndarray]  # "ewma" / "har" -> (T, H) volatility of the k-step return
+    volatilities: dict[str, np.ndarray]  # "ewma" / "har" / "har_ewma" -> (T, H) volatility of the k-step return
     static: dict[str, np.ndarray]  # quantity -> (L, H) train quantiles
     scaled: dict[str, np.ndarray]  # quantity -> (L, H) validation quantiles of value / ewma volatility
     timeframe: str = "1h"
@@ -107,7 +111,8 @@ class Baselines:
                 "ewma_scaled": {q: s[:, None] * vol for q, s in self.scaled.items()}}
 
     def volatility(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """"ewma" / "har" -> (N, H) volatility forecasts of the k-step return (normalisers for calibrate)."""
+        """"ewma" / "har" / "har_ewma" -> (N, H) volatility forecasts of the k-step return (normalisers for
+        calibrate)."""
         return {name: _at(v, rows) for name, v in self.volatilities.items()}
 
 
@@ -122,17 +127,22 @@ class Har:
     shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
 
     def forecast(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
-        """After the last row of `frame` (candles: high, low; UTC times; the last week of them is used, fewer
-        where there are fewer): "range", "high", "low" -> (H,), and "volatility" (H,) of the k-step return."""
-        times, high, low, _ = _candles(frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):])
+        """After the last row of `frame` (candles: high, low, close; UTC times; the last week of them is used,
+        fewer where there are fewer): "range", "high", "low" -> (H,), and "volatility" -> "ewma" / "har" /
+        "har_ewma" -> (H,) of the k-step return (the EWMA's start-up weight after a week of candles: 0.94^168
+        at 1h, 3e-5)."""
+        times, high, low, close = _candles(frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):])
         log_range = np.log(np.maximum(np.log(high / low), self.floor))
         delta = timeframe_delta(self.timeframe)
         origin = np.array([len(log_range) - 1])
         log_har = np.array([_har_design(log_range, times, delta, self.time_of_day, k + 1)[origin] @ coefficients
                             for k, coefficients in enumerate(self.coefficients)])[:, 0]
         har_range = np.exp(log_har)
-        return {"range": har_range, **{q: self.shares[q] * har_range for q in EXCURSIONS},
-                "volatility": np.sqrt(np.cumsum(har_range**2) / (4 * math.log(2)))}
+        squared = pd.Series(np.diff(np.log(close)) ** 2)
+        variance = squared.ewm(alpha=RISKMETRICS_ALPHA, adjust=False).mean().to_numpy()[-1:] if len(squared) else \
+            np.zeros(1)
+        volatility = {name: v[0] for name, v in _volatilities(variance[None], har_range[None], self.floor).items()}
+        return {"range": har_range, **{q: self.shares[q] * har_range for q in EXCURSIONS}, "volatility": volatility}
 
     def to_dict(self) -> dict:
         return {"timeframe": self.timeframe, "floor": self.floor, "terms": list(HAR_TERMS),
@@ -173,7 +183,7 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
     shares = {q: np.median(values[q][train] / har_range[train], axis=0) for q in EXCURSIONS}
     levels = tuple(levels)
     variance = _ewma(values["return"][:, :1] ** 2, RISKMETRICS_ALPHA)  # (T, 1) of the one-candle return
-    ewma_vol = np.maximum(np.sqrt(variance * np.arange(1, horizon + 1)), floor)
+    volatilities = _volatilities(variance, har_range, floor)
     return Baselines(
         horizon=horizon, levels=levels, floor=floor, values=values,
         points={"no_change": {q: np.zeros_like(v) for q, v in values.items()},
@@ -183,9 +193,9 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
                 "har_tod_rms": {"range": har_range * np.exp(har_log_variance)}},
         ewma_alphas=dict(zip(QUANTITIES, alphas)), har_coefficients=har_coefficients, time_of_day=time_of_day,
         har_log_variance=har_log_variance, excursion_shares=shares,
-        volatilities={"ewma": ewma_vol, "har": np.sqrt(np.cumsum(har_range**2, axis=1) / (4 * math.log(2)))},
+        volatilities=volatilities,
         static={q: np.quantile(v[train], levels, axis=0) for q, v in values.items()},
-        scaled={q: np.quantile(v[val] / ewma_vol[val], levels, axis=0) for q, v in values.items()},
+        scaled={q: np.quantile(v[val] / volatilities["ewma"][val], levels, axis=0) for q, v in values.items()},
         timeframe=timeframe,
     )
 
@@ -363,3 +373,11 @@ def _har_design(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, t
 def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
     """Arrays held at every origin -> those of the samples whose first target rows are `rows`."""
     return values[np.asarray(rows) - 1]
+
+
+def _volatilities(variance: np.ndarray, har_range: np.ndarray, floor: float) -> dict[str, np.ndarray]:
+    """(N, 1) EWMA variance of the one-candle return and (N, H) har_tod ranges -> "ewma", "har", "har_ewma":
+    (N, H) volatilities of the k-step return (module docstring)."""
+    ewma = np.maximum(np.sqrt(variance * np.arange(1, har_range.shape[1] + 1)), floor)
+    har = np.sqrt(np.cumsum(har_range**2, axis=1) / (4 * math.log(2)))
+    return {"ewma": ewma, "har": har, "har_ewma": np.sqrt(ewma * har)}

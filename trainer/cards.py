@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
+from .baselines import VOLATILITY_NAMES
 from .results import DataInfo, JobMetrics
 from .windows import Preprocessing
 
@@ -211,8 +212,9 @@ def _candles_text(metrics: JobMetrics) -> str:
                                                      ("no_change", "persistence", "ewma", "har_tod"))
                      + f" | {_num(alone)} | {_num(weight)} |")
     interval = candles.interval
-    lines += ["", f"80 % interval of the next close (split conformal on validation, residuals normalised by HAR's "
-                  f"volatility): it held {_num(interval.coverage)} of the test split; by tercile of that volatility "
+    lines += ["", f"80 % interval of the next close (split conformal on validation, residuals normalised by "
+                  f"{VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}): it held "
+                  f"{_num(interval.coverage)} of the test split; by tercile of that volatility "
                   + " / ".join(_num(c) for c in interval.coverage_by_tercile) + "."]
     return "\n".join(lines)
 

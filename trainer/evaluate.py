@@ -69,11 +69,12 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
 
 
 def significant_gain(gain: np.ndarray, block: int) -> bool:
-    """Whether per-sample gains (N,) in time order are positive beyond chance: their mean at least two standard
-    errors above 0, the errors of means over blocks of `block` consecutive samples (samples whose horizons
-    overlap are not independent; blocks of a horizon's length nearly are)."""
+    """Whether per-sample gains (N,) in time order are positive beyond chance and not in one stretch only: their
+    mean at least two standard errors above 0, the errors of means over blocks of `block` consecutive samples
+    (samples whose horizons overlap are not independent; blocks of a horizon's length nearly are), and positive
+    in each half (a gain made in one episode of the validation split is not one to expect on the next)."""
     blocks = gain[:len(gain) // block * block].reshape(-1, block).mean(axis=1)
-    if len(blocks) < 2 or not blocks.mean() > 0:
+    if len(blocks) < 2 or not blocks.mean() > 0 or not all(half.mean() > 0 for half in np.array_split(blocks, 2)):
         return False
     return bool(blocks.mean() >= 2 * blocks.std(ddof=1) / np.sqrt(len(blocks)))
 
@@ -198,7 +199,7 @@ POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod"),
                    "range": ("persistence", "ewma", "har_tod")}  # no change's range of 0 is no forecast of one
 INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
 INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
-INTERVAL_NORMALISER = "har"  # the volatility forecast the conformal residuals are divided by
+INTERVAL_NORMALISER = "har_ewma"  # the volatility forecast the conformal residuals are divided by (baselines)
 COMBINED = ("high", "low", "range")  # the quantities forecast as the network's combined with HAR's
 
 

@@ -126,8 +126,8 @@ def _expected_candles(job_dir: Path, prep: Preprocessing, prices: dict[str, np.n
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
-    network's close widened by the validation margin x HAR's volatility): "expected_high", "expected_low",
-    "expected_range_pct", "close_80_low", "close_80_high"."""
+    network's close widened by the validation margin x the volatility it was calibrated with): "expected_high",
+    "expected_low", "expected_range_pct", "close_80_low", "close_80_high"."""
     har = _job_file(job_dir, HAR_FILE, lambda path: Har.from_dict(json.loads(path.read_text())))
     scores = _job_file(job_dir, "metrics.json", JobMetrics.from_file).candles
     head = next(h for h in prep.heads if h.name == scores.head)
@@ -138,7 +138,8 @@ def _expected_candles(job_dir: Path, prep: Preprocessing, prices: dict[str, np.n
     baseline = har.forecast(candles)
     weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
     combined = {q: weight[q] * network[q][0] + (1 - weight[q]) * baseline[q][:len(weight[q])] for q in COMBINED}
-    spread = np.asarray(scores.interval.margin) * baseline["volatility"][:len(scores.interval.margin)]
+    volatility = baseline["volatility"][scores.interval.normaliser]  # "har" in runs of earlier versions
+    spread = np.asarray(scores.interval.margin) * volatility[:len(scores.interval.margin)]
     return {"expected_high": last_close * np.exp(combined["high"]),
             "expected_low": last_close * np.exp(-combined["low"]),
             "expected_range_pct": 100 * np.expm1(combined["range"]),
