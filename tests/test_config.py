@@ -30,10 +30,14 @@ def test_family_configs_match_the_specification(name):
         assert (train.learning_rate, train.clipvalue, train.batch_size, train.epochs) == (0.001, 1.0, 32, 150)
         assert cfg.train.reduce_lr.min_lr == 1e-7
     else:
-        assert len(cfg.features.columns) == 12
+        # V7's 12 inputs, then the 10 of the candles' size and time that issue 20's bench-skill supports.
+        assert len(cfg.features.columns) == 22
+        assert cfg.features.columns[12:] == ["log_range", "parkinson", "garman_klass", "range_day", "range_week",
+                                             "range_time_of_day", "time_of_day_sin", "time_of_day_cos",
+                                             "day_of_week_sin", "day_of_week_cos"]
         assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (60, 10, "standard")
-        assert [(h.name, len(h.columns), h.weight) for h in cfg.heads] == [("ohlc", 4, 1.0), ("bb", 2, 0.8),
-                                                                          ("volatility", 1, 0.3)]
+        assert [(h.name, len(h.columns), h.weight, h.loss) for h in cfg.heads] == [
+            ("ohlc", 4, 1.0, "mae"), ("bb", 2, 0.8, "mse"), ("volatility", 1, 0.3, "mse")]
         assert (cfg.train.learning_rate, cfg.train.batch_size, cfg.train.epochs) == (0.0005, 16, 100)
         third_encoder = cfg.model.layers[4]
         assert third_encoder.units == 32
