@@ -16,8 +16,6 @@ from typing import Annotated, Literal
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -26,17 +24,19 @@ from pydantic import (
 )
 
 from .errors import UserError
+from .indicators import OHLCV, Indicator
+from .layers import Layer
+from .specs import Strict, listed
+
+INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/indicators.py
+LAYER_KINDS = tuple(Layer.kinds)
+RECURRENT_KINDS = tuple(kind for kind, spec in Layer.kinds.items() if spec.recurrent)
 
 TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
-OHLCV = ("open", "high", "low", "close", "volume")
 
 
 class ConfigError(UserError):
     """A bad config or override: the message is one line naming the file and the key path."""
-
-
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 # ----------------------------------------------------------------------------- data
@@ -176,141 +176,9 @@ def _no_duplicates(items: list[str], what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- features
-# One entry per output column; the entry's `name` is both the indicator kind and the column name
-# (names as the old scripts used them).
-class _Indicator(Strict):
-    pass
-
-
-class Rsi(_Indicator):
-    name: Literal["rsi"]
-    window: int = Field(14, gt=1)
-
-
-class Macd(_Indicator):
-    name: Literal["macd"]
-    fast: int = Field(12, gt=0)
-    slow: int = Field(26, gt=0)
-
-
-class MacdSignal(_Indicator):
-    name: Literal["signal"]
-    fast: int = Field(12, gt=0)
-    slow: int = Field(26, gt=0)
-    signal: int = Field(9, gt=0)
-
-
-class _Bollinger(_Indicator):
-    window: int = Field(20, gt=1)
-    std: float = Field(2.0, gt=0)
-
-
-class BbUpper(_Bollinger):
-    name: Literal["bb_upper"]
-
-
-class BbLower(_Bollinger):
-    name: Literal["bb_lower"]
-
-
-class BbWidthPct(_Bollinger):
-    name: Literal["bb_width_pct"]
-
-
-class BbPosition(_Bollinger):
-    name: Literal["bb_position"]
-
-
-class Volatility(_Indicator):
-    name: Literal["volatility"]
-    window: int = Field(20, gt=1)
-
-
-class Atr(_Indicator):
-    name: Literal["atr"]
-    window: int = Field(14, gt=1)
-
-
-class Roc(_Indicator):
-    name: Literal["roc"]
-    window: int = Field(12, gt=0)
-
-
-class VolumeNorm(_Indicator):
-    name: Literal["volume_norm"]
-    window: int = Field(20, gt=1)
-
-
-# The size of candles: what volatility clustering makes predictable (docs/forecasting.md).
-class LogRange(_Indicator):
-    """ln(high / low) of the candle itself."""
-    name: Literal["log_range"]
-
-
-class Parkinson(_Indicator):
-    """Parkinson's range-based volatility over `window` candles: sqrt(mean(ln(high / low)^2) / (4 ln 2))."""
-    name: Literal["parkinson"]
-    window: int = Field(20, gt=0)
-
-
-class GarmanKlass(_Indicator):
-    """Garman-Klass volatility over `window` candles: sqrt(mean(ln(high / low)^2 / 2 - (2 ln 2 - 1)
-    ln(close / open)^2))."""
-    name: Literal["garman_klass"]
-    window: int = Field(20, gt=0)
-
-
-# HAR's regressors (Corsi 2009), computed from the candles up to each row (nothing to fit): the mean ln range
-# over the last day and the last week (in candles of the series' spacing), and the mean ln range so far of the
-# candles at the next candle's time of day.
-class RangeDay(_Indicator):
-    name: Literal["range_day"]
-
-
-class RangeWeek(_Indicator):
-    name: Literal["range_week"]
-
-
-class RangeTimeOfDay(_Indicator):
-    name: Literal["range_time_of_day"]
-
-
-# When a candle is: the daily and weekly rhythm of volatility, cyclic (sin and cos: 23:00 is next to 00:00).
-class _Cyclic(_Indicator):
-    pass
-
-
-class TimeOfDaySin(_Cyclic):
-    name: Literal["time_of_day_sin"]
-
-
-class TimeOfDayCos(_Cyclic):
-    name: Literal["time_of_day_cos"]
-
-
-class DayOfWeekSin(_Cyclic):
-    name: Literal["day_of_week_sin"]
-
-
-class DayOfWeekCos(_Cyclic):
-    name: Literal["day_of_week_cos"]
-
-
-Indicator = Annotated[
-    Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm
-    | LogRange | Parkinson | GarmanKlass | RangeDay | RangeWeek | RangeTimeOfDay | TimeOfDaySin | TimeOfDayCos
-    | DayOfWeekSin | DayOfWeekCos,
-    Field(discriminator="name"),
-]
-INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
-              "volatility", "atr", "roc", "volume_norm", "log_range", "parkinson", "garman_klass", "range_day",
-              "range_week", "range_time_of_day", "time_of_day_sin", "time_of_day_cos", "day_of_week_sin",
-              "day_of_week_cos")
-
-
 class FeaturesConfig(Strict):
-    base: list[Literal["open", "high", "low", "close", "volume"]] = ["open", "high", "low", "close"]
-    indicators: list[Indicator] = []
+    base: list[Literal[OHLCV]] = ["open", "high", "low", "close"]
+    indicators: list[listed(Indicator)] = []
 
     @model_validator(mode="after")
     def _unique_columns(self) -> FeaturesConfig:
@@ -393,76 +261,10 @@ class HeadConfig(Strict):
 
 # ----------------------------------------------------------------------------- model layers
 # Field names are Keras's own argument names, so each spec maps straight onto its layer class.
-class _Recurrent(Strict):
-    units: int = Field(gt=0)
-    return_sequences: bool = False
-    dropout: float = Field(0.0, ge=0, lt=1)
-    recurrent_dropout: float = Field(0.0, ge=0, lt=1)
-    activation: str = "tanh"
-    recurrent_activation: str = "sigmoid"
-    use_bias: bool = True
-    unroll: bool = False
-
-
-class LstmLayer(_Recurrent):
-    kind: Literal["lstm"]
-
-
-class GruLayer(_Recurrent):
-    kind: Literal["gru"]
-
-
-class BiLstmLayer(_Recurrent):
-    kind: Literal["bilstm"]
-    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
-
-
-class BiGruLayer(_Recurrent):
-    kind: Literal["bigru"]
-    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
-
-
-class DenseLayer(Strict):
-    kind: Literal["dense"]
-    units: int = Field(gt=0)
-    activation: str | None = None
-
-
-class TimeDenseLayer(Strict):
-    """A Dense layer applied at every time step (TimeDistributed)."""
-    kind: Literal["time_dense"]
-    units: int = Field(gt=0)
-    activation: str | None = None
-
-
-class DropoutLayer(Strict):
-    kind: Literal["dropout"]
-    rate: float = Field(gt=0, lt=1)
-
-
-class LayerNormLayer(Strict):
-    kind: Literal["layernorm"]
-    epsilon: float = Field(1e-3, gt=0)
-
-
-class RepeatVectorLayer(Strict):
-    kind: Literal["repeat_vector"]
-    n: int | None = Field(None, gt=0)  # None: the window horizon
-
-
-Layer = Annotated[
-    LstmLayer | GruLayer | BiLstmLayer | BiGruLayer | DenseLayer | TimeDenseLayer | DropoutLayer
-    | LayerNormLayer | RepeatVectorLayer,
-    Field(discriminator="kind"),
-]
-LAYER_KINDS = ("lstm", "gru", "bilstm", "bigru", "dense", "time_dense", "dropout", "layernorm", "repeat_vector")
-RECURRENT_KINDS = ("lstm", "gru", "bilstm", "bigru")
-
-
 class ModelConfig(Strict):
     """The trunk, in order. Each head becomes a linear Dense on top (per time step if the trunk
     ends in a sequence)."""
-    layers: list[Layer] = Field(min_length=1)
+    layers: list[listed(Layer)] = Field(min_length=1)
 
 
 # ----------------------------------------------------------------------------- training
@@ -703,9 +505,6 @@ def _list_index(node: list, part: str, override: str, path: Path) -> int:
     return int(part)
 
 
-_UNION_TAGS = set(INDICATORS) | set(LAYER_KINDS)
-
-
 def format_validation_error(exc: ValidationError, path: Path) -> str:
     """`configs/x.yaml: train.epochs: Input should be greater than 0` (+ how many more)."""
     errors = exc.errors()
@@ -714,9 +513,6 @@ def format_validation_error(exc: ValidationError, path: Path) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
-    elif first["type"] == "union_tag_invalid":
-        message = f"unknown kind '{first['input'].get('kind', first['input'].get('name'))}'; expected one of: " \
-                  f"{first['ctx']['expected_tags']}"
     elif first["type"] == "missing":
         message = "required key is missing"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -724,15 +520,5 @@ def format_validation_error(exc: ValidationError, path: Path) -> str:
 
 
 def _format_loc(loc: tuple) -> str:
-    out = ""
-    previous = None
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif isinstance(previous, int) and part in _UNION_TAGS:
-            pass  # pydantic's discriminated-union tag, not a key the user wrote
-        else:
-            out += ("." if out else "") + str(part)
-        previous = part
-    return out
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).removeprefix(".")
 
