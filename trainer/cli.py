@@ -350,10 +350,9 @@ def download(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
-    from .data import has_downloads
     from .reporting import JobLines, download_line, download_summary
 
-    if not has_downloads(cfg):
+    if not cfg.data.chosen.downloads:
         click.echo(f"data.source is {cfg.data.source}: nothing to download")
         return
     with JobLines("Downloading", len(jobs)) as lines:

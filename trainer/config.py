@@ -9,7 +9,6 @@ import hashlib
 import json
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -23,7 +22,19 @@ from pydantic import (
     model_validator,
 )
 
+from .data.sources import (
+    BinanceSource,
+    FilePattern,
+    FreqtradeSource,
+    HfSource,
+    LocalSource,
+    Source,
+    SyntheticSource,
+    check_file_pattern,
+    check_repo_id,
+)
 from .errors import UserError
+from .files import beside_package
 from .indicators import OHLCV, Indicator
 from .layers import Layer
 from .specs import Strict, listed
@@ -40,103 +51,20 @@ class ConfigError(UserError):
 
 
 # ----------------------------------------------------------------------------- data
-def _file_pattern(pattern: str) -> str:
-    try:
-        pattern.format(symbol="BTCUSDT", timeframe="1h")
-    except (KeyError, IndexError, ValueError):
-        raise ValueError(f"{pattern!r} may only use the placeholders {{symbol}} and {{timeframe}}") from None
-    return pattern
-
-
-def _repo_id(repo_id: str) -> str:
-    from huggingface_hub.errors import HFValidationError  # the Hub client's own rule, imported when needed
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
-    return repo_id
-
-
-def _date(date: str) -> str:
-    try:
-        datetime.fromisoformat(date)
-    except ValueError:
-        raise ValueError(f"{date!r} is not a date (YYYY-MM-DD, UTC)") from None
-    return date
-
-
 def _repo_template(template: str) -> str:
-    repo_id = _file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
+    repo_id = check_file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
     if "/" not in repo_id:  # the Hub takes a bare name too, but a push should say whose repo it is
         raise ValueError(f"{template!r}: expected NS/NAME, the namespace (user or organisation) first")
-    _repo_id(repo_id)
+    check_repo_id(repo_id)
     return template
 
 
-FilePattern = Annotated[str, AfterValidator(_file_pattern)]  # a file name per symbol and timeframe
-RepoId = Annotated[str, AfterValidator(_repo_id)]
 RepoTemplate = Annotated[str, AfterValidator(_repo_template)]  # a repo id, or one per symbol and timeframe
-IsoDate = Annotated[str, AfterValidator(_date)]
-
-
-BUNDLED_CANDLES = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
-
-
-class LocalSource(Strict):
-    """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
-    path: Path = BUNDLED_CANDLES
-    pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
-
-    def directory(self) -> Path:
-        """`path`, relative to the cwd. The default, data/ohlcv, where the cwd has no such directory (cryptotrain
-        installed with pip, run anywhere), is the copy of the bundled candles installed with the package."""
-        if self.path == BUNDLED_CANDLES and not self.path.is_dir():
-            return _beside_package("bundled_data/ohlcv", BUNDLED_CANDLES)
-        return self.path
-
-
-class FreqtradeSource(Strict):
-    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
-    (trainer/data/freqtrade.py)."""
-    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
-
-
-class HfSource(Strict):
-    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
-    repo_id: RepoId = "zongowo111/cpb-models"
-    repo_type: Literal["dataset", "model"] = "dataset"
-    revision: str = "main"
-    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
-
-
-class BinanceSource(Strict):
-    """Public spot klines (no API key), downloaded once into the cache."""
-    base_url: str = "https://api.binance.com"
-    start: IsoDate = "2024-01-01"
-    end: IsoDate | None = None  # None: up to now
-
-    @model_validator(mode="after")
-    def _start_before_end(self) -> BinanceSource:
-        if self.end is not None and _utc(self.start) >= _utc(self.end):
-            raise ValueError(f"start {self.start} is not before end {self.end}")
-        return self
-
-
-def _utc(date: str) -> datetime:
-    stamp = datetime.fromisoformat(date)
-    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
-
-
-class SyntheticSource(Strict):
-    """Deterministic generated candles, for demos and tests only (always labelled synthetic)."""
-    seed: int = 7
-    rows: int = Field(3000, gt=0)
+SOURCES = tuple(Source.kinds)  # data.source: a section of DataConfig each
 
 
 class DataConfig(Strict):
-    source: Literal["local", "hf", "binance", "synthetic", "freqtrade"]
+    source: Literal[SOURCES]
     symbols: list[str]
     timeframes: list[str]
     max_rows: int | None = Field(None, gt=0)
@@ -145,6 +73,11 @@ class DataConfig(Strict):
     binance: BinanceSource = BinanceSource()
     synthetic: SyntheticSource = SyntheticSource()
     freqtrade: FreqtradeSource = FreqtradeSource()
+
+    @property
+    def chosen(self) -> Source:
+        """The section that data.source names: where the run's candles come from."""
+        return getattr(self, self.source)
 
     @field_validator("symbols")
     @classmethod
@@ -418,15 +351,7 @@ def _canonical_json(data: object) -> str:
 # ----------------------------------------------------------------------------- loading
 def bundled_configs_dir() -> Path:
     """Configs shipped with the package (wheel) or beside it (editable install / checkout)."""
-    return _beside_package("bundled_configs", Path("configs"))
-
-
-def _beside_package(in_wheel: str, in_checkout: Path) -> Path:
-    """A directory the wheel installs inside the package (pyproject's force-include), or the checkout's own
-    for an editable install."""
-    here = Path(__file__).resolve().parent
-    wheel_dir = here / in_wheel
-    return wheel_dir if wheel_dir.is_dir() else here.parent / in_checkout
+    return beside_package("bundled_configs", Path("configs"))
 
 
 def resolve_config_path(name: str | Path) -> Path:

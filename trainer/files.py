@@ -76,3 +76,11 @@ def native_stderr_silenced() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def beside_package(in_wheel: str, in_checkout: Path) -> Path:
+    """A directory the wheel installs inside the package (pyproject's force-include), or the checkout's own
+    for an editable install."""
+    here = Path(__file__).resolve().parent
+    wheel_dir = here / in_wheel
+    return wheel_dir if wheel_dir.is_dir() else here.parent / in_checkout

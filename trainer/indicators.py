@@ -22,9 +22,9 @@ from ta.momentum import ROCIndicator, RSIIndicator
 from ta.trend import MACD
 from ta.volatility import BollingerBands
 
+from .data.validate import OHLCV
 from .specs import Kind
 
-OHLCV = ("open", "high", "low", "close", "volume")  # the candles' columns (config.OHLCV)
 DAY = pd.Timedelta(days=1)
 
 
