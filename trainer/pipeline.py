@@ -91,7 +91,8 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
                                output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
-        result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
+        result = fit(model, windows, cfg.train, backup_dir,
+                     callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
         prep = windows.preprocessing
         val_outputs = prep.point(predict_fixed_batches(model, windows.val.x))
         if cfg.window.shrink:

@@ -22,10 +22,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from . import artifacts
-from .config import BUDGET_KEYS, FREE_KEYS, ExecutorConfig, HubConfig, RunConfig, TrainConfig
+from .config import FREE_KEYS, ExecutorConfig, HubConfig, RunConfig
 from .data import input_digest
 from .device import cudnn_report, setup
 from .errors import Interrupted, JobError, RunStopped, UserError, first_line
@@ -37,7 +36,7 @@ from .ledger import JobRecord, Ledger, LostClaim
 from .pipeline import JobResult, prepare, tensorboard_dir
 from .reporting import summary_line, write_summary
 from .results import JobMetrics
-from .training import FINISHED, EpochCheckpoint, replay_budget
+from .resume import FINISHED, budget_plan
 
 log = logging.getLogger("cryptotrain")
 
@@ -232,7 +231,7 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
         return None
     if metrics.fingerprint != cfg.fingerprint():
         return None
-    plan = budget_plan(cfg, final, backup)
+    plan = budget_plan(cfg.train, final, backup)
     if plan is None or plan.action == "keep":
         return existing, metrics
     progress.note(f"{job.name}: {plan.reason}")
@@ -316,43 +315,10 @@ def _fit_done_jobs_to_budget(cfg: RunConfig, ledger: Ledger, names: list[str]) -
     back to pending: train_job extends or retrains them (see budget_plan)."""
     for record in ledger.jobs():
         if record.name in names and record.status == "done":
-            plan = budget_plan(cfg, artifacts.jobs_dir(cfg.run_dir) / record.name, cfg.run_dir / BACKUPS / record.name)
+            plan = budget_plan(cfg.train, artifacts.jobs_dir(cfg.run_dir) / record.name,
+                               cfg.run_dir / BACKUPS / record.name)
             if plan is not None and plan.action != "keep":
                 ledger.mark_pending(record.name, plan.reason)
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    action: str  # keep | extend | retrain
-    reason: str
-
-
-def budget_plan(cfg: RunConfig, job_dir: Path, backup: Path) -> BudgetPlan | None:
-    """What a finished job needs when the config's training budget (BUDGET_KEYS) is not the one it trained with;
-    None when it is. Its recorded epochs are replayed against the new budget (training.replay_budget):
-    - the new budget would have stopped it before its last epoch: trained again from scratch (the weights of
-      that epoch are not kept);
-    - it would have stopped at the same epoch: kept as it is;
-    - it would have gone on: training goes on from its last epoch's checkpoint, as if never stopped (from
-      scratch when no checkpoint was kept)."""
-    trained = TrainConfig.model_validate(yaml.safe_load((job_dir / "config.yaml").read_text())["train"])
-    changes = [f"{key} {old} -> {new}" for key, old, new in zip(BUDGET_KEYS, _budget(trained), _budget(cfg.train))
-               if old != new]
-    if not changes:
-        return None
-    history = pd.read_csv(job_dir / "history.csv")
-    stop, ran = replay_budget(history, cfg.train), len(history)
-    if stop == ran:
-        return BudgetPlan("keep", f"{', '.join(changes)}: trains it the same ({ran} epochs)")
-    if stop is None and EpochCheckpoint(backup).exists():
-        return BudgetPlan("extend", f"{', '.join(changes)}: training goes on after epoch {ran}")
-    why = f"would have stopped at epoch {stop} of its {ran}" if stop is not None else "no checkpoint kept to go on from"
-    return BudgetPlan("retrain", f"{', '.join(changes)}: trained again from scratch ({why})")
-
-
-def _budget(train: TrainConfig) -> tuple[int, int | None]:
-    """train's values of BUDGET_KEYS, in that order."""
-    return train.epochs, train.early_stopping.patience if train.early_stopping else None
 
 
 def _retry_failed_jobs(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int,
