@@ -14,11 +14,7 @@ from trainer.errors import UserError
 from trainer.models import LAYERS, Pinball, build_model, count_params, output_shapes
 from trainer.windows import make_windows
 
-
-@pytest.fixture(autouse=True)
-def _fresh_keras_session():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
 
 def lstm(units: int, inputs: int) -> int:

@@ -27,7 +27,7 @@ from .files import atomic_write
 from .models import build_model, compile_settings
 from .windows import SplitWindows, Windows, float32
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- compiled-model reuse

@@ -27,7 +27,7 @@ from .hf import hf_file, hf_label
 from .synthetic import synthetic_candles
 from .validate import count_gaps
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 NOTHING_TO_DOWNLOAD = ("local", "freqtrade", "synthetic")  # sources read where they are
 
