@@ -18,11 +18,7 @@ from trainer.layers import Layer
 from trainer.models import Pinball, build_model, count_params, output_shapes
 from trainer.windows import make_windows
 
-
-@pytest.fixture(autouse=True)
-def _fresh_keras_session():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
 
 def lstm(units: int, inputs: int) -> int:

@@ -225,7 +225,7 @@ def test_a_damaged_checkpoint_falls_back_and_never_fails_the_job(tmp_path, monke
         (backup / name).write_bytes(content[:len(content) // 2])
 
     begun = EpochsBegun()
-    with caplog.at_level("WARNING", logger="cryptotrain"):
+    with caplog.at_level("WARNING", logger="trainer"):
         _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
     assert begun.epochs == resumes_at
     assert result.history["epoch"].tolist() == [1, 2, 3]

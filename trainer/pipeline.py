@@ -30,6 +30,7 @@ from .data import load_candles
 from .errors import JobError
 from .evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from .features import implausible_jump, load_features
+from .files import write_json
 from .jobs import Job
 from .models import output_shapes
 from .results import JobMetrics
@@ -164,7 +165,7 @@ def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, p
                     predictions: dict[str, np.ndarray], har: Har | None = None) -> None:
     model.save(stage / "model.keras")
     if har is not None:  # predict's expected high / low and interval after the latest candles
-        artifacts.write_json(stage / HAR_FILE, har.to_dict())
+        write_json(stage / HAR_FILE, har.to_dict())
     replace(prep, symbol=job.symbol, timeframe=job.timeframe,
             indicators=tuple(ind.model_dump(mode="json") for ind in cfg.features.indicators)
             ).to_file(stage / "preprocessing.json")

@@ -31,7 +31,7 @@ from .config import BUDGET_KEYS, TrainConfig
 from .errors import first_line
 from .files import atomic_write
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 # In a job's backup directory: the weights training ended with, and the epochs' rows (history and the callbacks'
 # counters). EpochCheckpoint and ResumableState name their other files.

@@ -38,7 +38,7 @@ from .reporting import summary_line, write_summary
 from .results import JobMetrics
 from .resume import FINISHED, budget_plan
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 # `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
 # would otherwise approach the Hub's limit of about 128 commits per hour per repo.

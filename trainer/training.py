@@ -24,7 +24,7 @@ from .models import build_model, compile_settings
 from .resume import FINISHED, EpochCheckpoint, ResumableState, assign, resumable_callbacks, resume, save_weights
 from .windows import SplitWindows, Windows, float32
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- compiled-model reuse

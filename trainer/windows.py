@@ -37,6 +37,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .config import CANDLE, Split, WindowConfig
 from .config import HeadConfig as HeadSpec
 from .errors import JobError, UserError
+from .files import write_json
 from .indicators import Indicator
 
 SPLITS = ("train", "val", "test")
@@ -352,8 +353,6 @@ class Preprocessing:
         }
 
     def to_file(self, path: Path) -> None:
-        from .artifacts import write_json
-
         write_json(path, self.to_dict())
 
     @classmethod

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from ..config import RunConfig
     from ..jobs import Job
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 
 def load_candles(cfg: RunConfig, symbol: str, timeframe: str) -> pd.DataFrame:

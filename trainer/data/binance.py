@@ -45,7 +45,7 @@ BACKOFF_S = 1.0  # first wait without a Retry-After; doubles on each attempt
 MAX_RETRY_AFTER_S = 300  # a longer ban is reported rather than waited out
 RATE_LIMITED = (418, 429)  # 418: banned for a while
 TIMEOUT_S = 30
-log = logging.getLogger("cryptotrain")  # a damaged stored file (downloaded again)
+log = logging.getLogger(__name__)  # a damaged stored file (downloaded again)
 
 Sleep = Callable[[float], None]
 
