@@ -40,11 +40,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer import baselines as bl
-from trainer.artifacts import write_json
 from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
 from trainer.data.validate import timeframe_delta
-from trainer.files import atomic_write
+from trainer.files import atomic_write, write_json
 from trainer.windows import make_windows
 
 REPO = Path(__file__).resolve().parents[1]

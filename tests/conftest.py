@@ -22,6 +22,14 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture
+def fresh_keras_session():
+    """For tests that build Keras models: the next test starts from a clear session."""
+    import keras  # here, not at the top: conftest loads for every test, and loading Keras takes seconds
+    yield
+    keras.backend.clear_session()
+
+
 def tiny_config_dict(tmp_path: Path, **sections) -> dict:
     """A small V7-shaped config over the bundled real candles; sections replace top-level keys."""
     cfg = {

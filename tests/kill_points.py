@@ -18,7 +18,7 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from trainer import artifacts, executors, files, pipeline, training
+from trainer import artifacts, executors, files, pipeline, resume, training
 from trainer.cli import main
 
 
@@ -62,7 +62,7 @@ def install(point: str, marker: Path) -> None:
         training.StepTimer.on_train_batch_begin = pause_once(lambda self, batch, logs=None: None, marker,
                                                              when=in_second_epoch)
     elif point == "checkpoint":
-        write = training.EpochCheckpoint._write
+        write = resume.EpochCheckpoint._write
 
         def half_written_then_paused(tmp, arrays):
             write(tmp, arrays)
@@ -71,7 +71,7 @@ def install(point: str, marker: Path) -> None:
                 tmp.write_bytes(content[:len(content) // 2])
                 marker.write_text("paused")
                 time.sleep(600)
-        training.EpochCheckpoint._write = staticmethod(half_written_then_paused)
+        resume.EpochCheckpoint._write = staticmethod(half_written_then_paused)
     elif point == "artifacts":
         artifacts.commit = pause_once(artifacts.commit, marker)
     elif point.startswith("write:"):  # files.atomic_write syncs its temp file before the rename

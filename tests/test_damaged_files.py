@@ -91,11 +91,12 @@ def test_garbage_in_place_of_a_file_the_tool_reads_back_never_fails_the_job(fini
         _forget_the_job(tmp_path / "run")
 
     for attempt in range(2):  # and the run after it has nothing left to warn about
-        with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+        with caplog.at_level(logging.WARNING, logger="trainer"):
             caplog.clear()
             result = _run(config, *(EXTEND if trigger == "extend" else ()))
         assert result.exit_code == 0, result.output
-        warnings = [r.getMessage() for r in caplog.records if r.name == "cryptotrain" and r.levelno >= logging.WARNING]
+        warnings = [r.getMessage() for r in caplog.records
+                    if r.name.startswith("trainer.") and r.levelno >= logging.WARNING]
         if attempt == 0:
             assert len(warnings) == 1 and damaged.name in warnings[0] and said in warnings[0], warnings
             assert warnings[0].endswith(FALLBACK[kind]), warnings

@@ -268,7 +268,7 @@ def test_a_damaged_stored_file_is_downloaded_again_with_one_warning(tmp_path, ex
     stored.write_bytes(b"\x00garbage, not gzip")
     requests = len(exchange.requests)
 
-    with caplog.at_level("WARNING", logger="cryptotrain"):
+    with caplog.at_level("WARNING", logger="trainer"):
         again = load_candles(cfg, "BTCUSDT", "1h")
     pd.testing.assert_frame_equal(again, candles)
     assert len(exchange.requests) > requests  # downloaded again

@@ -125,7 +125,7 @@ def test_two_different_candles_at_one_time_are_an_error(tmp_path):
 def test_gaps_are_counted_and_reported(tmp_path, caplog):
     table = real_rows(200).drop(index=[20, 21, 150])
     path = write_csv(table, tmp_path / "BTCUSDT_1h.csv")
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         candles = load_candles(local_cfg(tmp_path, tmp_path, pattern="{symbol}_{timeframe}.csv"), "BTCUSDT", "1h")
     assert candles.attrs["gaps"] == 3 and len(candles) == 197
     assert "3 candles missing (gaps)" in caplog.text and str(path) in caplog.text

@@ -18,11 +18,7 @@ from trainer.models import build_model, output_shapes
 from trainer.results import CandleScores
 from trainer.windows import make_windows
 
-
-@pytest.fixture(autouse=True)
-def _fresh_keras_session():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
 
 def test_metrics_on_a_single_step_head():

@@ -2,17 +2,21 @@
 configured parameters, and collinearity detection."""
 from __future__ import annotations
 
+from typing import ClassVar, Literal
+
 import numpy as np
 import pandas as pd
 import pytest
 from numpy.lib.stride_tricks import sliding_window_view
 from ta.volatility import AverageTrueRange
 
-from tests.conftest import CANDLES_DIR
-from trainer.config import INDICATORS, OHLCV, FeaturesConfig
+from tests.conftest import CANDLES_DIR, tiny_config_dict
+from trainer.config import INDICATORS, OHLCV, FeaturesConfig, RunConfig
 from trainer.data import read_candles_file
 from trainer.errors import JobError
 from trainer.features import collinear_columns, compute_features
+from trainer.indicators import Candles, Indicator
+from trainer.windows import make_windows
 
 SERIES = ["BTCUSDT_1h", "DOGEUSDT_15m"]
 V8_STABLE = FeaturesConfig(indicators=[{"name": name} for name in INDICATORS])  # every indicator, defaults
@@ -210,3 +214,28 @@ def test_collinear_columns_finds_volatility_and_bb_width_only(candles):
     assert pairs[0][2] == pytest.approx(1.0, abs=1e-9)
     # Price levels (open vs close, bb_upper vs close) share a trend but are not collinear.
     assert collinear_columns(features, ["open", "close", "bb_upper", "bb_lower"]) == []
+
+
+@pytest.fixture
+def typical_price():
+    """A new indicator, added as a user would: this one class, nothing else."""
+    class TypicalPrice(Indicator):
+        """(high + low + close) / 3: a price, so framed like one."""
+        framing: ClassVar[str] = "level"
+        name: Literal["typical_price"]
+
+        def compute(self, candles: Candles) -> np.ndarray:
+            return ((candles.high + candles.low + candles.close) / 3).to_numpy()
+
+    yield TypicalPrice
+    del Indicator.kinds["typical_price"]
+
+
+def test_a_new_indicator_is_one_class(tmp_path, typical_price):
+    indicators = [{"name": "typical_price"}, *tiny_config_dict(tmp_path)["features"]["indicators"]]
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, features={"indicators": indicators}))
+    frame = compute_features(read_candles_file(CANDLES_DIR / "BTCUSDT_1h.csv.gz", "1h"), cfg.features)
+    np.testing.assert_allclose(frame["typical_price"], frame[["high", "low", "close"]].mean(axis=1), rtol=1e-12)
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    framing = windows.preprocessing.framing
+    assert framing.level[framing.columns.index("typical_price")] == 1.0  # log of its ratio to the last close

@@ -101,7 +101,7 @@ def test_a_damaged_entry_is_reported_and_recomputed(tmp_path, candles, caplog, d
         data = bytearray(b"not an entry at all" * 10)
     entry.write_bytes(bytes(data))
 
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         features, hit = load_features(candles, SPEC, tmp_path)
     assert not hit
     assert f"cache entry {entry} is damaged" in caplog.text and "recomputing" in caplog.text
@@ -117,7 +117,7 @@ def test_an_entry_whose_header_disagrees_with_its_body_is_recomputed(tmp_path, c
     fields = json.loads(header)
     body = body[: 8 * (fields["rows"] - 1) * (1 + len(fields["columns"]))]  # one row short
     entry.write_bytes(json.dumps({**fields, "crc32": zlib.crc32(body)}).encode() + b"\n" + body)
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         features, hit = load_features(candles, SPEC, tmp_path)
     assert not hit and "does not match its header's size or checksum" in caplog.text
     pd.testing.assert_frame_equal(features, expected)
@@ -146,7 +146,7 @@ def test_a_cache_that_cannot_be_written_is_only_slower(tmp_path, candles, caplog
         entry = entries(cache)[0]
         entry.unlink()
         entry.mkdir()
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         frame, hit = load_features(candles, SPEC, cache)
         again, _ = load_features(candles, SPEC, cache)
     assert not hit

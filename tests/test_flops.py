@@ -12,11 +12,7 @@ from trainer.config import RunConfig, load_config
 from trainer.flops import flops_per_sample
 from trainer.models import build_model
 
-
-@pytest.fixture(autouse=True)
-def _fresh_keras_session():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
 
 def keras_flops(model: keras.Model) -> int:

@@ -26,10 +26,11 @@ from huggingface_hub import constants
 
 import trainer.hub as hub_module
 from trainer import runner
-from trainer.artifacts import commit, jobs_dir, staging_dir, write_json
+from trainer.artifacts import commit, jobs_dir, staging_dir
 from trainer.cli import main
 from trainer.config import HubConfig
 from trainer.errors import JobError, UserError
+from trainer.files import write_json
 from trainer.hub import download_job, push_jobs, push_run
 from trainer.ledger import Ledger
 
@@ -279,7 +280,7 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
     hub.fail("commit", 500, retry_after=None)
     hub.drop("commit")  # the commit lands but its answer is lost: the retry must not commit again
 
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     assert hub.pending_failures() == 0
@@ -320,7 +321,7 @@ def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, cap
     pushed_card = hub.files(REPO)["BTCUSDT/1h/README.md"]
     hub.edit(REPO, "BTCUSDT/1h/README.md", b"# my own notes\n")
 
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert hub.files(REPO)["BTCUSDT/1h/README.md"] == b"# my own notes\n"
     assert (f"{REPO}: BTCUSDT/1h/README.md was edited on the Hub; kept (--overwrite-cards replaces it)"
@@ -350,7 +351,7 @@ def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_e
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # trained again: new metrics
 
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
     assert "edited on the Hub" not in caplog.text

@@ -96,14 +96,15 @@ def test_a_request_that_keeps_failing_ends_the_push_in_one_line(hub, run_dir, mo
     waits = record_sleeps(monkeypatch)
     hub.fail("paths_info", 503, times=hub_module.MAX_ATTEMPTS, retry_after=None, body="down; you sent {auth}")
 
-    with caplog.at_level(logging.WARNING, logger="cryptotrain"):
+    with caplog.at_level(logging.WARNING, logger="trainer"):
         result = push(run_dir)
 
     assert result.exit_code == 1
-    [error] = result.stderr.splitlines()  # (the retries' warnings go to pytest's log capture here)
+    *shown, error = result.stderr.splitlines()  # each retry's warning, then the error in one line
     assert error.startswith(f"error: {REPO}: could not push to the Hub: ")
     assert "503" in error and "/paths-info/" in error and "you sent Bearer ***" in error
     retries = [m for m in caplog.messages if m.startswith("Hub: ")]
+    assert shown == retries
     assert len(retries) == hub_module.MAX_ATTEMPTS - 1 and all("Hub: HTTP 503 from " in r for r in retries)
     assert waits == [hub_module.BACKOFF_SECONDS * 2 ** n for n in range(hub_module.MAX_ATTEMPTS - 1)]
     assert hub.calls["paths_info"] == hub_module.MAX_ATTEMPTS and hub.pending_failures() == 0

@@ -245,14 +245,14 @@ def test_mark_pending_and_record_push(ledger):
     assert (record.pushed_repo, record.pushed_commit, record.pushed_url) == (
         "you/cpb", "abc123", "https://hf.co/you/cpb/commit/abc123")
 
-    ledger.mark_pending("A", "manifest mismatch: weights.keras")
+    ledger.mark_pending({"A": "manifest mismatch: weights.keras"})
     record = ledger.jobs()[0]
     assert (record.status, record.attempts, record.error) == ("pending", 0, "manifest mismatch: weights.keras")
     assert (record.manifest_sha256, record.summary, record.pushed_commit) == (None, None, "abc123")
 
     assert ledger.claim(retries=0) == "A"
     with pytest.raises(JobError, match="A: is running"):
-        ledger.mark_pending("A", "again")
+        ledger.mark_pending({"A": "again"})
     ledger.mark_done("A", "beef", {}, 3.0)  # trained again: the push was of the earlier artifacts
     assert (ledger.jobs()[0].pushed_repo, ledger.jobs()[0].pushed_commit) == (None, None)
     with pytest.raises(JobError, match="NOPE: not a job of this run"):

@@ -3,22 +3,22 @@ parameter counts computed from the layer formulas; heads shaped exactly like the
 config mistakes as one-line UserErrors."""
 from __future__ import annotations
 
+from typing import Literal
+
 import keras
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import Field, ValidationError
 
 from tests.conftest import REPO, tiny_config_dict
 from trainer.config import LAYER_KINDS, RunConfig, load_config
 from trainer.errors import UserError
-from trainer.models import LAYERS, Pinball, build_model, count_params, output_shapes
+from trainer.layers import Layer
+from trainer.models import Pinball, build_model, count_params, output_shapes
 from trainer.windows import make_windows
 
-
-@pytest.fixture(autouse=True)
-def _fresh_keras_session():
-    yield
-    keras.backend.clear_session()
+pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
 
 def lstm(units: int, inputs: int) -> int:
@@ -62,8 +62,42 @@ def random_frame(columns: list[str], rows: int) -> pd.DataFrame:
     return pd.DataFrame(100 + rng.normal(size=(rows, len(columns))).cumsum(axis=0), index=index, columns=columns)
 
 
-def test_the_registry_covers_every_config_layer_kind():
-    assert set(LAYERS) == set(LAYER_KINDS)
+def test_every_layer_kind_builds_its_keras_layer():
+    required = {"units": 4}
+    needs = {"dropout": {"rate": 0.1}, "layernorm": {}, "repeat_vector": {}}
+    built = {kind: spec.model_validate({"kind": kind, **needs.get(kind, required)}).build(f"x_{kind}", horizon=3)
+             for kind, spec in Layer.kinds.items()}
+    assert tuple(Layer.kinds) == LAYER_KINDS
+    assert {kind: type(layer).__name__ for kind, layer in built.items()} == {
+        "lstm": "LSTM", "gru": "GRU", "bilstm": "Bidirectional", "bigru": "Bidirectional", "dense": "Dense",
+        "time_dense": "TimeDistributed", "dropout": "Dropout", "layernorm": "LayerNormalization",
+        "repeat_vector": "RepeatVector"}
+    assert built["repeat_vector"].n == 3  # n defaults to the window's horizon
+
+
+@pytest.fixture
+def noise_layer():
+    """A new layer kind, added as a user would: this one class, nothing else."""
+    class GaussianNoiseLayer(Layer):
+        kind: Literal["gaussian_noise"]
+        stddev: float = Field(gt=0)
+
+        def build(self, name: str, horizon: int) -> keras.layers.Layer:
+            return keras.layers.GaussianNoise(self.stddev, name=name)
+
+    yield GaussianNoiseLayer
+    del Layer.kinds["gaussian_noise"]
+
+
+def test_a_new_layer_kind_is_one_class(tmp_path, noise_layer):
+    layers = [{"kind": "gaussian_noise", "stddev": 0.1}, *tiny_config_dict(tmp_path)["model"]["layers"]]
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, model={"layers": layers}))
+    assert isinstance(cfg.model.layers[0], noise_layer)
+    assert cfg.model_dump(mode="json")["model"]["layers"][0] == {"kind": "gaussian_noise", "stddev": 0.1}
+    model = build_model(cfg, len(cfg.features.columns))
+    assert type(model.get_layer("trunk_0_gaussian_noise")).__name__ == "GaussianNoise"
+    with pytest.raises(ValidationError, match="stddev"):
+        RunConfig.model_validate(tiny_config_dict(tmp_path, model={"layers": [{"kind": "gaussian_noise"}]}))
 
 
 @pytest.mark.parametrize("family", ["v8_stable", "v7", "v8_aligned"])

@@ -27,6 +27,7 @@ from trainer.cli import main
 from trainer.config import FeaturesConfig, load_config
 from trainer.data import read_candles_file
 from trainer.features import compute_features
+from trainer.files import write_json
 from trainer.jobs import Job
 from trainer.reporting import JobProgress, summary_line
 from trainer.windows import Preprocessing
@@ -376,7 +377,7 @@ def test_a_non_finite_number_is_found_by_its_key_path_and_never_written_as_json(
     assert artifacts.non_finite(metrics) == ("heads.ohlc.model.rmse", float("inf"))
     assert artifacts.non_finite({"skill_by_step": [0.1, None, 0.2]}) is None
     with pytest.raises(ValueError, match="not JSON compliant"):
-        artifacts.write_json(tmp_path / "metrics.json", metrics)
+        write_json(tmp_path / "metrics.json", metrics)
 
 
 def test_a_failed_job_is_retried_once_its_candles_are_fixed_or_when_asked(tiny_config, tmp_path):

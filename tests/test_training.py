@@ -19,7 +19,8 @@ from trainer.evaluate import predict_fixed_batches
 from trainer.features import load_features
 from trainer.models import output_shapes
 from trainer.pipeline import release_free_memory
-from trainer.training import DeviceFeed, EpochCheckpoint, ModelCache, WindowTrainer, fit, replay_budget, resume
+from trainer.resume import EpochCheckpoint, replay_budget, resume
+from trainer.training import DeviceFeed, ModelCache, WindowTrainer, fit
 from trainer.windows import make_windows
 
 
@@ -43,7 +44,7 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     monkeypatch.setattr(WindowTrainer, "train_step", lambda self, data: (traces.append(1), train_step(self, data))[1])
     cache = ModelCache()
     model = cache.model_for(cfg, len(cfg.features.columns))
-    fit(model, _windows(cfg, "BTCUSDT", model), cfg, tmp_path / "btc")
+    fit(model, _windows(cfg, "BTCUSDT", model), cfg.train, tmp_path / "btc")
     model.optimizer.learning_rate = 1e-6  # as ReduceLROnPlateau leaves it: the reuse must reset it
     train_function = model.train_function
     traces_after_first_job = len(traces)
@@ -55,14 +56,14 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     monkeypatch.setattr(pywrap_tfe, "TFE_ContextClearCaches", lambda *a: (cache_clears.append(1), clear_caches(*a)))
     reused = cache.model_for(cfg, len(cfg.features.columns))
     eth = _windows(cfg, "ETHUSDT", reused)
-    reused_result = fit(reused, eth, cfg, tmp_path / "eth-reused")
+    reused_result = fit(reused, eth, cfg.train, tmp_path / "eth-reused")
     assert cache_clears == []
     assert reused is model and cache.builds == 1
     assert reused.train_function is train_function
     assert len(traces) == traces_after_first_job  # nothing traced again
 
     fresh = ModelCache().model_for(cfg, len(cfg.features.columns))
-    fresh_result = fit(fresh, eth, cfg, tmp_path / "eth-fresh")
+    fresh_result = fit(fresh, eth, cfg.train, tmp_path / "eth-fresh")
     assert fresh is not model
     pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
 
@@ -120,7 +121,7 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
     with nothing registered and it predicts what the trained model predicts."""
     model = ModelCache().model_for(cfg, len(cfg.features.columns))
     btc = _windows(cfg, "BTCUSDT", model)
-    fit(model, btc, cfg, tmp_path / "backup")
+    fit(model, btc, cfg.train, tmp_path / "backup")
     model.save(tmp_path / "model.keras")
 
     loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
@@ -137,7 +138,7 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
 
 def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
     model = ModelCache().model_for(cfg, len(cfg.features.columns))
-    return model, fit(model, windows_of(model), cfg, backup_dir, **callbacks)
+    return model, fit(model, windows_of(model), cfg.train, backup_dir, **callbacks)
 
 
 class EpochsBegun(keras.callbacks.Callback):
@@ -224,7 +225,7 @@ def test_a_damaged_checkpoint_falls_back_and_never_fails_the_job(tmp_path, monke
         (backup / name).write_bytes(content[:len(content) // 2])
 
     begun = EpochsBegun()
-    with caplog.at_level("WARNING", logger="cryptotrain"):
+    with caplog.at_level("WARNING", logger="trainer"):
         _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
     assert begun.epochs == resumes_at
     assert result.history["epoch"].tolist() == [1, 2, 3]
@@ -252,7 +253,7 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
     steps_per_epoch = int(model.optimizer.iterations.numpy())
     assert steps_per_epoch > 0 and any(np.abs(v).sum() > 0 for v in saved_state[2:])
     windows = _windows(cfg, "BTCUSDT", model)
-    fit(model, windows, cfg, tmp_path / "backup")
+    fit(model, windows, cfg.train, tmp_path / "backup")
     assert int(model.optimizer.iterations.numpy()) == 3 * steps_per_epoch
 
 

@@ -15,7 +15,7 @@ from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
 from trainer.errors import JobError, UserError
 from trainer.features import compute_features
-from trainer.windows import PRICE_DIFFERENCES, PRICE_LEVELS, Preprocessing, Scaler, make_windows
+from trainer.windows import Preprocessing, Scaler, framing, make_windows
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
 
@@ -48,8 +48,9 @@ def framed(values: pd.DataFrame, last_close: float, relative: bool) -> np.ndarra
     """The framing spelled out column by column, independently of trainer.windows."""
     if not relative:
         return values.to_numpy()
-    return np.stack([np.log(values[c] / last_close) if c in PRICE_LEVELS else
-                     values[c] / last_close if c in PRICE_DIFFERENCES else values[c] for c in values.columns], axis=-1)
+    return np.stack([np.log(values[c] / last_close) if framing(c) == "level" else
+                     values[c] / last_close if framing(c) == "difference" else values[c] for c in values.columns],
+                    axis=-1)
 
 
 FRAMINGS = pytest.mark.parametrize("relative_to", ["last_close", None])
@@ -155,7 +156,7 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
         ahead = np.stack([values[row:row + horizon, positions] for row in train])
         assert_same_scaler(target.scaler, Scaler.fit(
             kind, head.columns, framed_values(ahead, last_close, head.columns, relative),
-            anchored=[relative and c in PRICE_LEVELS for c in head.columns], shared=head.candle))
+            anchored=[relative and framing(c) == "level" for c in head.columns], shared=head.candle))
 
 
 def assert_same_scaler(actual: Scaler, expected: Scaler) -> None:
@@ -169,8 +170,8 @@ def framed_values(values: np.ndarray, last_close: np.ndarray, columns: list[str]
     """`framed` for arrays (..., columns) of raw values."""
     if not relative:
         return values
-    return np.stack([np.log(values[..., i] / last_close[..., 0]) if c in PRICE_LEVELS else
-                     values[..., i] / last_close[..., 0] if c in PRICE_DIFFERENCES else values[..., i]
+    return np.stack([np.log(values[..., i] / last_close[..., 0]) if framing(c) == "level" else
+                     values[..., i] / last_close[..., 0] if framing(c) == "difference" else values[..., i]
                      for i, c in enumerate(columns)], axis=-1)
 
 

@@ -81,11 +81,6 @@ def remove_abandoned_staging(run_dir: Path) -> list[Path]:
     return removed
 
 
-def write_json(path: Path, data: dict) -> None:
-    """Strict JSON: a NaN or infinity is an error here, never a bare NaN/Infinity token in the file."""
-    path.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
-
-
 def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
     """The first number in `data` (nested dicts and lists) that is NaN or infinite, with its key path."""
     if isinstance(data, float):
@@ -100,14 +95,6 @@ def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
 
 def write_config(path: Path, config_data: dict) -> None:
     path.write_text(yaml.safe_dump(config_data, sort_keys=False))
-
-
-def _json_default(value):
-    if isinstance(value, (np.floating, np.integer)):
-        return value.item()
-    if isinstance(value, (pd.Timestamp, np.datetime64)):
-        return pd.Timestamp(value).isoformat()
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_close: np.ndarray,

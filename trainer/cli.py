@@ -5,6 +5,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import shlex
 import signal
@@ -34,6 +35,21 @@ class _Cli(click.Group):
             sys.exit(exc.exit_code)
 
 
+class _Stderr(logging.Handler):
+    """One line per record on sys.stderr as it is at that moment: the progress display's proxy while it runs (the
+    line lands above the display), click's stream under its CliRunner."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            sys.stderr.write(self.format(record) + "\n")
+            sys.stderr.flush()
+        except Exception:
+            self.handleError(record)
+
+
+_LOG_LINES = _Stderr(logging.INFO)
+
+
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="cryptotrain")
 @click.option("--debug", is_flag=True, help="Show full tracebacks instead of one-line errors.")
@@ -50,6 +66,11 @@ def main(ctx: click.Context, debug: bool) -> None:
       cryptotrain status runs/v8_aligned
     """
     ctx.meta["debug"] = debug
+    # The library's notes and warnings, from the package's logger ("trainer") and each module's child of it. Adding
+    # the same handler again (main invoked again in one process) changes nothing.
+    library = logging.getLogger(__package__)
+    library.setLevel(logging.INFO)
+    library.addHandler(_LOG_LINES)
 
 
 def config_options(func):
@@ -350,10 +371,9 @@ def download(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
-    from .data import has_downloads
     from .reporting import JobLines, download_line, download_summary
 
-    if not has_downloads(cfg):
+    if not cfg.data.chosen.downloads:
         click.echo(f"data.source is {cfg.data.source}: nothing to download")
         return
     with JobLines("Downloading", len(jobs)) as lines:

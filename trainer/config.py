@@ -9,15 +9,12 @@ import hashlib
 import json
 import os
 import re
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
 from pydantic import (
     AfterValidator,
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     ValidationError,
@@ -25,118 +22,49 @@ from pydantic import (
     model_validator,
 )
 
+from .data.sources import (
+    BinanceSource,
+    FilePattern,
+    FreqtradeSource,
+    HfSource,
+    LocalSource,
+    Source,
+    SyntheticSource,
+    check_file_pattern,
+    check_repo_id,
+)
 from .errors import UserError
+from .files import beside_package
+from .indicators import OHLCV, Indicator
+from .layers import Layer
+from .specs import Strict, listed
+
+INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/indicators.py
+LAYER_KINDS = tuple(Layer.kinds)
+RECURRENT_KINDS = tuple(kind for kind, spec in Layer.kinds.items() if spec.recurrent)
 
 TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
-OHLCV = ("open", "high", "low", "close", "volume")
 
 
 class ConfigError(UserError):
     """A bad config or override: the message is one line naming the file and the key path."""
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ----------------------------------------------------------------------------- data
-def _file_pattern(pattern: str) -> str:
-    try:
-        pattern.format(symbol="BTCUSDT", timeframe="1h")
-    except (KeyError, IndexError, ValueError):
-        raise ValueError(f"{pattern!r} may only use the placeholders {{symbol}} and {{timeframe}}") from None
-    return pattern
-
-
-def _repo_id(repo_id: str) -> str:
-    from huggingface_hub.errors import HFValidationError  # the Hub client's own rule, imported when needed
-    from huggingface_hub.utils import validate_repo_id
-
-    try:
-        validate_repo_id(repo_id)
-    except HFValidationError as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
-    return repo_id
-
-
-def _date(date: str) -> str:
-    try:
-        datetime.fromisoformat(date)
-    except ValueError:
-        raise ValueError(f"{date!r} is not a date (YYYY-MM-DD, UTC)") from None
-    return date
-
-
 def _repo_template(template: str) -> str:
-    repo_id = _file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
+    repo_id = check_file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
     if "/" not in repo_id:  # the Hub takes a bare name too, but a push should say whose repo it is
         raise ValueError(f"{template!r}: expected NS/NAME, the namespace (user or organisation) first")
-    _repo_id(repo_id)
+    check_repo_id(repo_id)
     return template
 
 
-FilePattern = Annotated[str, AfterValidator(_file_pattern)]  # a file name per symbol and timeframe
-RepoId = Annotated[str, AfterValidator(_repo_id)]
 RepoTemplate = Annotated[str, AfterValidator(_repo_template)]  # a repo id, or one per symbol and timeframe
-IsoDate = Annotated[str, AfterValidator(_date)]
-
-
-BUNDLED_CANDLES = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
-
-
-class LocalSource(Strict):
-    """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
-    path: Path = BUNDLED_CANDLES
-    pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
-
-    def directory(self) -> Path:
-        """`path`, relative to the cwd. The default, data/ohlcv, where the cwd has no such directory (cryptotrain
-        installed with pip, run anywhere), is the copy of the bundled candles installed with the package."""
-        if self.path == BUNDLED_CANDLES and not self.path.is_dir():
-            return _beside_package("bundled_data/ohlcv", BUNDLED_CANDLES)
-        return self.path
-
-
-class FreqtradeSource(Strict):
-    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
-    (trainer/data/freqtrade.py)."""
-    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
-
-
-class HfSource(Strict):
-    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
-    repo_id: RepoId = "zongowo111/cpb-models"
-    repo_type: Literal["dataset", "model"] = "dataset"
-    revision: str = "main"
-    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
-
-
-class BinanceSource(Strict):
-    """Public spot klines (no API key), downloaded once into the cache."""
-    base_url: str = "https://api.binance.com"
-    start: IsoDate = "2024-01-01"
-    end: IsoDate | None = None  # None: up to now
-
-    @model_validator(mode="after")
-    def _start_before_end(self) -> BinanceSource:
-        if self.end is not None and _utc(self.start) >= _utc(self.end):
-            raise ValueError(f"start {self.start} is not before end {self.end}")
-        return self
-
-
-def _utc(date: str) -> datetime:
-    stamp = datetime.fromisoformat(date)
-    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
-
-
-class SyntheticSource(Strict):
-    """Deterministic generated candles, for demos and tests only (always labelled synthetic)."""
-    seed: int = 7
-    rows: int = Field(3000, gt=0)
+SOURCES = tuple(Source.kinds)  # data.source: a section of DataConfig each
 
 
 class DataConfig(Strict):
-    source: Literal["local", "hf", "binance", "synthetic", "freqtrade"]
+    source: Literal[SOURCES]
     symbols: list[str]
     timeframes: list[str]
     max_rows: int | None = Field(None, gt=0)
@@ -145,6 +73,11 @@ class DataConfig(Strict):
     binance: BinanceSource = BinanceSource()
     synthetic: SyntheticSource = SyntheticSource()
     freqtrade: FreqtradeSource = FreqtradeSource()
+
+    @property
+    def chosen(self) -> Source:
+        """The section that data.source names: where the run's candles come from."""
+        return getattr(self, self.source)
 
     @field_validator("symbols")
     @classmethod
@@ -176,141 +109,9 @@ def _no_duplicates(items: list[str], what: str) -> None:
 
 
 # ----------------------------------------------------------------------------- features
-# One entry per output column; the entry's `name` is both the indicator kind and the column name
-# (names as the old scripts used them).
-class _Indicator(Strict):
-    pass
-
-
-class Rsi(_Indicator):
-    name: Literal["rsi"]
-    window: int = Field(14, gt=1)
-
-
-class Macd(_Indicator):
-    name: Literal["macd"]
-    fast: int = Field(12, gt=0)
-    slow: int = Field(26, gt=0)
-
-
-class MacdSignal(_Indicator):
-    name: Literal["signal"]
-    fast: int = Field(12, gt=0)
-    slow: int = Field(26, gt=0)
-    signal: int = Field(9, gt=0)
-
-
-class _Bollinger(_Indicator):
-    window: int = Field(20, gt=1)
-    std: float = Field(2.0, gt=0)
-
-
-class BbUpper(_Bollinger):
-    name: Literal["bb_upper"]
-
-
-class BbLower(_Bollinger):
-    name: Literal["bb_lower"]
-
-
-class BbWidthPct(_Bollinger):
-    name: Literal["bb_width_pct"]
-
-
-class BbPosition(_Bollinger):
-    name: Literal["bb_position"]
-
-
-class Volatility(_Indicator):
-    name: Literal["volatility"]
-    window: int = Field(20, gt=1)
-
-
-class Atr(_Indicator):
-    name: Literal["atr"]
-    window: int = Field(14, gt=1)
-
-
-class Roc(_Indicator):
-    name: Literal["roc"]
-    window: int = Field(12, gt=0)
-
-
-class VolumeNorm(_Indicator):
-    name: Literal["volume_norm"]
-    window: int = Field(20, gt=1)
-
-
-# The size of candles: what volatility clustering makes predictable (docs/forecasting.md).
-class LogRange(_Indicator):
-    """ln(high / low) of the candle itself."""
-    name: Literal["log_range"]
-
-
-class Parkinson(_Indicator):
-    """Parkinson's range-based volatility over `window` candles: sqrt(mean(ln(high / low)^2) / (4 ln 2))."""
-    name: Literal["parkinson"]
-    window: int = Field(20, gt=0)
-
-
-class GarmanKlass(_Indicator):
-    """Garman-Klass volatility over `window` candles: sqrt(mean(ln(high / low)^2 / 2 - (2 ln 2 - 1)
-    ln(close / open)^2))."""
-    name: Literal["garman_klass"]
-    window: int = Field(20, gt=0)
-
-
-# HAR's regressors (Corsi 2009), computed from the candles up to each row (nothing to fit): the mean ln range
-# over the last day and the last week (in candles of the series' spacing), and the mean ln range so far of the
-# candles at the next candle's time of day.
-class RangeDay(_Indicator):
-    name: Literal["range_day"]
-
-
-class RangeWeek(_Indicator):
-    name: Literal["range_week"]
-
-
-class RangeTimeOfDay(_Indicator):
-    name: Literal["range_time_of_day"]
-
-
-# When a candle is: the daily and weekly rhythm of volatility, cyclic (sin and cos: 23:00 is next to 00:00).
-class _Cyclic(_Indicator):
-    pass
-
-
-class TimeOfDaySin(_Cyclic):
-    name: Literal["time_of_day_sin"]
-
-
-class TimeOfDayCos(_Cyclic):
-    name: Literal["time_of_day_cos"]
-
-
-class DayOfWeekSin(_Cyclic):
-    name: Literal["day_of_week_sin"]
-
-
-class DayOfWeekCos(_Cyclic):
-    name: Literal["day_of_week_cos"]
-
-
-Indicator = Annotated[
-    Rsi | Macd | MacdSignal | BbUpper | BbLower | BbWidthPct | BbPosition | Volatility | Atr | Roc | VolumeNorm
-    | LogRange | Parkinson | GarmanKlass | RangeDay | RangeWeek | RangeTimeOfDay | TimeOfDaySin | TimeOfDayCos
-    | DayOfWeekSin | DayOfWeekCos,
-    Field(discriminator="name"),
-]
-INDICATORS = ("rsi", "macd", "signal", "bb_upper", "bb_lower", "bb_width_pct", "bb_position",
-              "volatility", "atr", "roc", "volume_norm", "log_range", "parkinson", "garman_klass", "range_day",
-              "range_week", "range_time_of_day", "time_of_day_sin", "time_of_day_cos", "day_of_week_sin",
-              "day_of_week_cos")
-
-
 class FeaturesConfig(Strict):
-    base: list[Literal["open", "high", "low", "close", "volume"]] = ["open", "high", "low", "close"]
-    indicators: list[Indicator] = []
+    base: list[Literal[OHLCV]] = ["open", "high", "low", "close"]
+    indicators: list[listed(Indicator)] = []
 
     @model_validator(mode="after")
     def _unique_columns(self) -> FeaturesConfig:
@@ -393,76 +194,10 @@ class HeadConfig(Strict):
 
 # ----------------------------------------------------------------------------- model layers
 # Field names are Keras's own argument names, so each spec maps straight onto its layer class.
-class _Recurrent(Strict):
-    units: int = Field(gt=0)
-    return_sequences: bool = False
-    dropout: float = Field(0.0, ge=0, lt=1)
-    recurrent_dropout: float = Field(0.0, ge=0, lt=1)
-    activation: str = "tanh"
-    recurrent_activation: str = "sigmoid"
-    use_bias: bool = True
-    unroll: bool = False
-
-
-class LstmLayer(_Recurrent):
-    kind: Literal["lstm"]
-
-
-class GruLayer(_Recurrent):
-    kind: Literal["gru"]
-
-
-class BiLstmLayer(_Recurrent):
-    kind: Literal["bilstm"]
-    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
-
-
-class BiGruLayer(_Recurrent):
-    kind: Literal["bigru"]
-    merge_mode: Literal["concat", "sum", "mul", "ave"] = "concat"
-
-
-class DenseLayer(Strict):
-    kind: Literal["dense"]
-    units: int = Field(gt=0)
-    activation: str | None = None
-
-
-class TimeDenseLayer(Strict):
-    """A Dense layer applied at every time step (TimeDistributed)."""
-    kind: Literal["time_dense"]
-    units: int = Field(gt=0)
-    activation: str | None = None
-
-
-class DropoutLayer(Strict):
-    kind: Literal["dropout"]
-    rate: float = Field(gt=0, lt=1)
-
-
-class LayerNormLayer(Strict):
-    kind: Literal["layernorm"]
-    epsilon: float = Field(1e-3, gt=0)
-
-
-class RepeatVectorLayer(Strict):
-    kind: Literal["repeat_vector"]
-    n: int | None = Field(None, gt=0)  # None: the window horizon
-
-
-Layer = Annotated[
-    LstmLayer | GruLayer | BiLstmLayer | BiGruLayer | DenseLayer | TimeDenseLayer | DropoutLayer
-    | LayerNormLayer | RepeatVectorLayer,
-    Field(discriminator="kind"),
-]
-LAYER_KINDS = ("lstm", "gru", "bilstm", "bigru", "dense", "time_dense", "dropout", "layernorm", "repeat_vector")
-RECURRENT_KINDS = ("lstm", "gru", "bilstm", "bigru")
-
-
 class ModelConfig(Strict):
     """The trunk, in order. Each head becomes a linear Dense on top (per time step if the trunk
     ends in a sequence)."""
-    layers: list[Layer] = Field(min_length=1)
+    layers: list[listed(Layer)] = Field(min_length=1)
 
 
 # ----------------------------------------------------------------------------- training
@@ -616,15 +351,7 @@ def _canonical_json(data: object) -> str:
 # ----------------------------------------------------------------------------- loading
 def bundled_configs_dir() -> Path:
     """Configs shipped with the package (wheel) or beside it (editable install / checkout)."""
-    return _beside_package("bundled_configs", Path("configs"))
-
-
-def _beside_package(in_wheel: str, in_checkout: Path) -> Path:
-    """A directory the wheel installs inside the package (pyproject's force-include), or the checkout's own
-    for an editable install."""
-    here = Path(__file__).resolve().parent
-    wheel_dir = here / in_wheel
-    return wheel_dir if wheel_dir.is_dir() else here.parent / in_checkout
+    return beside_package("bundled_configs", Path("configs"))
 
 
 def resolve_config_path(name: str | Path) -> Path:
@@ -703,9 +430,6 @@ def _list_index(node: list, part: str, override: str, path: Path) -> int:
     return int(part)
 
 
-_UNION_TAGS = set(INDICATORS) | set(LAYER_KINDS)
-
-
 def format_validation_error(exc: ValidationError, path: Path) -> str:
     """`configs/x.yaml: train.epochs: Input should be greater than 0` (+ how many more)."""
     errors = exc.errors()
@@ -714,9 +438,6 @@ def format_validation_error(exc: ValidationError, path: Path) -> str:
     message = first["msg"].removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         message = "unknown key"
-    elif first["type"] == "union_tag_invalid":
-        message = f"unknown kind '{first['input'].get('kind', first['input'].get('name'))}'; expected one of: " \
-                  f"{first['ctx']['expected_tags']}"
     elif first["type"] == "missing":
         message = "required key is missing"
     more = f" (+{len(errors) - 1} more)" if len(errors) > 1 else ""
@@ -724,15 +445,5 @@ def format_validation_error(exc: ValidationError, path: Path) -> str:
 
 
 def _format_loc(loc: tuple) -> str:
-    out = ""
-    previous = None
-    for part in loc:
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif isinstance(previous, int) and part in _UNION_TAGS:
-            pass  # pydantic's discriminated-union tag, not a key the user wrote
-        else:
-            out += ("." if out else "") + str(part)
-        previous = part
-    return out
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).removeprefix(".")
 

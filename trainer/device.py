@@ -26,7 +26,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .config import RECURRENT_KINDS, RunConfig, TrainConfig
+from .config import RunConfig, TrainConfig
 from .errors import UserError
 from .files import native_stderr_silenced
 
@@ -172,7 +172,7 @@ def cudnn_report(cfg: RunConfig) -> list[LayerEligibility]:
     """For every recurrent layer of the config, whether a GPU can run it on the fused cuDNN kernel."""
     report = []
     for index, layer in enumerate(cfg.model.layers):
-        if layer.kind not in RECURRENT_KINDS:
+        if not layer.recurrent:
             continue
         blockers = [f"{setting}={getattr(layer, setting)} (needs {needed})"
                     for setting, needed in _CUDNN_NEEDS.items() if getattr(layer, setting) != needed]

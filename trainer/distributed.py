@@ -45,7 +45,7 @@ try:
 except ImportError:  # a local run never gets here; `--executor ray` says how to install it
     ray = None
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 MAX_WORKER_DEATHS = 3  # per job: a job that kills its worker every time (out of memory, say) fails after these
 # Written last, so that a worker dying while the driver writes a checkpoint leaves the files it names in place.
@@ -361,7 +361,8 @@ if ray is not None:
 
             outbox = _Outbox(mailbox, token)
             handler = _OutboxLog(outbox)
-            logging.getLogger("cryptotrain").addHandler(handler)
+            package_log = logging.getLogger(__package__)  # "trainer": each module logs to a child of it
+            package_log.addHandler(handler)
             try:
                 with tempfile.TemporaryDirectory(prefix=f"cryptotrain-{job.name}-") as tmp:
                     backup = Path(tmp)
@@ -377,7 +378,7 @@ if ray is not None:
                     self.cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
                 raise
             finally:
-                logging.getLogger("cryptotrain").removeHandler(handler)
+                package_log.removeHandler(handler)
 
     class _Outbox:
         """One hand-over's messages to the driver, each delivered to the mailbox before training goes on, and

@@ -1,9 +1,10 @@
-"""Crash-safe file writing and hashing, shared by the stages that persist state; and stderr kept off the
+"""Crash-safe file writing, strict JSON and hashing, shared by the stages that persist state; and stderr kept off the
 terminal at file-descriptor level."""
 from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -34,6 +35,24 @@ def remove_abandoned_temp_files(directory: Path) -> None:
         pid = tmp.name[len(TEMP_PREFIX):].split("-", 1)[0]
         if pid.isdigit() and not pid_alive(int(pid)) and tmp.is_file():
             tmp.unlink(missing_ok=True)
+
+
+def write_json(path: Path, data: dict) -> None:
+    """Strict JSON: a NaN or infinity is an error here, never a bare NaN/Infinity token in the file."""
+    path.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
+
+
+def _json_default(value):
+    # Imported here: a value json cannot write as it is comes from numpy or pandas (or is refused), so they are
+    # loaded already; this module stays light for the ledger and the CLI, which need neither.
+    import numpy as np
+    import pandas as pd
+
+    if isinstance(value, (np.floating, np.integer)):
+        return value.item()
+    if isinstance(value, (pd.Timestamp, np.datetime64)):
+        return pd.Timestamp(value).isoformat()
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def fsync(path: Path) -> None:
@@ -76,3 +95,11 @@ def native_stderr_silenced() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+def beside_package(in_wheel: str, in_checkout: Path) -> Path:
+    """A directory the wheel installs inside the package (pyproject's force-include), or the checkout's own
+    for an editable install."""
+    here = Path(__file__).resolve().parent
+    wheel_dir = here / in_wheel
+    return wheel_dir if wheel_dir.is_dir() else here.parent / in_checkout

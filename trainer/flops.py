@@ -16,26 +16,15 @@ from __future__ import annotations
 from .config import RunConfig
 
 TRAINING_MULTIPLIER = 3
-_GATES = {"lstm": 4, "bilstm": 4, "gru": 3, "bigru": 3}
 
 
 def flops_per_sample(cfg: RunConfig, n_features: int) -> int:
-    """Forward FLOPs for one input window of cfg.window.lookback steps x n_features."""
+    """Forward FLOPs for one input window of cfg.window.lookback steps x n_features: each layer's own count
+    (trainer.layers), then the heads."""
     steps, width = cfg.window.lookback, n_features  # steps = 1 once the sequence is collapsed
     total = 0
     for layer in cfg.model.layers:
-        if layer.kind in _GATES:
-            directions = 2 if layer.kind.startswith("bi") else 1
-            total += directions * steps * 2 * _GATES[layer.kind] * layer.units * (width + layer.units)
-            concat = directions == 2 and layer.merge_mode == "concat"
-            width = layer.units * (2 if concat else 1)
-            if not layer.return_sequences:
-                steps = 1
-        elif layer.kind in ("dense", "time_dense"):
-            total += steps * 2 * width * layer.units
-            width = layer.units
-        elif layer.kind == "repeat_vector":
-            steps = layer.n or cfg.window.horizon
+        flops, steps, width = layer.flops(steps, width, cfg.window.horizon)
+        total += flops
     head_units = sum(len(head.columns) for head in cfg.heads)
-    total += steps * 2 * width * head_units
-    return total
+    return total + steps * 2 * width * head_units

@@ -73,7 +73,7 @@ BACKOFF_SECONDS = 2.0  # first wait when the server gives no Retry-After; double
 MAX_WAIT_SECONDS = 300.0  # a longer Retry-After is reported, not waited out
 NO_TOKEN = "no Hugging Face token: set HF_TOKEN or run `hf auth login`"
 
-log = logging.getLogger("cryptotrain")  # warnings (a card kept, a retry); the command line shows them on stderr
+log = logging.getLogger(__name__)  # warnings (a card kept, a retry); the command line shows them on stderr
 
 
 @dataclass(frozen=True)

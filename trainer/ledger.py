@@ -295,6 +295,11 @@ class Ledger:
                      (name, name, pid, self._host, now))
         Ledger._held.add(self._key(name))
 
+    def keep_alive(self, name: str, every: float = 15.0) -> Heartbeat:
+        """Heartbeats for a claimed job from a background thread until stopped (or the `with` block ends), so
+        that no other process reclaims it however long one stage takes."""
+        return Heartbeat(self, name, every)
+
     def heartbeat(self, name: str) -> None:
         """Tell other processes this job's process is alive. Raises LostClaim if it was reclaimed."""
         with self._transaction() as conn:
@@ -340,15 +345,16 @@ class Ledger:
 
     # --- after the fact ----------------------------------------------------------------------
 
-    def mark_pending(self, name: str, reason: str) -> None:
-        """Send a job that is not running back to pending with fresh retries, e.g. a done job whose
-        artifacts no longer match their manifest; `reason` shows as its error."""
+    def mark_pending(self, reasons: dict[str, str]) -> None:
+        """Send jobs that are not running back to pending with fresh retries, in one transaction (all or none),
+        e.g. a done job whose artifacts no longer match their manifest; each job's reason shows as its error."""
         with self._transaction() as conn:
-            if _status(conn, name) == "running":
-                raise JobError(f"{name}: is running; a running job cannot be sent back to pending")
-            conn.execute("UPDATE jobs SET status = 'pending', attempts = 0, error = ?, finished_at = NULL, "
-                         "seconds = NULL, manifest_sha256 = NULL, summary = NULL WHERE name = ?",
-                         (reason, name))
+            for name, reason in reasons.items():
+                if _status(conn, name) == "running":
+                    raise JobError(f"{name}: is running; a running job cannot be sent back to pending")
+                conn.execute("UPDATE jobs SET status = 'pending', attempts = 0, error = ?, finished_at = NULL, "
+                             "seconds = NULL, manifest_sha256 = NULL, summary = NULL WHERE name = ?",
+                             (reason, name))
 
     def record_push(self, name: str, repo_id: str, commit_sha: str, url: str) -> None:
         with self._transaction() as conn:
@@ -410,3 +416,31 @@ def _describe(changes: list[str]) -> str:
     listed = ", ".join(changes[:_MAX_LISTED_CHANGES])
     more = len(changes) - _MAX_LISTED_CHANGES
     return f"changed: {listed}" + (f", +{more} more" if more > 0 else "")
+
+
+class Heartbeat:
+    """Ledger.keep_alive's thread: a heartbeat every `every` seconds until stop(); a claim lost meanwhile ends it
+    (the main thread finds out when it records the job's outcome)."""
+
+    def __init__(self, ledger: Ledger, name: str, every: float) -> None:
+        self.ledger, self.name, self.every = ledger, name, every
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{name}")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def __enter__(self) -> Heartbeat:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            try:
+                self.ledger.heartbeat(self.name)
+            except LostClaim:
+                return

@@ -1,54 +1,12 @@
-"""Model spec (the YAML layer list) -> compiled keras.Model, through one registry of layer kinds.
-
-Config layer specs use Keras's own argument names, so each kind maps its spec straight onto its
-Keras class. Recurrent layers keep Keras's defaults (tanh / sigmoid, no recurrent dropout, bias, no
-unroll, use_cudnn="auto"), so they run on cuDNN on a GPU unless the config sets otherwise.
-"""
+"""Model spec (the YAML layer list) -> compiled keras.Model: the trunk's layers build themselves
+(trainer.layers), the heads, the losses and the optimizer are made here."""
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import keras
 
 from .config import HeadConfig, RunConfig, TrainConfig
-from .config import Layer as LayerSpec
-
-LayerBuilder = Callable[[LayerSpec, RunConfig, str], keras.layers.Layer]  # (spec, cfg, layer name)
-
-
-def _keras_args(spec: LayerSpec, *drop: str) -> dict:
-    return spec.model_dump(exclude={"kind", *drop})
-
-
-def _plain(layer_class: type[keras.layers.Layer]) -> LayerBuilder:
-    return lambda spec, cfg, name: layer_class(**_keras_args(spec), name=name)
-
-
-def _bidirectional(layer_class: type[keras.layers.Layer]) -> LayerBuilder:
-    return lambda spec, cfg, name: keras.layers.Bidirectional(
-        layer_class(**_keras_args(spec, "merge_mode"), name=name), merge_mode=spec.merge_mode, name=name)
-
-
-def _time_dense(spec: LayerSpec, cfg: RunConfig, name: str) -> keras.layers.Layer:
-    return keras.layers.TimeDistributed(keras.layers.Dense(**_keras_args(spec), name=name), name=name)
-
-
-def _repeat_vector(spec: LayerSpec, cfg: RunConfig, name: str) -> keras.layers.Layer:
-    return keras.layers.RepeatVector(spec.n or cfg.window.horizon, name=name)
-
-
-# The one registry of layer kinds, keyed by the config's `kind`.
-LAYERS: dict[str, LayerBuilder] = {
-    "lstm": _plain(keras.layers.LSTM),
-    "gru": _plain(keras.layers.GRU),
-    "bilstm": _bidirectional(keras.layers.LSTM),
-    "bigru": _bidirectional(keras.layers.GRU),
-    "dense": _plain(keras.layers.Dense),
-    "time_dense": _time_dense,
-    "dropout": _plain(keras.layers.Dropout),
-    "layernorm": _plain(keras.layers.LayerNormalization),
-    "repeat_vector": _repeat_vector,
-}
 
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,
@@ -108,7 +66,7 @@ def _assemble(cfg: RunConfig, n_features: int) -> keras.Model:
     inputs = keras.Input(shape=(cfg.window.lookback, n_features), name="inputs")
     x = inputs
     for i, spec in enumerate(cfg.model.layers):
-        layer = LAYERS[spec.kind](spec, cfg, f"trunk_{i}_{spec.kind}")  # stable names: checkpoints load by name
+        layer = spec.build(f"trunk_{i}_{spec.kind}", cfg.window.horizon)  # stable names: checkpoints load by name
         try:
             x = layer(x)
         except ValueError as exc:  # e.g. an LSTM after a layer that outputs no sequence

@@ -30,6 +30,7 @@ from .data import load_candles
 from .errors import JobError
 from .evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from .features import implausible_jump, load_features
+from .files import write_json
 from .jobs import Job
 from .models import output_shapes
 from .results import JobMetrics
@@ -91,7 +92,8 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
                                output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
-        result = fit(model, windows, cfg, backup_dir, callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
+        result = fit(model, windows, cfg.train, backup_dir,
+                     callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
         prep = windows.preprocessing
         val_outputs = prep.point(predict_fixed_batches(model, windows.val.x))
         if cfg.window.shrink:
@@ -163,7 +165,7 @@ def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, p
                     predictions: dict[str, np.ndarray], har: Har | None = None) -> None:
     model.save(stage / "model.keras")
     if har is not None:  # predict's expected high / low and interval after the latest candles
-        artifacts.write_json(stage / HAR_FILE, har.to_dict())
+        write_json(stage / HAR_FILE, har.to_dict())
     replace(prep, symbol=job.symbol, timeframe=job.timeframe,
             indicators=tuple(ind.model_dump(mode="json") for ind in cfg.features.indicators)
             ).to_file(stage / "preprocessing.json")

@@ -325,7 +325,7 @@ def print_plan(plan: Plan) -> None:
     """`cryptotrain plan`: the run's settings, its recurrent layers' cuDNN eligibility and the job table."""
     cfg, jobs, n_features, params = plan.cfg, plan.jobs, plan.n_features, plan.params
     out = Console()
-    source = cfg.data.source + (" (SYNTHETIC candles)" if cfg.data.source == "synthetic" else "")
+    source = cfg.data.source + (" (SYNTHETIC candles)" if cfg.data.chosen.synthetic else "")
     out.print(f"[bold]{cfg.name}[/]: {len(jobs)} jobs, data from {source}, run directory {cfg.run_dir}")
     out.print(f"inputs ({n_features}): {', '.join(cfg.features.columns)}")
     heads = ", ".join(f"{h.name} ({', '.join(h.columns)}) weight {h.weight:g}, {h.loss}" for h in cfg.heads)

@@ -3,13 +3,15 @@ it trained, its test scores per head next to persistence's, and the headline it 
 
 pipeline.train_one makes one; the driver, the summary and status (JobMetrics.summary), the Hub cards, predict
 and the report read one with JobMetrics.from_file, never a dict read back from disk. The file is strict JSON
-(artifacts.write_json); metrics.json files of earlier versions load too (their headline is derived).
+(files.write_json); metrics.json files of earlier versions load too (their headline is derived).
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
+
+from .files import write_json
 
 
 class _Record(BaseModel):
@@ -192,8 +194,6 @@ class JobMetrics(_Record):
         return cls.model_validate_json(path.read_bytes())
 
     def to_file(self, path: Path) -> None:
-        from .artifacts import write_json
-
         write_json(path, self.model_dump(mode="json"))
 
     def summary(self) -> dict:

@@ -13,7 +13,6 @@ import gc
 import logging
 import math
 import shutil
-import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -22,10 +21,9 @@ from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
 from . import artifacts
-from .config import BUDGET_KEYS, FREE_KEYS, ExecutorConfig, HubConfig, RunConfig, TrainConfig
+from .config import FREE_KEYS, ExecutorConfig, HubConfig, RunConfig
 from .data import input_digest
 from .device import cudnn_report, setup
 from .errors import Interrupted, JobError, RunStopped, UserError, first_line
@@ -33,13 +31,13 @@ from .executors import Executor, open_executor
 from .features import collinear_columns
 from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
-from .ledger import JobRecord, Ledger, LostClaim
+from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import JobResult, prepare, tensorboard_dir
 from .reporting import summary_line, write_summary
 from .results import JobMetrics
-from .training import FINISHED, EpochCheckpoint, replay_budget
+from .resume import FINISHED, budget_plan
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 # `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
 # would otherwise approach the Hub's limit of about 128 commits per hour per repo.
@@ -87,9 +85,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
         artifacts.remove_abandoned_staging(run_dir)
         for directory in (run_dir, cfg.cache_path):  # what writes cut short by a kill left (checkpoints, entries)
             remove_abandoned_temp_files(directory)
-        _recheck_done_jobs(run_dir, ledger, names)
-        _fit_done_jobs_to_budget(cfg, ledger, names)
-        _retry_failed_jobs(cfg, ledger, by_name, retries, retry_failed)
+        _reconcile(cfg, ledger, by_name, retries, retry_failed)
         _warn_cudnn(cfg, device)
 
         driver = _Driver(cfg, ledger, names, display, push)
@@ -151,7 +147,7 @@ class _Driver:
         """Claimed: done already (finished by a process that died before recording it), or prepared here and
         handed to a worker."""
         self.progress.start_job(job)
-        heartbeat = Heartbeat(self.ledger, job.name).__enter__()
+        heartbeat = self.ledger.keep_alive(job.name)
         self.in_flight[job.name] = (time.perf_counter(), heartbeat)
         backup = self.run_dir / BACKUPS / job.name
         try:
@@ -171,7 +167,7 @@ class _Driver:
     def finish(self, job: Job, outcome: JobResult | tuple[str, JobMetrics] | BaseException) -> None:
         name = job.name
         started, heartbeat = self.in_flight.pop(name)
-        heartbeat.__exit__(None, None, None)
+        heartbeat.stop()
         seconds = time.perf_counter() - started
         try:
             if isinstance(outcome, BaseException):
@@ -208,7 +204,7 @@ class _Driver:
         checkpointed epoch."""
         for name in list(self.in_flight):
             _, heartbeat = self.in_flight.pop(name)
-            heartbeat.__exit__(None, None, None)
+            heartbeat.stop()
             self._release(name)
             self.stopped.add(name)
 
@@ -232,7 +228,7 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
         return None
     if metrics.fingerprint != cfg.fingerprint():
         return None
-    plan = budget_plan(cfg, final, backup)
+    plan = budget_plan(cfg.train, final, backup)
     if plan is None or plan.action == "keep":
         return existing, metrics
     progress.note(f"{job.name}: {plan.reason}")
@@ -301,73 +297,36 @@ def _as_read_now(recorded: dict) -> dict:
         return recorded
 
 
-def _recheck_done_jobs(run_dir: Path, ledger: Ledger, names: list[str]) -> None:
-    """A done job whose files no longer match its manifest is trained again, not trusted."""
-    for record in ledger.jobs():
-        if record.name not in names or record.status != "done":
-            continue
-        if artifacts.verify(artifacts.jobs_dir(run_dir) / record.name) != record.manifest_sha256:
+def _reconcile(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int, retry_failed: bool) -> None:
+    """One pass over the run's jobs before any is claimed: each of `jobs` that must train again goes back to
+    pending, all in one transaction (_why_again says which and why)."""
+    reasons = {record.name: reason for record in ledger.jobs() if record.name in jobs
+               and (reason := _why_again(cfg, record, jobs[record.name], retries, retry_failed))}
+    ledger.mark_pending(reasons)
+
+
+def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_failed: bool) -> str | None:
+    """Why a job must train again, or None:
+    - a done job whose files no longer match its manifest: trained again, not trusted;
+    - a done job that the training budget (BUDGET_KEYS) would now have trained otherwise (resume.budget_plan:
+      train_job extends or retrains it);
+    - a failed job that used up its retries, when asked to (--retry-failed) or when what it was given has
+      changed since it failed (a fixed or added candle file)."""
+    if record.status == "done":
+        job_dir = artifacts.jobs_dir(cfg.run_dir) / record.name
+        if artifacts.verify(job_dir) != record.manifest_sha256:
             log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
-            ledger.mark_pending(record.name, "artifacts failed verification")
-
-
-def _fit_done_jobs_to_budget(cfg: RunConfig, ledger: Ledger, names: list[str]) -> None:
-    """Done jobs that train.epochs or early-stopping patience (BUDGET_KEYS) would now have trained otherwise go
-    back to pending: train_job extends or retrains them (see budget_plan)."""
-    for record in ledger.jobs():
-        if record.name in names and record.status == "done":
-            plan = budget_plan(cfg, artifacts.jobs_dir(cfg.run_dir) / record.name, cfg.run_dir / BACKUPS / record.name)
-            if plan is not None and plan.action != "keep":
-                ledger.mark_pending(record.name, plan.reason)
-
-
-@dataclass(frozen=True)
-class BudgetPlan:
-    action: str  # keep | extend | retrain
-    reason: str
-
-
-def budget_plan(cfg: RunConfig, job_dir: Path, backup: Path) -> BudgetPlan | None:
-    """What a finished job needs when the config's training budget (BUDGET_KEYS) is not the one it trained with;
-    None when it is. Its recorded epochs are replayed against the new budget (training.replay_budget):
-    - the new budget would have stopped it before its last epoch: trained again from scratch (the weights of
-      that epoch are not kept);
-    - it would have stopped at the same epoch: kept as it is;
-    - it would have gone on: training goes on from its last epoch's checkpoint, as if never stopped (from
-      scratch when no checkpoint was kept)."""
-    trained = TrainConfig.model_validate(yaml.safe_load((job_dir / "config.yaml").read_text())["train"])
-    changes = [f"{key} {old} -> {new}" for key, old, new in zip(BUDGET_KEYS, _budget(trained), _budget(cfg.train))
-               if old != new]
-    if not changes:
+            return "artifacts failed verification"
+        plan = budget_plan(cfg.train, job_dir, cfg.run_dir / BACKUPS / record.name)
+        return plan.reason if plan is not None and plan.action != "keep" else None
+    if record.status != "failed" or record.attempts <= retries:
         return None
-    history = pd.read_csv(job_dir / "history.csv")
-    stop, ran = replay_budget(history, cfg.train), len(history)
-    if stop == ran:
-        return BudgetPlan("keep", f"{', '.join(changes)}: trains it the same ({ran} epochs)")
-    if stop is None and EpochCheckpoint(backup).exists():
-        return BudgetPlan("extend", f"{', '.join(changes)}: training goes on after epoch {ran}")
-    why = f"would have stopped at epoch {stop} of its {ran}" if stop is not None else "no checkpoint kept to go on from"
-    return BudgetPlan("retrain", f"{', '.join(changes)}: trained again from scratch ({why})")
-
-
-def _budget(train: TrainConfig) -> tuple[int, int | None]:
-    """train's values of BUDGET_KEYS, in that order."""
-    return train.epochs, train.early_stopping.patience if train.early_stopping else None
-
-
-def _retry_failed_jobs(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int,
-                       retry_failed: bool) -> None:
-    """Failed jobs that used up their retries go back to pending when asked to (--retry-failed), or when
-    what they were given has changed since they failed (a fixed or added candle file)."""
-    for record in ledger.jobs():
-        job = jobs.get(record.name)
-        if job is None or record.status != "failed" or record.attempts <= retries:
-            continue
-        if retry_failed:
-            ledger.mark_pending(record.name, f"retried (--retry-failed) after: {record.error}")
-        elif record.inputs != input_digest(cfg, job.symbol, job.timeframe):
-            log.info("%s: its input changed since it failed; trying it again", record.name)
-            ledger.mark_pending(record.name, f"input changed since it failed with: {record.error}")
+    if retry_failed:
+        return f"retried (--retry-failed) after: {record.error}"
+    if record.inputs != input_digest(cfg, job.symbol, job.timeframe):
+        log.info("%s: its input changed since it failed; trying it again", record.name)
+        return f"input changed since it failed with: {record.error}"
+    return None
 
 
 def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
@@ -433,29 +392,3 @@ def _push(run_dir: Path, names: list[str], cfg: RunConfig, display: Display) -> 
 
 def _count(ledger: Ledger, names: list[str], status: str) -> int:
     return sum(1 for j in ledger.jobs() if j.name in names and j.status == status)
-
-
-# ----------------------------------------------------------------------------- liveness
-class Heartbeat:
-    """While a job runs, tells the ledger from a background thread that this process is alive, so that
-    no other process reclaims the job however long one stage takes."""
-
-    def __init__(self, ledger: Ledger, name: str, every: float = 15.0) -> None:
-        self.ledger, self.name, self.every = ledger, name, every
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name=f"heartbeat-{name}")
-
-    def __enter__(self) -> Heartbeat:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        while not self._stop.wait(self.every):
-            try:
-                self.ledger.heartbeat(self.name)
-            except LostClaim:
-                return  # the main thread finds out when it records the outcome

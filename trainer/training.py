@@ -7,27 +7,24 @@ import gc
 import json
 import logging
 import math
-import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
 
 import keras
 import numpy as np
 import pandas as pd
 import tensorflow as tf
-from pydantic import BaseModel, TypeAdapter
 
 from .config import RunConfig, TrainConfig
 from .device import apply_precision
-from .errors import JobError, first_line
+from .errors import JobError
 from .evaluate import INFERENCE_BATCH_SIZE
-from .files import atomic_write
 from .models import build_model, compile_settings
+from .resume import FINISHED, EpochCheckpoint, ResumableState, assign, resumable_callbacks, resume, save_weights
 from .windows import SplitWindows, Windows, float32
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 
 # ----------------------------------------------------------------------------- compiled-model reuse
@@ -70,14 +67,9 @@ class ModelCache:
             self._key = key
             self.builds += 1
         else:
-            _assign(self._model.variables, self._initial_state)
-            _assign(self._model.optimizer.variables, self._initial_optimizer_state)  # the learning rate too
+            assign(self._model.variables, self._initial_state)
+            assign(self._model.optimizer.variables, self._initial_optimizer_state)  # the learning rate too
         return self._model
-
-
-def _assign(variables: list, values: list[np.ndarray]) -> None:
-    for variable, value in zip(variables, values, strict=True):
-        variable.assign(value)
 
 
 def model_signature(cfg: RunConfig, n_features: int) -> str:
@@ -95,12 +87,6 @@ def model_signature(cfg: RunConfig, n_features: int) -> str:
 
 
 # ----------------------------------------------------------------------------- fitting
-# In a job's backup directory: the weights training ended with, and the epochs' rows (history and the callbacks'
-# counters). EpochCheckpoint and ResumableState name their other files.
-FINISHED = "finished_weights.npz"
-STATE = "state.json"
-
-
 @dataclass
 class FitResult:
     history: pd.DataFrame  # one row per epoch, including epochs run before a restart
@@ -109,18 +95,18 @@ class FitResult:
     step_seconds: float  # time inside train steps in this process (for overhead accounting)
 
 
-def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path,
+def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: Path,
         callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
     """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
 
     If `backup_dir` holds the state of an interrupted run of this job, training resumes after its last
     finished epoch (see resume). The backup is left in place: the caller deletes it once the job's artifacts
-    are safe.
+    are safe (trainer.resume has how).
     """
-    train = cfg.train
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
     resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
-    state = ResumableState(backup_dir, resumed)
+    early_stopping, reduce_lr = resumable_callbacks(train, resumed)
+    state = ResumableState(backup_dir, resumed, early_stopping, reduce_lr)
     if resumed.finished:  # killed after training, before the artifacts were safe: nothing to re-train
         return _result(state, restores_best, step_seconds=0.0)
 
@@ -128,15 +114,7 @@ def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path
     train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
     val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
 
-    early_stopping = reduce_lr = None
-    standard: list[keras.callbacks.Callback] = [StopOnNaN()]
-    if train.early_stopping:
-        early_stopping = keras.callbacks.EarlyStopping(**train.early_stopping.model_dump())
-        standard.append(early_stopping)
-    if train.reduce_lr:
-        reduce_lr = keras.callbacks.ReduceLROnPlateau(**train.reduce_lr.model_dump())
-        standard.append(reduce_lr)
-    state.early_stopping, state.reduce_lr = early_stopping, reduce_lr
+    standard: list[keras.callbacks.Callback] = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c)]
     # The checkpoint of an epoch is written last, once everything the epoch changed is saved: a job killed at
     # any moment resumes from a checkpointed epoch whose history row and best weights are on disk too.
     standard += [state, EpochCheckpoint(backup_dir)]
@@ -147,82 +125,6 @@ def fit(model: WindowTrainer, windows: Windows, cfg: RunConfig, backup_dir: Path
               shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     save_weights(backup_dir / FINISHED, model.get_weights())
     return _result(state, restores_best, step_seconds=timer.seconds)
-
-
-@dataclass(frozen=True)
-class Resumed:
-    """Where an earlier run of a job left off, as resume() read it back from the job's backup directory."""
-    epochs: int  # the epochs done, which training goes on after (0: a fresh start)
-    rows: list[dict]  # their rows (state.json)
-    best_weights: list[np.ndarray] | None = None  # early stopping's best so far, as the last row names them
-    finished: bool = False  # training had ended: the model holds the weights it ended with
-
-
-def resume(backup_dir: Path, model: keras.Model) -> Resumed:
-    """Load into `model` the newest state that an earlier run of this job left in `backup_dir` and that reads back
-    whole, every file checked against the model: the weights training ended with; else the latest epoch
-    checkpoint (weights, optimizer state) whose epochs' rows and best weights are usable too; else the checkpoint
-    before it; else nothing: a fresh start.
-
-    Nothing a kill, a full disk or a damaged file leaves there can fail the job: whatever is unusable is named
-    in one warning, with what training does instead. (Keras's BackupAndRestore writes its file in place and
-    falls back only on OSError: a kill while it wrote left a truncated file that failed every later run.)"""
-    checkpoint, finished = EpochCheckpoint(backup_dir), backup_dir / FINISHED
-    unusable: list[str] = []
-
-    def unusable_because(path: Path, exc: Exception) -> None:
-        unusable.append(f"{path.name} unusable ({type(exc).__name__}: {first_line(exc)})")
-
-    try:
-        rows = _read_rows(backup_dir / STATE)
-    except Exception as exc:  # the epochs' history is lost: no checkpoint can be gone on from
-        unusable_because(backup_dir / STATE, exc)
-    else:
-        if rows and finished.exists():
-            try:
-                model.set_weights(load_weights(finished, model))
-                return Resumed(len(rows), rows, finished=True)
-            except Exception as exc:
-                unusable_because(finished, exc)
-        for path in checkpoint.paths:
-            if not path.exists():
-                continue
-            try:
-                epoch, weights, optimizer_state = checkpoint.read(path, model)
-                if epoch > len(rows):
-                    raise ValueError(f"{STATE} has no row for its epoch {epoch}")
-                best = _best_weights(backup_dir, rows[epoch - 1], model)
-            except Exception as exc:  # whatever is wrong with the file, the job goes on without it
-                unusable_because(path, exc)
-                continue
-            _assign(model.variables, weights)
-            _assign(model.optimizer.variables, optimizer_state)
-            if unusable:
-                log.warning("%s: %s; going on after epoch %d (%s)", backup_dir, "; ".join(unusable), epoch, path.name)
-            return Resumed(epoch, rows[:epoch], best)
-    if unusable:
-        log.warning("%s: %s; training this job from its first epoch", backup_dir, "; ".join(unusable))
-        for path in (*checkpoint.paths, finished, backup_dir / STATE):  # never to be mixed with the epochs to come
-            path.unlink(missing_ok=True)
-    return Resumed(0, [])
-
-
-def replay_budget(history: pd.DataFrame, train: TrainConfig) -> int | None:
-    """The epoch (1-based) at which `train`'s epochs and early stopping would have ended a training that went as
-    `history` records (its rows, one per epoch, hold the monitored values), or None when it would go on after
-    the recorded epochs. Keras's own EarlyStopping decides, replayed over the record."""
-    limit = train.epochs if train.epochs <= len(history) else None
-    if train.early_stopping is not None:
-        early_stopping = keras.callbacks.EarlyStopping(**{**train.early_stopping.model_dump(),
-                                                          "restore_best_weights": False})
-        stops = SimpleNamespace(stop_training=False)  # all of a model that EarlyStopping touches
-        early_stopping.set_model(stops)
-        early_stopping.on_train_begin()
-        for epoch, logs in enumerate(history.to_dict("records")[:limit]):
-            early_stopping.on_epoch_end(epoch, logs)
-            if stops.stop_training:
-                return epoch + 1
-    return limit
 
 
 def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> FitResult:
@@ -359,60 +261,6 @@ class DeviceFeed:
 
 
 # ----------------------------------------------------------------------------- callbacks
-class EpochCheckpoint(keras.callbacks.Callback):
-    """Everything training needs to go on after an epoch — the model's weights, the optimizer's state (moments,
-    step count, learning rate) and the epoch — saved at the epoch's end in one file, written atomically, and
-    read back before it counts; the previous epoch's file is kept beside it, for resume() to fall back on.
-
-    Declared safe to run in the background: it does nothing per batch, so the device never waits for a batch's
-    loss to reach Python."""
-    async_safe = True
-
-    def __init__(self, backup_dir: Path) -> None:
-        super().__init__()
-        self.latest, self.previous = backup_dir / "checkpoint.npz", backup_dir / "checkpoint.previous.npz"
-        self.paths = (self.latest, self.previous)  # newest first
-
-    def exists(self) -> bool:
-        return self.latest.exists() or self.previous.exists()
-
-    def on_epoch_end(self, epoch, logs=None):
-        if self.latest.exists():
-            os.replace(self.latest, self.previous)  # killed right after this: the previous one is still there
-        model, optimizer = self.model, self.model.optimizer
-        arrays = {"epoch": np.asarray(epoch + 1),
-                  **{f"w{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(model.variables)},
-                  **{f"o{i}": keras.ops.convert_to_numpy(v) for i, v in enumerate(optimizer.variables)}}
-        atomic_write(self.latest, lambda tmp: self._write(tmp, arrays))
-        self.read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
-
-    @staticmethod
-    def _write(tmp: Path, arrays: dict[str, np.ndarray]) -> None:
-        np.savez(tmp, **arrays)
-
-    @staticmethod
-    def read(path: Path, model: keras.Model) -> tuple[int, list[np.ndarray], list[np.ndarray]]:
-        """The checkpoint's epoch, weights and optimizer state, checked against the model's variables."""
-        with np.load(path) as saved:
-            epoch = int(saved["epoch"])
-            weights = [saved[f"w{i}"] for i in range(len(model.variables))]
-            optimizer_state = [saved[f"o{i}"] for i in range(len(model.optimizer.variables))]
-        _check_arrays("weight", weights, model.variables)
-        _check_arrays("optimizer", optimizer_state, model.optimizer.variables)
-        if epoch < 1:
-            raise ValueError(f"epoch {epoch}")
-        return epoch, weights, optimizer_state
-
-
-def _check_arrays(kind: str, values: list[np.ndarray], variables: list) -> None:
-    """ValueError unless `values` are numbers shaped as `variables`, one for one."""
-    if len(values) != len(variables):
-        raise ValueError(f"{len(values)} {kind} arrays, the model has {len(variables)}")
-    for value, variable in zip(values, variables):
-        if tuple(value.shape) != tuple(variable.shape) or value.dtype.kind not in "biuf":
-            raise ValueError(f"{kind} {variable.path}: {value.dtype} {value.shape}, the model's {variable.shape}")
-
-
 class Diverged(JobError):
     """Training diverged: its loss is no longer a finite number. Whether the data or the settings are to blame
     is for the caller to tell (pipeline.train_one)."""
@@ -474,135 +322,3 @@ class ReportProgress(keras.callbacks.Callback):
         self.display.epoch_ended(epoch, logs or {})
 
 
-class ResumableState(keras.callbacks.Callback):
-    """Makes EarlyStopping, ReduceLROnPlateau and the epoch history survive a restart.
-
-    EpochCheckpoint restores weights, optimizer state and the epoch counter, but not the other
-    callbacks' counters nor the best weights seen so far: without them a resumed job would wait longer
-    to stop and could restore a worse model than an uninterrupted one. Each epoch's row holds those
-    counters, and whether early stopping ended training; on restart the row of the last backed-up epoch
-    is applied (resume() drops the rows of epochs that will be re-run). The best weights are kept per epoch,
-    so that the ones the last backed-up row names are still there whatever epoch was under way.
-    Must come after EarlyStopping and ReduceLROnPlateau, and before EpochCheckpoint.
-    """
-
-    def __init__(self, backup_dir: Path, resumed: Resumed) -> None:
-        super().__init__()
-        self.dir = backup_dir
-        self.path = backup_dir / STATE
-        self.early_stopping = self.reduce_lr = None  # set by fit, once it has made them
-        self.rows: list[dict] = list(resumed.rows)
-        self._best_weights = resumed.best_weights
-
-    def stopped_at(self, patience: int | None) -> int | None:
-        """The epoch early stopping ended training at, if the backed-up state says it did and early stopping with
-        `patience` (None: off) would have too: a job extended with more patience goes on."""
-        last = self.rows[-1] if self.rows else {}
-        if not last.get("stopped") or patience is None or last.get("early_stopping", {}).get("wait", 0) < patience:
-            return None
-        return last["epoch"]
-
-    def on_train_begin(self, logs=None):
-        if not self.rows:
-            return
-        last = self.rows[-1]
-        if self.early_stopping and last.get("early_stopping"):
-            vars(self.early_stopping).update(last["early_stopping"])
-            if self._best_weights is not None:
-                self.early_stopping.best_weights = self._best_weights
-        if self.reduce_lr and last.get("reduce_lr"):
-            vars(self.reduce_lr).update(last["reduce_lr"])
-
-    def on_epoch_end(self, epoch, logs=None):
-        row = {"epoch": epoch + 1, **{k: float(v) for k, v in (logs or {}).items()},
-               "stopped": bool(self.model.stop_training)}
-        row["learning_rate"] = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
-        es = self.early_stopping
-        if es is not None:
-            row["early_stopping"] = {"wait": es.wait, "best": float(es.best), "best_epoch": es.best_epoch}
-            if es.best_epoch == epoch and es.best_weights is not None:
-                save_weights(_best_path(self.dir, epoch), es.best_weights)
-        if self.reduce_lr is not None:
-            rl = self.reduce_lr
-            row["reduce_lr"] = {"wait": rl.wait, "best": float(rl.best), "cooldown_counter": rl.cooldown_counter}
-        self.rows.append(row)
-        atomic_write(self.path, lambda tmp: tmp.write_text(json.dumps(self.rows)))
-        # Best weights no row that a restart could resume from still names (this one, or the last backed up).
-        named = {_best_path(self.dir, r["early_stopping"]["best_epoch"]) for r in self.rows[-2:]
-                 if "early_stopping" in r}
-        for path in self.dir.glob("best_weights_epoch*.npz"):
-            if path not in named:
-                path.unlink()
-
-    def history_frame(self) -> pd.DataFrame:
-        """Per epoch: the losses, metrics and learning rate (not the callbacks' bookkeeping)."""
-        flat = [{k: v for k, v in row.items() if not isinstance(v, (dict, bool))} for row in self.rows]
-        return pd.DataFrame(flat)
-
-
-def _best_path(backup_dir: Path, epoch: int) -> Path:
-    """Where the best weights of a (0-based) epoch are kept."""
-    return backup_dir / f"best_weights_epoch{epoch + 1}.npz"
-
-
-def _best_weights(backup_dir: Path, row: dict, model: keras.Model) -> list[np.ndarray] | None:
-    """The best weights a row names, checked against the model; None where it names none (no early stopping, or
-    none kept: restore_best_weights off)."""
-    if "early_stopping" not in row:
-        return None
-    path = _best_path(backup_dir, row["early_stopping"]["best_epoch"])
-    try:
-        return load_weights(path, model) if path.exists() else None
-    except Exception as exc:
-        raise ValueError(f"its best weights {path.name}: {type(exc).__name__}: {first_line(exc)}") from None
-
-
-class _EarlyStoppingRow(BaseModel, extra="forbid"):
-    wait: int
-    best: float
-    best_epoch: int
-
-
-class _ReduceLrRow(BaseModel, extra="forbid"):
-    wait: int
-    best: float
-    cooldown_counter: int
-
-
-class _EpochRow(BaseModel, extra="allow"):
-    """One epoch's row of state.json, as ResumableState writes it: the losses and metrics (the extra keys)."""
-    __pydantic_extra__: dict[str, float]
-    epoch: int
-    stopped: bool
-    learning_rate: float
-    early_stopping: _EarlyStoppingRow | None = None
-    reduce_lr: _ReduceLrRow | None = None
-
-
-_ROWS = TypeAdapter(list[_EpochRow])
-
-
-def _read_rows(path: Path) -> list[dict]:
-    """state.json's rows, checked (ValueError otherwise): epochs 1, 2, ... each as ResumableState writes it.
-    None written yet: none."""
-    if not path.exists():
-        return []
-    rows = json.loads(path.read_text())
-    _ROWS.validate_python(rows)
-    if [row["epoch"] for row in rows] != list(range(1, len(rows) + 1)):
-        raise ValueError("its rows are not those of epochs 1, 2, ...")
-    return rows
-
-
-def save_weights(path: Path, weights: list[np.ndarray]) -> None:
-    """Weights as a plain .npz, atomically: ~2 ms against ~25 ms for Keras's .weights.h5 at these sizes, and the
-    best weights are saved at every improving epoch."""
-    atomic_write(path, lambda tmp: np.savez(tmp, *weights))
-
-
-def load_weights(path: Path, model: keras.Model) -> list[np.ndarray]:
-    """Weights save_weights wrote, checked against the model's (ValueError when they are not its)."""
-    with np.load(path) as saved:
-        weights = [saved[f"arr_{i}"] for i in range(len(saved.files))]
-    _check_arrays("weight", weights, model.weights)
-    return weights

@@ -9,12 +9,12 @@ can change them, nor the scalers, which are fit on the train samples.
 Framing (`window.relative_to`). With `last_close`, each window is seen relative to the close of its own
 last input row (NLinear, Zeng et al. 2023; RevIN, Kim et al. 2022): a model of levels cannot forecast a
 price outside the range it was trained on, a model of changes can.
-- price levels (PRICE_LEVELS) enter as log(value / last close); targets are the log return from the last
-  close to each target candle. Their target scalers keep offset 0, so an all-zero model output is the
-  "no change" forecast: every price at the last close.
-- price differences (PRICE_DIFFERENCES: macd, signal, atr) enter divided by the last close.
-- every other column (rsi, roc, bb_width_pct, bb_position, volatility, volume_norm, volume) is unitless or
-  not a price, and enters as it is.
+- price levels (`framing` "level": the candle's prices, bb_upper, bb_lower) enter as log(value / last
+  close); targets are the log return from the last close to each target candle. Their target scalers keep
+  offset 0, so an all-zero model output is the "no change" forecast: every price at the last close.
+- price differences ("difference": macd, signal, atr) enter divided by the last close.
+- every other column (rsi, roc, bb_width_pct, bb_position, volatility, volume_norm, volume, ...) is unitless
+  or not a price, and enters as it is.
 With `relative_to: null` every column enters as it is: absolute levels, as the old scripts did.
 Either way the framed values are then scaled per column (`window.scaler`), with statistics of the train
 samples only. Framing uses nothing after a window's last input row.
@@ -37,10 +37,16 @@ from numpy.lib.stride_tricks import sliding_window_view
 from .config import CANDLE, Split, WindowConfig
 from .config import HeadConfig as HeadSpec
 from .errors import JobError, UserError
+from .files import write_json
+from .indicators import Indicator
 
 SPLITS = ("train", "val", "test")
-PRICE_LEVELS = frozenset({"open", "high", "low", "close", "bb_upper", "bb_lower"})
-PRICE_DIFFERENCES = frozenset({"macd", "signal", "atr"})
+
+
+def framing(column: str) -> str:
+    """How a column is framed relative to the last close: "level" (the candle's prices, and an indicator that is
+    a price), "difference" (an indicator that is a difference of prices) or "unitless" (Indicator.framing)."""
+    return "level" if column in CANDLE else getattr(Indicator.kinds.get(column), "framing", "unitless")
 
 
 def float32(values: np.ndarray) -> np.ndarray:
@@ -165,12 +171,12 @@ class Framing:
     @cached_property
     def level(self) -> np.ndarray:
         """1.0 for each column framed as a log ratio to the last close, else 0.0 (float32: for the device too)."""
-        return np.asarray([self.relative_to is not None and c in PRICE_LEVELS for c in self.columns], np.float32)
+        return np.asarray([self.relative_to is not None and framing(c) == "level" for c in self.columns], np.float32)
 
     @cached_property
     def difference(self) -> np.ndarray:
         """1.0 for each column framed as a ratio to the last close, else 0.0."""
-        return np.asarray([self.relative_to is not None and c in PRICE_DIFFERENCES for c in self.columns],
+        return np.asarray([self.relative_to is not None and framing(c) == "difference" for c in self.columns],
                           np.float32)
 
     @property
@@ -347,8 +353,6 @@ class Preprocessing:
         }
 
     def to_file(self, path: Path) -> None:
-        from .artifacts import write_json
-
         write_json(path, self.to_dict())
 
     @classmethod

@@ -23,16 +23,19 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
 
-from ..config import OHLCV, BinanceSource
 from ..errors import JobError
 from ..files import atomic_write
 from ..retries import retry_wait
 from .files import candles_from_bytes, read_bytes
-from .validate import timeframe_delta
+from .validate import OHLCV, timeframe_delta
+
+if TYPE_CHECKING:
+    from .sources import BinanceSource
 
 PAGE_LIMIT = 1000
 WEIGHT_LIMIT_1M = 6000  # Binance spot request weight per minute and IP
@@ -42,7 +45,7 @@ BACKOFF_S = 1.0  # first wait without a Retry-After; doubles on each attempt
 MAX_RETRY_AFTER_S = 300  # a longer ban is reported rather than waited out
 RATE_LIMITED = (418, 429)  # 418: banned for a while
 TIMEOUT_S = 30
-log = logging.getLogger("cryptotrain")  # a damaged stored file (downloaded again)
+log = logging.getLogger(__name__)  # a damaged stored file (downloaded again)
 
 Sleep = Callable[[float], None]
 

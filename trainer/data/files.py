@@ -21,9 +21,8 @@ import pyarrow.csv
 import pyarrow.feather
 import pyarrow.parquet
 
-from ..config import OHLCV
 from ..errors import JobError
-from .validate import validate
+from .validate import OHLCV, validate
 
 TIME_COLUMNS = ("timestamp", "open_time", "date")
 FORMATS = (".csv", ".csv.gz", ".parquet", ".feather", ".json", ".json.gz")

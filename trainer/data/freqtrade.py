@@ -22,9 +22,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..config import FreqtradeSource
 from ..errors import JobError
+
+if TYPE_CHECKING:
+    from .sources import FreqtradeSource
 
 FORMATS = ("feather", "parquet", "json", "json.gz")  # freqtrade's file extensions, in its default's order
 # Quote assets a symbol may end with, longest first where one ends another (FDUSD before USD): only used to

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.errors import (
@@ -24,9 +25,11 @@ from huggingface_hub.errors import (
     RevisionNotFoundError,
 )
 
-from ..config import HfSource
 from ..errors import JobError
 from .files import job_filename
+
+if TYPE_CHECKING:
+    from .sources import HfSource
 
 _unreachable_endpoints: set[str] = set()  # endpoints this process could not reach
 

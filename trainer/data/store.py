@@ -27,7 +27,7 @@ import pandas as pd
 
 from ..files import atomic_write
 
-log = logging.getLogger("cryptotrain")
+log = logging.getLogger(__name__)
 
 SUFFIX = ".frame"
 

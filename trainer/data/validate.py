@@ -8,9 +8,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..config import OHLCV
 from ..errors import JobError
 from .store import frame_of_columns
+
+OHLCV = ("open", "high", "low", "close", "volume")  # the columns of every candle frame
 
 _TIMEFRAME_UNITS = {"m": "min", "h": "h", "d": "D"}
 

@@ -1,0 +1,205 @@
+"""Where a job's candles come from: one class per source, each a section of the config's `data` (data.local,
+data.hf, ...) that knows how to give a job's candles, whether `cryptotrain data download` fetches them, and
+which file on this machine holds them. `data.source` names the one a run uses (DataConfig.chosen).
+
+A new source is one class here (a subclass of Source with its `name`, its settings as fields and `file` or
+`candles`) and its section in config.DataConfig.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+import pandas as pd
+from pydantic import AfterValidator, Field, model_validator
+
+from ..errors import JobError
+from ..files import beside_package
+from ..specs import Strict
+from . import binance, files, freqtrade, hf, store, validate
+from .synthetic import synthetic_candles
+
+# What a parsed entry depends on besides the file's bytes: the parsing code and the libraries.
+PARSER_VERSION = store.make_key(store.code_digest(files, validate, store),
+                                *(version(package) for package in ("pyarrow", "pandas", "numpy")))
+BUNDLED_CANDLES = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
+
+
+def check_file_pattern(pattern: str) -> str:
+    try:
+        pattern.format(symbol="BTCUSDT", timeframe="1h")
+    except (KeyError, IndexError, ValueError):
+        raise ValueError(f"{pattern!r} may only use the placeholders {{symbol}} and {{timeframe}}") from None
+    return pattern
+
+
+def check_repo_id(repo_id: str) -> str:
+    from huggingface_hub.errors import HFValidationError  # the Hub client's own rule, imported when needed
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    return repo_id
+
+
+def _date(date: str) -> str:
+    try:
+        datetime.fromisoformat(date)
+    except ValueError:
+        raise ValueError(f"{date!r} is not a date (YYYY-MM-DD, UTC)") from None
+    return date
+
+
+FilePattern = Annotated[str, AfterValidator(check_file_pattern)]  # a file name per symbol and timeframe
+RepoId = Annotated[str, AfterValidator(check_repo_id)]
+IsoDate = Annotated[str, AfterValidator(_date)]
+
+
+class Source(Strict):
+    """One source of candles. `kinds`: every source by its name, in the order they are defined."""
+    kinds: ClassVar[dict[str, type[Source]]] = {}
+    name: ClassVar[str]
+    synthetic: ClassVar[bool] = False  # generated candles, labelled so wherever they are shown
+    downloads: ClassVar[bool] = False  # fetched over the network: `cryptotrain data download` has work to do
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        Source.kinds[cls.name] = cls
+
+    def candles(self, symbol: str, timeframe: str, cache: Path) -> tuple[pd.DataFrame, str]:
+        """The job's validated candles, every row the source has, and where they came from (a label such as
+        "local:/abs/BTCUSDT_1h.csv.gz"). A file is parsed once: the parsed frame is cached by its bytes."""
+        path, label = self.file(symbol, timeframe, cache)
+        raw = files.read_bytes(path, label)
+        key = store.make_key(raw, files.file_format(path), timeframe, PARSER_VERSION)
+        frame = store.load(cache / "candles" / "parsed", key)
+        if frame is None:
+            frame = files.candles_from_bytes(raw, path, timeframe, label)
+            store.save(cache / "candles" / "parsed", key, frame)
+        return frame, label
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        """The job's candle file on this machine (fetched first where it must be) and its label; a JobError
+        saying what is missing where."""
+        raise NotImplementedError(f"source {self.name} has no file()")
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path | None:
+        """Where the job's candles are on this machine, fetching nothing (whether or not the file is there):
+        what a job's input digest reads. None for a source with no such file."""
+        return None
+
+    def download(self, symbol: str, timeframe: str, cache: Path) -> int | None:
+        """Bring the job's candles up to date in the cache, before `candles` reads them: how many are new, or
+        None where the source does not say."""
+        return None
+
+
+class LocalSource(Source):
+    """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
+    name: ClassVar[str] = "local"
+    path: Path = BUNDLED_CANDLES
+    pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
+
+    def directory(self) -> Path:
+        """`path`, relative to the cwd. The default, data/ohlcv, where the cwd has no such directory (cryptotrain
+        installed with pip, run anywhere), is the copy of the bundled candles installed with the package."""
+        if self.path == BUNDLED_CANDLES and not self.path.is_dir():
+            return beside_package("bundled_data/ohlcv", BUNDLED_CANDLES)
+        return self.path
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        path = self.stored_file(symbol, timeframe, cache).resolve()
+        if not path.is_file():
+            raise JobError(f"local:{path}: no such file; {self._holdings(timeframe)} (data.local.path, or --set "
+                           "data.source=hf or binance)")
+        return path, f"local:{path}"
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path:
+        return self.directory() / files.job_filename(self.pattern, symbol, timeframe)
+
+    def _holdings(self, timeframe: str) -> str:
+        """What the directory does hold for a timeframe, to say beside a missing file."""
+        directory = self.directory()
+        if not directory.is_dir():
+            return f"there is no directory {directory}"
+        prefix, _, suffix = files.job_filename(self.pattern, "\0", timeframe).partition("\0")
+        symbols = sorted(p.name[len(prefix):len(p.name) - len(suffix)] for p in directory.glob(f"{prefix}*{suffix}")
+                         if p.name.startswith(prefix) and p.name.endswith(suffix))
+        return f"{directory} has {timeframe} candles for {', '.join(symbols) or 'no symbol'}"
+
+
+class HfSource(Source):
+    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
+    name: ClassVar[str] = "hf"
+    downloads: ClassVar[bool] = True
+    repo_id: RepoId = "zongowo111/cpb-models"
+    repo_type: Literal["dataset", "model"] = "dataset"
+    revision: str = "main"
+    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        return hf.hf_file(self, symbol, timeframe), hf.hf_label(self, symbol, timeframe)
+
+
+class BinanceSource(Source):
+    """Public spot klines (no API key), downloaded once into the cache."""
+    name: ClassVar[str] = "binance"
+    downloads: ClassVar[bool] = True
+    base_url: str = "https://api.binance.com"
+    start: IsoDate = "2024-01-01"
+    end: IsoDate | None = None  # None: up to now
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> BinanceSource:
+        if self.end is not None and _utc(self.start) >= _utc(self.end):
+            raise ValueError(f"start {self.start} is not before end {self.end}")
+        return self
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        path = self.stored_file(symbol, timeframe, cache)
+        if binance.load_stored(path, timeframe) is None:  # none yet, or damaged (removed): download them
+            binance.update(self, cache, symbol, timeframe)
+        return path, f"binance:{path}"
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path:
+        return binance.stored_path(self, cache, symbol, timeframe)
+
+    def download(self, symbol: str, timeframe: str, cache: Path) -> int:
+        return binance.update(self, cache, symbol, timeframe)
+
+
+def _utc(date: str) -> datetime:
+    stamp = datetime.fromisoformat(date)
+    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
+
+
+class SyntheticSource(Source):
+    """Deterministic generated candles, for demos and tests only (always labelled synthetic)."""
+    name: ClassVar[str] = "synthetic"
+    synthetic: ClassVar[bool] = True
+    seed: int = 7
+    rows: int = Field(3000, gt=0)
+
+    def candles(self, symbol: str, timeframe: str, cache: Path) -> tuple[pd.DataFrame, str]:
+        return synthetic_candles(symbol, timeframe, self.seed, self.rows), f"synthetic(seed={self.seed})"
+
+
+class FreqtradeSource(Source):
+    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
+    (trainer/data/freqtrade.py)."""
+    name: ClassVar[str] = "freqtrade"
+    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        path = freqtrade.job_file(self, symbol, timeframe).resolve()
+        return path, f"freqtrade:{path}"
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path | None:
+        """The job's one file; none (absent, or several: which is unknown) is None."""
+        found = freqtrade.candidates(self.path, symbol, timeframe)
+        return found[0] if len(found) == 1 else None
