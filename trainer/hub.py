@@ -60,7 +60,7 @@ from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import job_card, job_row, run_card, written_by_cryptotrain
 from .config import HubConfig, RunConfig, load_config
 from .errors import JobError, UserError
-from .jobs import make_jobs
+from .jobs import Job, make_jobs
 from .ledger import Ledger
 from .retries import retry_wait
 
@@ -221,8 +221,8 @@ def repo_of(hub: HubConfig, job_name: str) -> str:
 
 def _fill(template: str, job_name: str) -> str:
     """A template of the hub config (its placeholders checked when it was made) for one job."""
-    symbol, _, timeframe = job_name.rpartition("_")
-    return template.format(symbol=symbol, timeframe=timeframe)
+    job = Job.from_name(job_name)
+    return template.format(symbol=job.symbol, timeframe=job.timeframe)
 
 
 def _check_distinct(targets: list[Target]) -> None:

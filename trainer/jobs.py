@@ -16,6 +16,12 @@ class Job:
     def name(self) -> str:
         return f"{self.symbol}_{self.timeframe}"
 
+    @classmethod
+    def from_name(cls, name: str) -> Job:
+        """The job named SYMBOL_TIMEFRAME (as the ledger, the run directory and the Hub name it)."""
+        symbol, _, timeframe = name.rpartition("_")
+        return cls(symbol, timeframe)
+
 
 def make_jobs(cfg: RunConfig, only: tuple[str, ...] = (), timeframes: tuple[str, ...] = ()) -> list[Job]:
     """Every symbol x timeframe of the config, in config order, keeping those that match.
@@ -42,8 +48,8 @@ def make_jobs(cfg: RunConfig, only: tuple[str, ...] = (), timeframes: tuple[str,
 
 def selected(name: str, only: tuple[str, ...] = (), timeframes: tuple[str, ...] = ()) -> bool:
     """Whether a job named SYMBOL_TIMEFRAME passes the --only / --timeframes filters, as in make_jobs."""
-    symbol, _, timeframe = name.rpartition("_")
-    return (not timeframes or timeframe in timeframes) and _matches(Job(symbol, timeframe), only)
+    job = Job.from_name(name)
+    return (not timeframes or job.timeframe in timeframes) and _matches(job, only)
 
 
 def _matches(job: Job, patterns: tuple[str, ...]) -> bool:

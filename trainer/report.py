@@ -29,6 +29,7 @@ from . import __version__
 from .artifacts import MANIFEST, jobs_dir, verify
 from .errors import UserError
 from .files import atomic_write
+from .jobs import Job
 from .ledger import JobRecord, Ledger
 from .reporting import verdict
 from .results import CloseScores, Headline, JobMetrics
@@ -103,8 +104,8 @@ def _read_config(path: Path) -> tuple[dict, str | None]:
 
 
 def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:
-    symbol, _, timeframe = record.name.rpartition("_")
-    job = _Job(record, symbol, timeframe)
+    named = Job.from_name(record.name)
+    job = _Job(record, named.symbol, named.timeframe)
     if record.status != "done":
         return job  # a failed, pending or running job has no files of its own worth showing
     job_dir = jobs_dir(run_dir) / record.name
