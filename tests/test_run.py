@@ -73,7 +73,10 @@ def test_every_job_writes_complete_verified_artifacts(finished_run):
         assert metrics["best_val_loss"] == pytest.approx(history["val_loss"].min())
     summary = json.loads((run_dir / "summary.json").read_text())
     assert [row["job"] for row in summary] == ["BTCUSDT_1h", "ETHUSDT_1h"]
-    assert (run_dir / "summary.csv").read_text().startswith("job,epochs,")
+    table = pd.read_csv(run_dir / "summary.csv", keep_default_na=False)
+    assert table["job"].tolist() == ["BTCUSDT_1h", "ETHUSDT_1h"] and list(table.columns[:2]) == ["job", "epochs"]
+    assert table["skill"].tolist() == pytest.approx([row["skill"] for row in summary])
+    assert "None" not in table.to_numpy().tolist()[0]  # a figure a job has none of is an empty field
     assert "persistence" in output and "BTCUSDT_1h" in output
 
 

@@ -5,6 +5,8 @@ download, predict). The library never prints; cli.py calls these."""
 from __future__ import annotations
 
 import contextlib
+import csv
+import io
 import json
 import os
 import sys
@@ -153,8 +155,11 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
     # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
     rows = [{**j.summary, "seconds": round(j.seconds, 2)} for j in ledger.jobs() if j.status == "done" and j.summary]
     atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1, allow_nan=False)))
-    lines = [",".join(SUMMARY_COLUMNS)] + [",".join(str(row.get(c, "")) for c in SUMMARY_COLUMNS) for row in rows]
-    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text("\n".join(lines) + "\n"))
+    table = io.StringIO()
+    writer = csv.DictWriter(table, SUMMARY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)  # a value a job has none of (None, or absent) is an empty field
+    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text(table.getvalue()))
 
 
 def summary_line(summary: dict) -> str:
