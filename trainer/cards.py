@@ -10,6 +10,7 @@ whichever machine or run directory; any edit by hand breaks the match, and such 
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import re
 from pathlib import Path
@@ -19,6 +20,7 @@ import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
 from .baselines import VOLATILITY_NAMES
+from .data.sources import Source
 from .results import DataInfo, JobMetrics
 from .windows import Preprocessing
 
@@ -38,7 +40,8 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
     prep = Preprocessing.from_file(job_dir / "preprocessing.json")
     symbol, timeframe, data = metrics.symbol, metrics.timeframe, _public_data(metrics.data)
     test_range = [_iso(t) for t in metrics.test_range]
-    dataset = _hub_dataset(job_dir / "config.yaml")
+    config = yaml.safe_load((job_dir / "config.yaml").read_text())  # as the job's run recorded it
+    dataset = _hub_dataset(config)
     metadata = ModelCardData(
         library_name="keras",
         pipeline_tag=PIPELINE_TAG,
@@ -66,7 +69,7 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
         "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics) + _candles_text(metrics),
         "## Training\n\n" + _training_text(metrics),
         "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo), install),
-        "## Config\n\n```yaml\n" + _public_config(job_dir / "config.yaml") + "```",
+        "## Config\n\n```yaml\n" + _public_config(config) + "```",
     ]
     return _card(metadata, sections)
 
@@ -123,17 +126,16 @@ def _public_data(data: DataInfo) -> dict:
     return {"source": source, **data.model_dump(include={"synthetic", "first", "last", "rows"})}
 
 
-def _public_config(path: Path) -> str:
+def _public_config(config: dict) -> str:
     """The run config, less where that machine kept its outputs, caches and candle files (a directory's own
-    name is kept)."""
-    config = yaml.safe_load(path.read_text())
-    for key in ("output_dir", "cache_dir"):
-        config.pop(key, None)
-    for source in ("local", "freqtrade"):
-        settings = (config.get("data") or {}).get(source) or {}
-        if settings.get("path"):
+    name is kept: the `path` of every source that has one)."""
+    public = {key: copy.deepcopy(value) for key, value in config.items() if key not in ("output_dir", "cache_dir")}
+    data = public.get("data") or {}
+    for name, source in Source.kinds.items():
+        settings = data.get(name) or {}
+        if "path" in source.model_fields and settings.get("path"):
             settings["path"] = Path(settings["path"]).name
-    return yaml.safe_dump(config, sort_keys=False)
+    return yaml.safe_dump(public, sort_keys=False)
 
 
 def _iso(timestamp: str) -> str:
@@ -243,9 +245,9 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
     )
 
 
-def _hub_dataset(config_path: Path) -> str | None:
+def _hub_dataset(config: dict) -> str | None:
     """The Hub dataset the job's candles came from, if they came from one."""
-    data = yaml.safe_load(config_path.read_text()).get("data", {})
+    data = config.get("data", {})
     return data.get("hf", {}).get("repo_id") if data.get("source") == "hf" else None
 
 
