@@ -213,7 +213,7 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill, QLIKE skill for the
     range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
-    widened by split conformal on the validation split, the residuals normalised by HAR's volatility (its
+    widened by split conformal on the validation split, the residuals normalised by INTERVAL_NORMALISER (its
     coverage overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled
     quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples.
 
