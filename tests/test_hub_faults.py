@@ -77,7 +77,10 @@ def test_a_push_through_random_failures_lands_everything_and_a_second_push_adds_
     assert hub.commits(REPO) == [commit]  # nothing new
     assert second.stdout == first.stdout
     failed = hub.failed_at_random
-    assert failed.total() > 10 and set(waits) >= {0.0, 1.0}  # failures and their Retry-After: honoured
+    # About 30 % of the requests failed (a draw per distinct request: how many varies with the bytes pushed, whose
+    # paths differ from run to run), and their Retry-After was honoured.
+    assert 0.1 * hub.calls.total() < failed.total() < 0.5 * hub.calls.total(), (failed.total(), hub.calls.total())
+    assert set(waits) >= {0.0, 1.0}
     # Each failed request was sent again on its own; none started a push over.
     for name in ONCE_A_PUSH:
         assert hub.calls[name] - failed[name] == 2, name
