@@ -40,8 +40,6 @@ from .layers import Layer
 from .specs import Strict, listed
 
 INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/indicators.py
-LAYER_KINDS = tuple(Layer.kinds)
-RECURRENT_KINDS = tuple(kind for kind, spec in Layer.kinds.items() if spec.recurrent)
 
 TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
 
