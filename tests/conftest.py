@@ -22,6 +22,17 @@ def _isolated_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _tensorflow_set_up_first():
+    """Every test process starts as the CLI's does: trainer.device.setup configures TensorFlow before anything
+    uses it. Otherwise whichever test first builds a model fixes TensorFlow's thread pools, and every later
+    in-process `cryptotrain run` warns that they keep their sizes."""
+    from trainer.config import TrainConfig
+    from trainer.device import setup
+
+    setup(TrainConfig())
+
+
 @pytest.fixture
 def fresh_keras_session():
     """For tests that build Keras models: the next test starts from a clear session."""
