@@ -14,7 +14,9 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from . import charts
 from .files import fsync, pid_alive, sha256_file
+from .formatting import number
 from .results import Headline
 
 MANIFEST = "manifest.json"
@@ -100,44 +102,26 @@ def write_config(path: Path, config_data: dict) -> None:
 def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_close: np.ndarray,
          actual_close: np.ndarray, title: str, *, persistence_close: np.ndarray | None = None,
          scores: Headline | None = None, synthetic: bool = False) -> None:
-    """Loss curves, and the predicted vs actual close of the first forecast step on the test split.
+    """The report's two charts of the job (charts.py) in one PNG: its loss curves, and the predicted vs actual
+    close of the first forecast step on the test split.
 
     persistence_close: each sample's last input close (persistence's forecast), drawn dashed.
     scores: the job's headline test metrics (JobMetrics.headline: MAE, persistence's, skill), in the title.
-    synthetic: the candles were generated; the figure says so in red.
-    Legends sit right of the plots, never over the data."""
+    synthetic: the candles were generated; the figure says so in red."""
     # Imported here: report.py and `cryptotrain status` use this module and need no Matplotlib.
-    from matplotlib.dates import ConciseDateFormatter
     from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
-    from matplotlib.ticker import LogFormatter, MaxNLocator
 
     fig = Figure(figsize=(11, 6.5))
     heading = f"{title}: training loss, and the test split in price units"
     if scores:
-        skill = scores.skill
-        heading += (f"\ntest {scores.label} (every horizon step): MAE {scores.mae:.5g} vs persistence "
-                    f"{scores.persistence_mae:.5g}, skill {'n/a' if skill is None else format(skill, '+.4f')}")
+        heading += (f"\ntest {scores.label} (every horizon step): MAE {number(scores.mae, '.5g')} vs persistence "
+                    f"{number(scores.persistence_mae, '.5g')}, skill {number(scores.skill, '+.4f', missing='n/a')}")
     fig.suptitle(heading, fontsize=11)
     if synthetic:
         fig.text(0.01, 0.985, "SYNTHETIC data", color="white", fontweight="bold", fontsize=11, ha="left", va="top",
                  bbox={"boxstyle": "round,pad=0.3", "facecolor": "#c62828", "edgecolor": "none"})
     losses, prices = fig.subplots(2, 1)
-    losses.plot(history["epoch"], history["loss"], label="train loss")
-    losses.plot(history["epoch"], history["val_loss"], label="validation loss")
-    losses.set(xlabel="epoch", ylabel="loss", yscale="log")
-    losses.xaxis.set_major_locator(MaxNLocator(integer=True))
-    # Log-axis labels as plain text: Matplotlib's default typesets them as math, a third of the plot's time.
-    losses.yaxis.set_major_formatter(LogFormatter())
-    losses.yaxis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(2, 0.5)))
-    # Outside the axes: a fixed place costs nothing (loc="best" searches every data point) and hides no data.
-    losses.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize=9)
-    prices.plot(target_times, actual_close, label="actual close", color="black", linewidth=1.1)
-    prices.plot(target_times, predicted_close, label="predicted close\n(next bar)", color="tab:red", linewidth=1)
-    if persistence_close is not None:  # drawn last, dashed: visible even where it equals the prediction
-        prices.plot(target_times, persistence_close, label="persistence\n(last close)", color="tab:blue",
-                    linewidth=1, linestyle=(0, (4, 3)))
-    prices.set(xlabel="target time (UTC)", ylabel="close")
-    prices.legend(loc="upper left", bbox_to_anchor=(1.01, 1), borderaxespad=0, fontsize=9)
-    prices.xaxis.set_major_formatter(ConciseDateFormatter(prices.xaxis.get_major_locator()))
-    fig.subplots_adjust(left=0.08, right=0.83, top=0.87 if scores else 0.91, hspace=0.4)
+    charts.draw(losses, charts.loss_chart(history))
+    charts.draw(prices, charts.price_chart(target_times, actual_close, predicted_close, persistence_close))
+    fig.subplots_adjust(left=0.08, right=0.97, top=0.84 if scores else 0.88, hspace=0.5)
     fig.savefig(path, dpi=72)

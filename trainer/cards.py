@@ -21,6 +21,7 @@ from huggingface_hub import EvalResult, ModelCardData
 
 from .baselines import VOLATILITY_NAMES
 from .data.sources import Source
+from .formatting import number
 from .results import DataInfo, JobMetrics
 from .windows import Preprocessing
 
@@ -270,4 +271,4 @@ def _eval_results(metrics: JobMetrics, dataset: str | None) -> list[EvalResult]:
 
 
 def _num(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.4g}"
+    return number(value, ".4g", missing="n/a")

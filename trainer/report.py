@@ -3,7 +3,8 @@
 The page: a header (config, data, a SYNTHETIC label, totals, wall time), a symbol x timeframe heatmap of
 the headline test skill against persistence, a sortable table of every job, and per job (collapsible) its
 loss curves, its predicted vs actual close on the test split beside persistence, and its error. Charts are
-inline SVG drawn here; nothing is fetched from anywhere, so the file opens from disk offline. No TensorFlow,
+inline SVG (charts.py, which draws the job's plot.png too); nothing is fetched from anywhere, so the file opens
+from disk offline. No TensorFlow,
 no Keras: the page is written at once, for a run that is finished, failed, or still going.
 
 Every number comes from the run's own files (ledger.sqlite, config.yaml, jobs/NAME/*); a job whose files
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import html
-import itertools
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -25,10 +25,11 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from . import __version__
+from . import __version__, charts
 from .artifacts import MANIFEST, jobs_dir, verify
 from .errors import UserError
 from .files import atomic_write
+from .formatting import number
 from .jobs import Job
 from .ledger import JobRecord, Ledger
 from .reporting import verdict
@@ -36,9 +37,7 @@ from .results import CloseScores, Headline, JobMetrics
 from .windows import Preprocessing
 
 REPORT = "report.html"
-MAX_POINTS = 1600  # per price line: longer test splits keep each pixel column's lowest and highest value
 ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart
-_chart_ids = itertools.count()  # clip paths need ids unique within the page
 
 
 def write_report(run_dir: Path, out: Path | None = None) -> Path:
@@ -139,15 +138,11 @@ def _read(path: Path, parse, notes: list[str]):
         return None
     try:
         return parse(path)
-    except _NoChart as exc:
+    except charts.NoChart as exc:
         notes.append(f"no price chart: {exc}")
     except Exception as exc:  # a corrupt or foreign file: said, never a crash
         notes.append(f"{path.name} is unreadable ({_one_line(exc)})")
     return None
-
-
-class _NoChart(Exception):
-    """Why the test-split price chart cannot be drawn from what the run stored."""
 
 
 def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: dict) -> dict:
@@ -157,12 +152,13 @@ def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: dict) 
     head = metrics.headline.head
     columns = _head_columns(job_dir, config, head)
     if "close" not in columns:
-        raise _NoChart(f"head {head} predicts no close")
+        raise charts.NoChart(f"head {head} predicts no close")
     with np.load(path) as saved:
         if head not in saved or "target_times" not in saved:
-            raise _NoChart(f"predictions.npz holds no {head} predictions")
+            raise charts.NoChart(f"predictions.npz holds no {head} predictions")
         if "actual_close" not in saved or "persistence_close" not in saved:
-            raise _NoChart("predictions.npz holds no actual close (runs of an earlier cryptotrain did not keep it)")
+            raise charts.NoChart("predictions.npz holds no actual close (runs of an earlier cryptotrain did not "
+                                 "keep it)")
         times = saved["target_times"].astype("datetime64[ns]")
         predicted = _first_step(saved[head], len(times))[:, columns.index("close")]
         actual = saved["actual_close"].reshape(len(times), -1)[:, 0]
@@ -180,7 +176,7 @@ def _head_columns(job_dir: Path, config: dict, head: str) -> list[str]:
     for spec in config.get("heads") or []:
         if isinstance(spec, dict) and spec.get("name") == head:
             return list(spec.get("columns", []))
-    raise _NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
+    raise charts.NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
 
 
 def _first_step(values: np.ndarray, n: int) -> np.ndarray:
@@ -370,6 +366,11 @@ def _skill_style(skill: float, scale: float) -> str:
     return f"background:rgb{rgb};color:{ink}"
 
 
+def _nice_ceiling(value: float) -> float:
+    magnitude = 10 ** math.floor(math.log10(value))
+    return next(m * magnitude for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * magnitude >= value - 1e-12)
+
+
 # ----------------------------------------------------------------------------- table
 def _table(jobs: list[_Job]) -> str:
     heads = list(dict.fromkeys(h for j in jobs if j.metrics for h in j.metrics.heads))
@@ -449,12 +450,10 @@ def _error_cell(error: str) -> str:
 
 
 def _num(value, spec: str, css: str = "") -> str:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+    """A number's cell, carrying the value it sorts on; without one "-", sorted last."""
+    text = number(value, spec, missing="")
+    if not text:
         return f'<td class="num none{f" {css}" if css else ""}" data-v="">-</td>'
-    try:
-        text = format(value, spec)
-    except (TypeError, ValueError):
-        text = str(value)
     return f'<td class="num{f" {css}" if css else ""}" data-v="{_e(value)}">{_e(text)}</td>'
 
 
@@ -494,198 +493,42 @@ def _job_facts(job: _Job) -> str:
     facts = [("candles", f"{data.source}: {_when(data.first)} to {_when(data.last)} UTC, "
                          f"{data.rows} rows, {data.gaps} gaps" + (" (SYNTHETIC)" if data.synthetic else "")),
              ("test split", f"{m.n_test} samples, targets {' to '.join(map(_when, m.test_range))} UTC"),
-             ("headline", f"{line.label}: MAE {_fmt(line.mae)} vs persistence "
-                          f"{_fmt(line.persistence_mae)}, skill {_fmt(line.skill, '+.4f')}; "
-                          f"direction {_fmt(line.direction_accuracy, '.3f')} vs majority "
-                          f"{_fmt(line.majority_rate, '.3f')}; shrink {_fmt(line.shrink)}")]
+             ("headline", f"{line.label}: MAE {number(line.mae, '.5g')} vs persistence "
+                          f"{number(line.persistence_mae, '.5g')}, skill {number(line.skill, '+.4f')}; "
+                          f"direction {number(line.direction_accuracy, '.3f')} vs majority "
+                          f"{number(line.majority_rate, '.3f')}; shrink {number(line.shrink, '.5g')}")]
     close = _close_scores(job)
     if close and close.skill_by_step:
-        facts.append(("skill by step", ", ".join(_fmt(s, "+.4f") for s in close.skill_by_step)))
+        facts.append(("skill by step", ", ".join(number(s, "+.4f") for s in close.skill_by_step)))
     facts.append(("training", f"{m.epochs_run} epochs, best {m.best_epoch} (val loss "
-                              f"{_fmt(m.best_val_loss)}); {_fmt(m.seconds, '.1f')} s from loading to evaluation, "
-                              f"{_fmt(m.train_step_seconds, '.3f')} s per train step, "
-                              f"RSS {_fmt(m.rss_mb, '.0f')} MB"))
+                              f"{number(m.best_val_loss, '.5g')}); {number(m.seconds, '.1f')} s from loading to "
+                              "evaluation, "
+                              f"{number(m.train_step_seconds, '.3f')} s per train step, "
+                              f"RSS {number(m.rss_mb, '.0f')} MB"))
     return "<dl class=facts>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
 
 
 def _loss_chart(history: pd.DataFrame) -> str:
-    if "epoch" not in history or "loss" not in history:
-        return "<p class=note>history.csv has no epoch / loss columns</p>"
-    epochs = history["epoch"].to_numpy(dtype=float)
-    lines = [_Line("train loss", epochs, history["loss"].to_numpy(dtype=float), "#1f77b4", markers=len(epochs) <= 40)]
-    if "val_loss" in history:
-        lines.append(_Line("validation loss", epochs, history["val_loss"].to_numpy(dtype=float), "#ff7f0e",
-                           markers=len(epochs) <= 40))
-    values = np.concatenate([line.y for line in lines])
-    values = values[np.isfinite(values)]
-    log_y = len(values) > 0 and values.min() > 0 and values.max() / values.min() >= 20
-    return _figure(_svg_chart(lines, width=440, height=300, x_label="epoch", y_label="loss" + (" (log)" if log_y
-                                                                                                else ""),
-                              log_y=log_y, integer_x=True), "training and validation loss")
+    try:
+        chart = charts.loss_chart(history)
+    except charts.NoChart as exc:
+        return f"<p class=note>{_e(exc)}</p>"
+    return _figure(charts.svg(chart, width=440, height=300), "training and validation loss")
 
 
 def _price_charts(prices: dict) -> str:
-    times = prices["times"].astype("datetime64[ns]").astype(np.int64) / 1e9
-    # Persistence last, dashed: where the forecast is no change at all it lies on the prediction, still seen.
-    series = [("actual close", prices["actual"], "#222", None, 1.6),
-              ("predicted close", prices["predicted"], "#d62728", None, 1.4),
-              ("persistence (last close)", prices["persistence"], "#1f77b4", "5 4", 1.4)]
+    closes = prices["times"], prices["actual"], prices["predicted"], prices["persistence"]
     caption = (f"the close on the test split, first forecast step (next bar), price units; actual and persistence "
                f"from {prices['source']}")
-    out = [_figure(_svg_chart([_Line(label, *_decimate(times, y), color, dash, width)
-                               for label, y, color, dash, width in series],
-                              width=820, height=300, x_label="target time (UTC)", y_label="price", time_x=True),
-                   caption)]
-    if len(times) > 2 * ZOOM_BARS:
-        tail = slice(-ZOOM_BARS, None)
-        out.append(_figure(_svg_chart([_Line(label, times[tail], y[tail], color, dash, width, markers=True)
-                                       for label, y, color, dash, width in series],
-                                      width=820, height=280, x_label="target time (UTC)", y_label="price",
-                                      time_x=True),
+    out = [_figure(charts.svg(charts.price_chart(*closes), width=820, height=300), caption)]
+    if len(prices["times"]) > 2 * ZOOM_BARS:
+        out.append(_figure(charts.svg(charts.price_chart(*closes, last=ZOOM_BARS), width=820, height=280),
                            f"the last {ZOOM_BARS} bars of the test split, close up"))
     return "".join(out)
 
 
 def _figure(svg: str, caption: str) -> str:
     return f"<figure>{svg}<figcaption>{_e(caption)}</figcaption></figure>"
-
-
-# ----------------------------------------------------------------------------- SVG charts
-@dataclass
-class _Line:
-    label: str
-    x: np.ndarray
-    y: np.ndarray
-    color: str
-    dash: str | None = None
-    width: float = 1.5
-    markers: bool = False
-
-
-def _svg_chart(lines: list[_Line], *, width: int, height: int, x_label: str, y_label: str, time_x: bool = False,
-               log_y: bool = False, integer_x: bool = False) -> str:
-    """A line chart: axes with ticks and labels, a light grid, and the legend in a band above the plot area."""
-    left, right, top, bottom = 74, 14, 30, 44
-    pw, ph = width - left - right, height - top - bottom
-    xs = np.concatenate([line.x for line in lines]) if lines else np.array([])
-    ys = np.concatenate([line.y for line in lines]) if lines else np.array([])
-    ok = np.isfinite(xs) & np.isfinite(ys) & ((ys > 0) if log_y else True)
-    if not ok.any():
-        return "<p class=note>nothing to draw: no finite values</p>"
-    x0, x1 = float(xs[ok].min()), float(xs[ok].max())
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    yv = np.log10(ys[ok]) if log_y else ys[ok]
-    y0, y1 = float(yv.min()), float(yv.max())
-    pad = (y1 - y0) * 0.05 or (abs(y0) * 0.05 or 1.0)
-    y0, y1 = y0 - pad, y1 + pad
-
-    def sx(x):
-        return left + (np.asarray(x, dtype=float) - x0) / (x1 - x0) * pw
-
-    def sy(y):
-        v = np.log10(np.asarray(y, dtype=float)) if log_y else np.asarray(y, dtype=float)
-        return top + ph - (v - y0) / (y1 - y0) * ph
-
-    clip = f"clip{next(_chart_ids)}"
-    out = [f'<svg viewBox="0 0 {width} {height}" width="{width}" '
-           f'height="{height}" role="img" aria-label="{_e(y_label)} against {_e(x_label)}">']
-    out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>')
-    for value, label in (_log_ticks(y0, y1) if log_y else _linear_ticks(y0, y1, 6)):
-        y = top + ph - ((math.log10(value) if log_y else value) - y0) / (y1 - y0) * ph
-        out.append(f'<line x1="{left}" x2="{left + pw}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y + 4:.1f}" class="tick" text-anchor="end">{_e(label)}</text>')
-    x_ticks = _time_ticks(x0, x1) if time_x else _linear_ticks(x0, x1, 7, integer=integer_x)
-    for value, label in x_ticks:
-        x = float(sx(value))
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
-                   f'<text x="{x:.1f}" y="{top + ph + 16}" class="tick" text-anchor="middle">{_e(label)}</text>')
-    out.append(f'<text x="{left + pw / 2}" y="{height - 6}" class="axis" text-anchor="middle">{_e(x_label)}</text>')
-    out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" class="axis" '
-               f'text-anchor="middle">{_e(y_label)}</text>')
-    out.append(f'<clipPath id="{clip}"><rect x="{left}" y="{top}" width="{pw}" height="{ph}"/></clipPath>')
-    out.append(f'<g clip-path="url(#{clip})">')
-    for line in lines:
-        keep = np.isfinite(line.x) & np.isfinite(line.y) & ((line.y > 0) if log_y else True)
-        px, py = sx(line.x[keep]), sy(line.y[keep])
-        points = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px, py))
-        dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
-        out.append(f'<polyline points="{points}" fill="none" stroke="{line.color}" stroke-width="{line.width}"'
-                   f'{dash} stroke-linejoin="round"/>')
-        if line.markers:
-            out += [f'<circle cx="{a:.1f}" cy="{b:.1f}" r="2.6" fill="{line.color}"/>' for a, b in zip(px, py)]
-    out.append("</g>")
-    x = left
-    for line in lines:  # the legend, above the plot area: never over the data
-        dash = f' stroke-dasharray="{line.dash}"' if line.dash else ""
-        out.append(f'<line x1="{x}" x2="{x + 22}" y1="{top - 12}" y2="{top - 12}" stroke="{line.color}" '
-                   f'stroke-width="{max(line.width, 2)}"{dash}/>'
-                   f'<text x="{x + 27}" y="{top - 8}" class="legend">{_e(line.label)}</text>')
-        x += 27 + 7 * len(line.label) + 18
-    out.append("</svg>")
-    return "".join(out)
-
-
-def _decimate(x: np.ndarray, y: np.ndarray, points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """At most about `points` points: each of points/2 runs keeps its lowest and highest value, in order."""
-    if len(x) <= points:
-        return x, y
-    keep = []
-    for run in np.array_split(np.arange(len(x)), points // 2):
-        finite = run[np.isfinite(y[run])]
-        if len(finite):
-            keep += sorted({int(finite[np.argmin(y[finite])]), int(finite[np.argmax(y[finite])])})
-    return x[keep], y[keep]
-
-
-def _nice_step(raw: float) -> float:
-    magnitude = 10 ** math.floor(math.log10(raw))
-    return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
-
-
-def _nice_ceiling(value: float) -> float:
-    magnitude = 10 ** math.floor(math.log10(value))
-    return next(m * magnitude for m in (1, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10) if m * magnitude >= value - 1e-12)
-
-
-def _linear_ticks(lo: float, hi: float, count: int, integer: bool = False) -> list[tuple[float, str]]:
-    step = _nice_step((hi - lo) / max(count - 1, 1))
-    if integer:
-        step = max(1.0, round(step))
-    decimals = max(0, -math.floor(math.log10(step) + 1e-9) + (1 if str(step).rstrip("0").endswith("25") else 0))
-    first = math.ceil(lo / step - 1e-9) * step
-    ticks = []
-    value = first
-    while value <= hi + 1e-9 * abs(step):
-        ticks.append((value, f"{value:,.{decimals}f}" if abs(value) >= 1e4 else f"{value:.{decimals}f}"))
-        value = first + len(ticks) * step
-    return ticks
-
-
-def _log_ticks(lo: float, hi: float) -> list[tuple[float, str]]:
-    """lo, hi: log10 of the range. Ticks at 1, 2, 5 x 10^k inside it."""
-    ticks = [(m * 10.0**k, f"{m * 10.0**k:g}") for k in range(math.floor(lo), math.ceil(hi) + 1) for m in (1, 2, 5)
-             if lo <= math.log10(m * 10.0**k) <= hi]
-    return ticks if len(ticks) >= 2 else [(10**v, f"{10**v:.3g}") for v, _ in _linear_ticks(lo, hi, 4)]
-
-
-_TIME_STEPS = [60, 300, 900, 1800, 3600, 2 * 3600, 3 * 3600, 6 * 3600, 12 * 3600, 86400, 2 * 86400, 7 * 86400,
-               14 * 86400]
-
-
-def _time_ticks(lo: float, hi: float, most: int = 7) -> list[tuple[float, str]]:
-    """Unix seconds -> ticks at round UTC times (month starts beyond a few months), labelled to the precision
-    the step needs."""
-    step = next((s for s in _TIME_STEPS if (hi - lo) / s <= most), None)
-    if step is None:
-        months = next(m for m in itertools.chain((1, 2, 3, 6), itertools.count(12, 12))
-                      if (hi - lo) / (m * 30.44 * 86400) <= most)
-        start = pd.Timestamp(lo, unit="s", tz="UTC").normalize().replace(day=1) + pd.DateOffset(months=1)
-        stamps = pd.date_range(start, pd.Timestamp(hi, unit="s", tz="UTC"), freq=f"{months}MS")
-        return [(stamp.timestamp(), stamp.strftime("%Y-%m")) for stamp in stamps]
-    first = math.ceil(lo / step) * step
-    form = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M"
-    return [(t, datetime.fromtimestamp(t, timezone.utc).strftime(form)) for t in np.arange(first, hi + 1, step)]
 
 
 # ----------------------------------------------------------------------------- text
@@ -699,12 +542,6 @@ def _one_line(text: object) -> str:
 
 def _shorten(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _fmt(value, spec: str = ".5g") -> str:
-    if value is None:
-        return "-"
-    return format(value, spec) if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def _when(iso: str | None) -> str:

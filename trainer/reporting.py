@@ -34,6 +34,7 @@ from rich.text import Text
 
 from .errors import UserError
 from .files import atomic_write
+from .formatting import number
 from .jobs import Job, selected
 from .ledger import STATUSES, Ledger
 
@@ -180,7 +181,7 @@ def candle_phrase(summary: dict) -> str:
     combined = "" if weight is None else " (HAR alone: validation gave the network no weight)" if weight == 0 else \
         f" (the network weighted {weight:.2f} beside HAR)"
     return ("; next candle vs HAR + time of day" + combined + ": "
-            + ", ".join(f"{q} {_fmt(v, '+.3f')}" for q, v in skills.items())
+            + ", ".join(f"{q} {number(v, '+.3f')}" for q, v in skills.items())
             + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
             + (f"; 80 % interval covered {summary['interval_coverage']:.0%} of the test split"
                if summary.get("interval_coverage") is not None else ""))
@@ -206,10 +207,10 @@ def print_summary_table(records) -> None:
     for record in records:
         s = record.summary or {}
         synthetic |= bool(s.get("synthetic"))
-        table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), _fmt(s.get("epochs")),
-                      _fmt(s.get("test_mae")), _fmt(s.get("persistence_mae")),
-                      _fmt(s.get("skill"), "+.3f"), _fmt(s.get("direction_accuracy"), ".3f"),
-                      _fmt(s.get("majority_rate"), ".3f"))
+        table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), number(s.get("epochs"), "d"),
+                      number(s.get("test_mae"), ".4g"), number(s.get("persistence_mae"), ".4g"),
+                      number(s.get("skill"), "+.3f"), number(s.get("direction_accuracy"), ".3f"),
+                      number(s.get("majority_rate"), ".3f"))
     table.caption = "skill = 1 - MAE / persistence MAE (< 0: worse than repeating the last close)\n" \
         "dir: direction accuracy of the close; major.: the majority-class rate"
     if synthetic:
@@ -227,8 +228,8 @@ def print_summary_table(records) -> None:
         for column in ("high", "low", "range", "network", "80 % interval"):
             sizes.add_column(column, justify="right", no_wrap=True)
         for name, s in candles:
-            sizes.add_row(name, *(_fmt(s.get(f"{q}_skill_har"), "+.3f") for q in ("high", "low", "range")),
-                          _fmt(s.get("network_weight"), ".2f"), _fmt(s.get("interval_coverage"), ".1%"))
+            sizes.add_row(name, *(number(s.get(f"{q}_skill_har"), "+.3f") for q in ("high", "low", "range")),
+                          number(s.get("network_weight"), ".2f"), number(s.get("interval_coverage"), ".1%"))
         out.print(sizes)
     for record in records:
         if record.status == "failed":
@@ -263,13 +264,7 @@ def skill_text(skill: float | None) -> str:
     +0.000 beside the verdict "better" or "WORSE"."""
     if skill is not None and 0 < abs(skill) < 0.0005:
         return f"{skill:+.1e}"
-    return _fmt(skill, "+.3f")
-
-
-def _fmt(value, spec: str = ".4g") -> str:
-    if value is None:  # e.g. the skill when persistence is exact (its MAE 0)
-        return "-"
-    return format(value, spec) if isinstance(value, float) else str(value)
+    return number(skill, "+.3f")
 
 
 def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (),
@@ -297,8 +292,8 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
         owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
         error = " ".join((r.error or "").split())  # one line, however many the error had
         state = r.status if r.selected_at is not None else "not selected"
-        rows.append((r.name, state, str(r.attempts), _fmt(s.get("test_mae")), _fmt(s.get("skill"), "+.3f"),
-                     _fmt(s.get("range_skill_har"), "+.3f"), _fmt(r.seconds, ".0f"), (r.pushed_commit or "")[:7],
+        rows.append((r.name, state, str(r.attempts), number(s.get("test_mae"), ".4g"), number(s.get("skill"), "+.3f"),
+                     number(s.get("range_skill_har"), "+.3f"), number(r.seconds, ".0f"), (r.pushed_commit or "")[:7],
                      error or owner))
     # Every column keeps its width; the error is what is cut to fit the terminal (whole in --json).
     out = Console()
@@ -438,9 +433,9 @@ def track_record_text(record: dict) -> str:
     if candles := record.get("candles"):
         worse = [q for q in ("high", "low", "range") if (candles[f"{q}_skill_har"] or 0) < 0]
         text += (" Its next candle against HAR + time of day (MAE skill): "
-                 + ", ".join(f"{q} {_fmt(candles[f'{q}_skill_har'], '+.3f')}" for q in ("high", "low", "range"))
+                 + ", ".join(f"{q} {number(candles[f'{q}_skill_har'], '+.3f')}" for q in ("high", "low", "range"))
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
-                 + f"; its 80 % interval held the next close {_fmt(candles['interval_coverage'], '.1%')} of the time."
+                 + f"; its 80 % interval held the next close {number(candles['interval_coverage'], '.1%')} of the time."
                  + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
                  " close_80_low / close_80_high: that interval.")
     return text
