@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from trainer.results import JobSummary
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
@@ -80,6 +82,12 @@ def tiny_config_dict(tmp_path: Path, **sections) -> dict:
     }
     cfg.update(sections)
     return cfg
+
+
+def job_summary(job: str = "BTCUSDT_1h", **fields) -> JobSummary:
+    """A done job's summary row with made-up figures; fields replace them."""
+    return JobSummary(**{"job": job, "epochs": 2, "best_epoch": 2, "best_val_loss": 0.1, "head": "ohlc.close",
+                         "test_mae": 0.5, "persistence_mae": 0.6, "skill": 1 - 0.5 / 0.6, "seconds": 1.0, **fields})
 
 
 @pytest.fixture

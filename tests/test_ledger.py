@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import job_summary
 from trainer.config import load_config
 from trainer.errors import JobError, UserError
 from trainer.ledger import Ledger, LostClaim
@@ -23,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 WORKER = """
 import os, signal, sys, time
 from trainer.ledger import Ledger, LostClaim
+from tests.conftest import job_summary
 
 mode, run_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 if mode == "open-together":
@@ -38,7 +40,7 @@ if mode == "race":
     sys.stdin.readline()
     while (name := ledger.claim(retries=0)) is not None:
         time.sleep(0.01)  # the "work", so that the other workers get to claim in between
-        ledger.mark_done(name, "sha-" + name, {"pid": os.getpid()}, 0.0)
+        ledger.mark_done(name, "sha-" + name, job_summary(name), 0.0)
         print(name, flush=True)
 elif mode == "claim-and-die":
     print(ledger.claim(retries=0), flush=True)
@@ -94,9 +96,10 @@ def test_racing_processes_do_every_job_exactly_once(tmp_path):
     assert [r.name for r in records] == names
     for record in records:
         assert (record.status, record.attempts) == ("done", 1)
-        assert record.summary == {"pid": claimed_by[record.name]}
+        assert record.summary == job_summary(record.name)
         assert record.manifest_sha256 == "sha-" + record.name
-        assert [(a, outcome) for a, _, outcome, _ in attempt_rows(run_dir, record.name)] == [(1, "done")]
+        assert [(a, pid, outcome) for a, pid, outcome, _ in attempt_rows(run_dir, record.name)] == [
+            (1, claimed_by[record.name], "done")]
     assert ledger.counts() == {"pending": 0, "running": 0, "done": 30, "failed": 0}
     ledger.close()
 
@@ -163,7 +166,7 @@ def test_live_job_is_left_alone_until_its_heartbeat_goes_stale(ledger):
         worker.kill()
     assert out.split() == ["lost"]  # the first owner learns it no longer holds the job
     assert attempt_rows(ledger.run_dir, "BTCUSDT_1h")[0][2] == "lost"
-    ledger.mark_done("BTCUSDT_1h", "sha", {}, 1.0)  # same process as `impatient`, so it is the owner
+    ledger.mark_done("BTCUSDT_1h", "sha", job_summary(), 1.0)  # same process as `impatient`, so it is the owner
     assert ledger.counts()["done"] == 1
 
 
@@ -231,17 +234,17 @@ def test_only_the_owner_records_an_attempt(ledger):
     with pytest.raises(LostClaim, match="A: no longer held by this process"):
         ledger.heartbeat("A")
     with pytest.raises(LostClaim):
-        ledger.mark_done("A", "sha", {}, 1.0)
+        ledger.mark_done("A", "sha", job_summary("A"), 1.0)
     assert ledger.jobs()[0].status == "pending"
 
 
 def test_mark_pending_and_record_push(ledger):
     ledger.add_jobs(["A"])
     ledger.claim(retries=0)
-    ledger.mark_done("A", "f00d", {"test": {"mae": 1.5}}, 12.5)
+    ledger.mark_done("A", "f00d", job_summary("A", test_mae=1.5), 12.5)
     ledger.record_push("A", "you/cpb", "abc123", "https://hf.co/you/cpb/commit/abc123")
     record = ledger.jobs()[0]
-    assert (record.status, record.summary, record.seconds) == ("done", {"test": {"mae": 1.5}}, 12.5)
+    assert (record.status, record.summary, record.seconds) == ("done", job_summary("A", test_mae=1.5), 12.5)
     assert (record.pushed_repo, record.pushed_commit, record.pushed_url) == (
         "you/cpb", "abc123", "https://hf.co/you/cpb/commit/abc123")
 
@@ -253,7 +256,7 @@ def test_mark_pending_and_record_push(ledger):
     assert ledger.claim(retries=0) == "A"
     with pytest.raises(JobError, match="A: is running"):
         ledger.mark_pending({"A": "again"})
-    ledger.mark_done("A", "beef", {}, 3.0)  # trained again: the push was of the earlier artifacts
+    ledger.mark_done("A", "beef", job_summary("A"), 3.0)  # trained again: the push was of the earlier artifacts
     assert (ledger.jobs()[0].pushed_repo, ledger.jobs()[0].pushed_commit) == (None, None)
     with pytest.raises(JobError, match="NOPE: not a job of this run"):
         ledger.record_push("NOPE", "you/cpb", "abc", "url")

@@ -214,7 +214,7 @@ def test_missing_or_damaged_job_files_are_noted_not_fatal(run_copy):
     assert "metrics.json is missing" in fifteen and "from the run ledger" in fifteen
     # metrics.json gone: the heatmap falls back on the ledger's summary of the job
     summary = next(r.summary for r in Ledger(run_copy).jobs() if r.name == "BTCUSDT_15m")
-    assert float(page.cells["BTCUSDT_15m"]["data-value"]) == pytest.approx(summary["skill"])
+    assert float(page.cells["BTCUSDT_15m"]["data-value"]) == pytest.approx(summary.skill)
 
     shutil.rmtree(run_copy / "jobs" / "BTCUSDT_1h")
     page = _page(run_copy)

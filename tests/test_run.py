@@ -21,7 +21,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from tests.conftest import CANDLES_DIR, tiny_config_dict
+from tests.conftest import CANDLES_DIR, job_summary, tiny_config_dict
 from trainer import artifacts
 from trainer.cli import main
 from trainer.config import FeaturesConfig, load_config
@@ -315,7 +315,7 @@ def test_tensorflows_onednn_notice_at_the_first_train_step_never_reaches_the_ter
 
 def test_a_job_without_skill_is_summarised_without_one():
     # persistence was exact on the test split (MAE 0): there is no skill to give
-    summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.0, "skill": None}
+    summary = job_summary(epochs=2, head="ohlc.close", test_mae=0.5, persistence_mae=0.0, skill=None)
     assert summary_line(summary) == "done in 2 epochs, test MAE (ohlc.close) 0.5 vs persistence 0: skill -"
 
 
@@ -326,9 +326,9 @@ def test_a_job_without_skill_is_summarised_without_one():
                                          (-0.0003, "skill -3.0e-04 (WORSE than persistence: repeating the last "
                                                    "close forecasts better)")])
 def test_a_jobs_line_says_plainly_whether_it_beats_persistence(skill, said):
-    summary = {"epochs": 2, "head": "ohlc.close", "test_mae": 0.5, "persistence_mae": 0.6, "skill": skill}
+    summary = job_summary(epochs=2, head="ohlc.close", test_mae=0.5, persistence_mae=0.6, skill=skill)
     assert summary_line(summary).endswith(said)
-    assert summary_line({**summary, "skill": 0.0, "shrink": 0.0}).endswith(
+    assert summary_line(summary.model_copy(update={"skill": 0.0, "shrink": 0.0})).endswith(
         "skill +0.000 (no better than persistence); validation found no deviation from no change worth keeping")
 
 

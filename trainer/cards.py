@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -22,7 +23,7 @@ from huggingface_hub import EvalResult, ModelCardData
 from .baselines import VOLATILITY_NAMES
 from .data.sources import Source
 from .formatting import number
-from .results import DataInfo, JobMetrics
+from .results import DataInfo, JobMetrics, JobSummary
 from .windows import Preprocessing
 
 PIPELINE_TAG = "time-series-forecasting"
@@ -75,21 +76,28 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
     return _card(metadata, sections)
 
 
-def job_row(job_dir: Path, path_in_repo: str) -> dict:
-    """One line of the run card's table: the job's summary (JobMetrics.summary) and its folder in the repo."""
-    return {**JobMetrics.from_file(job_dir / "metrics.json").summary(), "path": path_in_repo}
+@dataclass(frozen=True)
+class RunCardRow:
+    """One line of the run card's table: the job's summary and its folder in the repo."""
+    summary: JobSummary
+    path: str
 
 
-def run_card(run_name: str, repo_id: str, rows: list[dict], license: str = "mit") -> str:
+def job_row(job_dir: Path, path_in_repo: str) -> RunCardRow:
+    return RunCardRow(JobMetrics.from_file(job_dir / "metrics.json").summary(), path_in_repo)
+
+
+def run_card(run_name: str, repo_id: str, rows: list[RunCardRow], license: str = "mit") -> str:
     """The repo's README.md when jobs live in sub-folders: what is here and how well each job does."""
     metadata = ModelCardData(library_name="keras", pipeline_tag=PIPELINE_TAG, tags=BASE_TAGS, license=license,
-                             cryptotrain={"run": run_name, "jobs": [row["job"] for row in rows]})
+                             cryptotrain={"run": run_name, "jobs": [row.summary.job for row in rows]})
     lines = ["| job | files | epochs | head | test MAE | persistence MAE | skill |",
              "|---|---|---|---|---|---|---|"]
-    for row in sorted(rows, key=lambda r: r["job"]):
-        lines.append(f"| {row['job']} | [{row['path']}](./{row['path']}) | {row['epochs']} | {row['head']} | "
-                     f"{_num(row['test_mae'])} | {_num(row['persistence_mae'])} | {_num(row['skill'])} |")
-    synthetic = [row["job"] for row in rows if row["synthetic"]]
+    for row in sorted(rows, key=lambda r: r.summary.job):
+        s = row.summary
+        lines.append(f"| {s.job} | [{row.path}](./{row.path}) | {s.epochs} | {s.head} | "
+                     f"{_num(s.test_mae)} | {_num(s.persistence_mae)} | {_num(s.skill)} |")
+    synthetic = [row.summary.job for row in rows if row.summary.synthetic]
     warning = [f"**Trained on synthetic candles: {', '.join(synthetic)}.** Their metrics show the pipeline "
                "works, not how a market behaves."] if synthetic else []
     sections = [
@@ -100,7 +108,7 @@ def run_card(run_name: str, repo_id: str, rows: list[dict], license: str = "mit"
         *warning,
         "\n".join(lines),
         "## How to use\n\n```bash\ncryptotrain predict --model "
-        f"{hf_uri(repo_id, rows[0]['path'] if rows else 'SYMBOL/TIMEFRAME')} --json\n```",
+        f"{hf_uri(repo_id, rows[0].path if rows else 'SYMBOL/TIMEFRAME')} --json\n```",
     ]
     return _card(metadata, sections)
 

@@ -57,7 +57,7 @@ from huggingface_hub.utils.sha import git_hash
 from pydantic import ValidationError
 
 from .artifacts import MANIFEST, jobs_dir, verify
-from .cards import job_card, job_row, run_card, written_by_cryptotrain
+from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
 from .config import HubConfig, RunConfig, load_config
 from .errors import JobError, UserError
 from .jobs import Job, make_jobs
@@ -126,7 +126,7 @@ def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_car
     return pushed
 
 
-def _pushed_rows(run_dir: Path, ledger: Ledger, repo_id: str, hub: HubConfig) -> dict[str, dict]:
+def _pushed_rows(run_dir: Path, ledger: Ledger, repo_id: str, hub: HubConfig) -> dict[str, RunCardRow]:
     """The run card's rows of the jobs the ledger says are in the repo already (pushed, and unchanged since)."""
     rows = {}
     for record in ledger.jobs():
@@ -138,7 +138,7 @@ def _pushed_rows(run_dir: Path, ledger: Ledger, repo_id: str, hub: HubConfig) ->
 
 
 def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, hub: HubConfig,
-               overwrite_cards: bool, rows: dict[str, dict]) -> CommitInfo:
+               overwrite_cards: bool, rows: dict[str, RunCardRow]) -> CommitInfo:
     """One commit with every target's artifacts and cards (unchanged files are skipped by the client). `rows`:
     the run card's rows of the jobs already in the repo."""
     api.create_repo(repo_id, private=hub.private, exist_ok=True)

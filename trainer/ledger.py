@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .errors import JobError, UserError
 from .files import pid_alive
+from .results import JobSummary
 
 STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds
@@ -87,7 +88,7 @@ class JobRecord:
     finished_at: float | None
     seconds: float | None
     manifest_sha256: str | None
-    summary: dict | None
+    summary: JobSummary | None  # a done job's
     pushed_repo: str | None
     pushed_commit: str | None
     pushed_url: str | None
@@ -97,6 +98,10 @@ class JobRecord:
     heartbeat_at: float | None
     inputs: str | None  # a digest of what a failed job was given (data.input_digest): changed, it is retried
     selected_at: float | None  # when a run first asked for it (--only, --timeframes); None: never yet
+
+    def to_dict(self) -> dict:
+        """The record as plain JSON values (`status --json`)."""
+        return {**vars(self), "summary": None if self.summary is None else self.summary.model_dump()}
 
 
 class Ledger:
@@ -305,13 +310,14 @@ class Ledger:
         with self._transaction() as conn:
             self._update_owned(conn, name, "heartbeat_at = :now", now=time.time())
 
-    def mark_done(self, name: str, manifest_sha256: str, summary: dict, seconds: float) -> None:
-        """The job's artifacts are new, so no push of an earlier attempt's stands for them."""
+    def mark_done(self, name: str, manifest_sha256: str, summary: JobSummary, seconds: float) -> None:
+        """The job's artifacts are new, so no push of an earlier attempt's stands for them. The summary is kept
+        as Python's json writes it (as earlier versions did; pydantic's would write a NaN as null)."""
         self._end_attempt(name, "done", None,
                           "status = 'done', finished_at = :now, seconds = :seconds, "
                           "manifest_sha256 = :manifest_sha256, summary = :summary, pushed_repo = NULL, "
                           "pushed_commit = NULL, pushed_url = NULL, pushed_at = NULL",
-                          seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary))
+                          seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary.model_dump()))
 
     def mark_failed(self, name: str, error: str, seconds: float, inputs: str | None = None) -> None:
         """`inputs`: a digest of what the job was given, so that a later run can tell it was fixed."""
@@ -378,7 +384,8 @@ class Ledger:
 
 def _record(row: sqlite3.Row) -> JobRecord:
     values = {field.name: row[field.name] for field in fields(JobRecord)}
-    return JobRecord(**{**values, "summary": None if row["summary"] is None else json.loads(row["summary"])})
+    summary = None if row["summary"] is None else JobSummary.model_validate_json(row["summary"])
+    return JobRecord(**{**values, "summary": summary})
 
 
 def _status(conn: sqlite3.Connection, name: str) -> str:

@@ -81,10 +81,8 @@ def track_record(job_dir: Path) -> dict:
     range skill vs HAR + time of day and how often the 80 % interval held the close ("candles"; None before)."""
     metrics = _job_file(job_dir, "metrics.json", JobMetrics.from_file)
     line = metrics.headline
-    summary = metrics.summary()
-    candles = None if metrics.candles is None else {
-        **{f"{q}_skill_har": summary[f"{q}_skill_har"] for q in ("high", "low", "range")},
-        "network_weight": summary["network_weight"], "interval_coverage": summary["interval_coverage"]}
+    candles = None if metrics.candles is None else metrics.summary().model_dump(include={
+        "high_skill_har", "low_skill_har", "range_skill_har", "network_weight", "interval_coverage"})
     return {**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
             "test_range": metrics.test_range, "worse_than_persistence": line.worse_than_persistence,
             "candles": candles}

@@ -89,7 +89,7 @@ class _Job:
     def synthetic(self) -> bool:
         if self.metrics is not None:
             return self.metrics.data.synthetic
-        return bool((self.record.summary or {}).get("synthetic"))
+        return self.record.summary is not None and self.record.summary.synthetic
 
 
 def _read_config(path: Path) -> tuple[dict, str | None]:
@@ -121,13 +121,10 @@ def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:
                                lambda p: _price_series(p, job_dir, job.metrics, config), job.notes)
     if job.metrics is not None:
         job.line = job.metrics.headline
-    elif record.summary:  # the ledger keeps the headline too (JobMetrics.summary)
-        s = record.summary
-        with contextlib.suppress(ValueError):
-            job.line = Headline(head=s.get("head"), skill=s.get("skill"), mae=s.get("test_mae"),
-                                persistence_mae=s.get("persistence_mae"), majority_rate=s.get("majority_rate"),
-                                direction_accuracy=s.get("direction_accuracy"), shrink=s.get("shrink", 1.0))
-            job.notes.append("the headline numbers come from the run ledger")
+    elif (s := record.summary) is not None:  # the ledger keeps the headline too (JobMetrics.summary)
+        job.line = Headline(head=s.head, skill=s.skill, mae=s.test_mae, persistence_mae=s.persistence_mae,
+                            majority_rate=s.majority_rate, direction_accuracy=s.direction_accuracy, shrink=s.shrink)
+        job.notes.append("the headline numbers come from the run ledger")
     return job
 
 
@@ -405,7 +402,7 @@ def _table(jobs: list[_Job]) -> str:
     rows = []
     for job in jobs:
         line, close = job.line, _close_scores(job)
-        epochs = job.metrics.epochs_run if job.metrics else (job.record.summary or {}).get("epochs")
+        epochs = job.metrics.epochs_run if job.metrics else job.record.summary.epochs if job.record.summary else None
         cells = [_cell(job.name, link=f"#job-{job.name}"), _cell(job.status, css=job.status),
                  _num(epochs, "d"), _num(job.record.seconds, ".1f"),
                  _num(line and line.mae, ".5g"), _num(line and line.persistence_mae, ".5g"),

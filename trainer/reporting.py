@@ -37,6 +37,7 @@ from .files import atomic_write
 from .formatting import number
 from .jobs import Job, selected
 from .ledger import STATUSES, Ledger
+from .results import JobSummary
 
 if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
     from .data import DownloadOutcome
@@ -154,7 +155,8 @@ SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test
 
 def write_summary(run_dir: Path, ledger: Ledger) -> None:
     # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
-    rows = [{**j.summary, "seconds": round(j.seconds, 2)} for j in ledger.jobs() if j.status == "done" and j.summary]
+    rows = [{**j.summary.model_dump(), "seconds": round(j.seconds, 2)}
+            for j in ledger.jobs() if j.status == "done" and j.summary]
     atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1, allow_nan=False)))
     table = io.StringIO()
     writer = csv.DictWriter(table, SUMMARY_COLUMNS, extrasaction="ignore", lineterminator="\n")
@@ -163,28 +165,27 @@ def write_summary(run_dir: Path, ledger: Ledger) -> None:
     atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text(table.getvalue()))
 
 
-def summary_line(summary: dict) -> str:
-    return (f"done in {summary['epochs']} epochs, test MAE ({summary['head']}) {summary['test_mae']:.4g} vs "
-            f"persistence {summary['persistence_mae']:.4g}: skill {skill_text(summary['skill'])}"
-            f"{verdict(summary['skill'])}"
-            + ("; validation found no deviation from no change worth keeping" if summary.get("shrink") == 0 else "")
+def summary_line(summary: JobSummary) -> str:
+    return (f"done in {summary.epochs} epochs, test MAE ({summary.head}) {summary.test_mae:.4g} vs "
+            f"persistence {summary.persistence_mae:.4g}: skill {skill_text(summary.skill)}{verdict(summary.skill)}"
+            + ("; validation found no deviation from no change worth keeping" if summary.shrink == 0 else "")
             + candle_phrase(summary))
 
 
-def candle_phrase(summary: dict) -> str:
+def candle_phrase(summary: JobSummary) -> str:
     """The size of the next candle vs HAR + time of day, and the 80 % interval's coverage, said plainly."""
-    skills = {q: summary.get(f"{q}_skill_har") for q in ("high", "low", "range")}
+    skills = {"high": summary.high_skill_har, "low": summary.low_skill_har, "range": summary.range_skill_har}
     if all(v is None for v in skills.values()):
         return ""
     worse = [q for q, v in skills.items() if v is not None and v < 0]
-    weight = summary.get("network_weight")
+    weight = summary.network_weight
     combined = "" if weight is None else " (HAR alone: validation gave the network no weight)" if weight == 0 else \
         f" (the network weighted {weight:.2f} beside HAR)"
     return ("; next candle vs HAR + time of day" + combined + ": "
             + ", ".join(f"{q} {number(v, '+.3f')}" for q, v in skills.items())
             + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
-            + (f"; 80 % interval covered {summary['interval_coverage']:.0%} of the test split"
-               if summary.get("interval_coverage") is not None else ""))
+            + (f"; 80 % interval covered {summary.interval_coverage:.0%} of the test split"
+               if summary.interval_coverage is not None else ""))
 
 
 def verdict(skill: float | None) -> str:
@@ -205,19 +206,20 @@ def print_summary_table(records) -> None:
         table.add_column(column, justify="right", no_wrap=True, min_width=5)
     synthetic = False
     for record in records:
-        s = record.summary or {}
-        synthetic |= bool(s.get("synthetic"))
-        table.add_row(record.name, record.status + ("*" if s.get("synthetic") else ""), number(s.get("epochs"), "d"),
-                      number(s.get("test_mae"), ".4g"), number(s.get("persistence_mae"), ".4g"),
-                      number(s.get("skill"), "+.3f"), number(s.get("direction_accuracy"), ".3f"),
-                      number(s.get("majority_rate"), ".3f"))
+        s = record.summary
+        figures = ["-"] * 6 if s is None else [
+            number(s.epochs, "d"), number(s.test_mae, ".4g"), number(s.persistence_mae, ".4g"), number(s.skill, "+.3f"),
+            number(s.direction_accuracy, ".3f"), number(s.majority_rate, ".3f")]
+        flagged = s is not None and s.synthetic
+        synthetic |= flagged
+        table.add_row(record.name, record.status + ("*" if flagged else ""), *figures)
     table.caption = "skill = 1 - MAE / persistence MAE (< 0: worse than repeating the last close)\n" \
         "dir: direction accuracy of the close; major.: the majority-class rate"
     if synthetic:
         table.caption += "\n* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
     out = Console()  # stdout, unlike the progress console
     out.print(table)
-    candles = [(r.name, r.summary) for r in records if r.summary and r.summary.get("range_skill_har") is not None]
+    candles = [(r.name, r.summary) for r in records if r.summary and r.summary.range_skill_har is not None]
     if candles:
         sizes = Table(title="the next candle: MAE skill vs HAR + time of day, test split", box=box.SIMPLE_HEAD,
                       padding=(0, 1), collapse_padding=True, pad_edge=False,
@@ -228,8 +230,8 @@ def print_summary_table(records) -> None:
         for column in ("high", "low", "range", "network", "80 % interval"):
             sizes.add_column(column, justify="right", no_wrap=True)
         for name, s in candles:
-            sizes.add_row(name, *(number(s.get(f"{q}_skill_har"), "+.3f") for q in ("high", "low", "range")),
-                          number(s.get("network_weight"), ".2f"), number(s.get("interval_coverage"), ".1%"))
+            sizes.add_row(name, *(number(v, "+.3f") for v in (s.high_skill_har, s.low_skill_har, s.range_skill_har)),
+                          number(s.network_weight, ".2f"), number(s.interval_coverage, ".1%"))
         out.print(sizes)
     for record in records:
         if record.status == "failed":
@@ -279,7 +281,7 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
     if (only or timeframes) and not matching:
         raise UserError(f"{run_dir}: no job matches {' '.join([*only, *timeframes])}")
     if as_json:
-        print(json.dumps([vars(r) for r in matching], indent=1, default=str))
+        print(json.dumps([r.to_dict() for r in matching], indent=1, default=str))
         return
     records = [r for r in matching if show_all or r.selected_at is not None]
     never = [r.name for r in matching if r.selected_at is None]
@@ -288,12 +290,13 @@ def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (
                   box=box.SIMPLE_HEAD, padding=(0, 1), collapse_padding=True, pad_edge=False)
     rows = []
     for r in records:
-        s = r.summary or {}
+        mae, skill, range_skill = (None,) * 3 if r.summary is None else (
+            r.summary.test_mae, r.summary.skill, r.summary.range_skill_har)
         owner = f"pid {r.pid} on {r.host}, heartbeat {_ago(r.heartbeat_at)}" if r.status == "running" else ""
         error = " ".join((r.error or "").split())  # one line, however many the error had
         state = r.status if r.selected_at is not None else "not selected"
-        rows.append((r.name, state, str(r.attempts), number(s.get("test_mae"), ".4g"), number(s.get("skill"), "+.3f"),
-                     number(s.get("range_skill_har"), "+.3f"), number(r.seconds, ".0f"), (r.pushed_commit or "")[:7],
+        rows.append((r.name, state, str(r.attempts), number(mae, ".4g"), number(skill, "+.3f"),
+                     number(range_skill, "+.3f"), number(r.seconds, ".0f"), (r.pushed_commit or "")[:7],
                      error or owner))
     # Every column keeps its width; the error is what is cut to fit the terminal (whole in --json).
     out = Console()

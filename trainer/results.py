@@ -1,9 +1,10 @@
 """A job's results as typed values: what its metrics.json holds (JobMetrics: where its candles came from, how
 it trained, its test scores per head next to persistence's, and the headline it is judged by).
 
-pipeline.train_one makes one; the driver, the summary and status (JobMetrics.summary), the Hub cards, predict
-and the report read one with JobMetrics.from_file, never a dict read back from disk. The file is strict JSON
-(files.write_json); metrics.json files of earlier versions load too (their headline is derived).
+pipeline.train_one makes one; the Hub cards, predict and the report read one with JobMetrics.from_file, never a
+dict read back from disk. The file is strict JSON (files.write_json); metrics.json files of earlier versions load
+too (their headline is derived). Its JobSummary is the job's row in the ledger, which the driver's line, the
+summary files, status and the run card show.
 """
 from __future__ import annotations
 
@@ -178,6 +179,24 @@ class JobMetrics(_Record):
                                              "persistence_mae": scores["persistence"]["mae"]}}
         return values
 
+    @classmethod
+    def from_file(cls, path: Path) -> JobMetrics:
+        """ValueError (pydantic's ValidationError) or OSError when the file is not a job's metrics."""
+        return cls.model_validate_json(path.read_bytes())
+
+    def to_file(self, path: Path) -> None:
+        write_json(path, self.model_dump(mode="json"))
+
+    def summary(self) -> JobSummary:
+        """The job's row of the run's summary table: the headline next to persistence, how it trained."""
+        line = self.headline
+        return JobSummary(
+            job=self.job, epochs=self.epochs_run, best_epoch=self.best_epoch, best_val_loss=self.best_val_loss,
+            head=line.label, test_mae=line.mae, persistence_mae=line.persistence_mae, skill=line.skill,
+            direction_accuracy=line.direction_accuracy, majority_rate=line.majority_rate, shrink=line.shrink,
+            **self._candle_summary(), seconds=self.seconds, train_step_seconds=self.train_step_seconds,
+            rss_mb=self.rss_mb, synthetic=self.data.synthetic)
+
     def _candle_summary(self) -> dict:
         """Next-candle skill of the high, the low and the range vs HAR + time of day, the network's weight in them
         (the mean of the three at the next candle); the 80 % interval's coverage."""
@@ -188,23 +207,28 @@ class JobMetrics(_Record):
                 "network_weight": sum(w[0] for w in weights) / len(weights) if all(weights) else None,
                 "interval_coverage": self.candles.interval.coverage if self.candles else None}
 
-    @classmethod
-    def from_file(cls, path: Path) -> JobMetrics:
-        """ValueError (pydantic's ValidationError) or OSError when the file is not a job's metrics."""
-        return cls.model_validate_json(path.read_bytes())
 
-    def to_file(self, path: Path) -> None:
-        write_json(path, self.model_dump(mode="json"))
-
-    def summary(self) -> dict:
-        """The job's row of the run's summary table (summary.csv/json, the ledger, status): the headline next
-        to persistence, how it trained."""
-        line = self.headline
-        return {
-            "job": self.job, "epochs": self.epochs_run, "best_epoch": self.best_epoch,
-            "best_val_loss": self.best_val_loss, "head": line.label,
-            "test_mae": line.mae, "persistence_mae": line.persistence_mae, "skill": line.skill,
-            "direction_accuracy": line.direction_accuracy, "majority_rate": line.majority_rate,
-            "shrink": line.shrink, **self._candle_summary(), "seconds": self.seconds,
-            "train_step_seconds": self.train_step_seconds, "rss_mb": self.rss_mb, "synthetic": self.data.synthetic,
-        }
+class JobSummary(_Record):
+    """A done job's row of the run's summary table (JobMetrics.summary), kept in the ledger: summary.json/csv,
+    status and the run card are projections of these rows, in this order of keys. Rows of earlier versions lack
+    majority_rate, shrink and the candle columns: None, and 1.0 for shrink (nothing was shrunk then)."""
+    job: str
+    epochs: int
+    best_epoch: int
+    best_val_loss: float
+    head: str  # the headline's label, e.g. "ohlc.close"
+    test_mae: float
+    persistence_mae: float
+    skill: float | None
+    direction_accuracy: float | None = None
+    majority_rate: float | None = None
+    shrink: float = 1.0
+    high_skill_har: float | None = None  # next-candle MAE skill vs HAR + time of day
+    low_skill_har: float | None = None
+    range_skill_har: float | None = None
+    network_weight: float | None = None  # the network's mean weight beside HAR in those three, at the next candle
+    interval_coverage: float | None = None  # the 80 % interval's, on the test split
+    seconds: float
+    train_step_seconds: float | None = None
+    rss_mb: float | None = None
+    synthetic: bool = False
