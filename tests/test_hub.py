@@ -33,10 +33,22 @@ from trainer.errors import JobError, UserError
 from trainer.files import write_json
 from trainer.hub import download_job, push_jobs, push_run
 from trainer.ledger import Ledger
+from trainer.rundir import RunDir
 
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 REPO = "tester/cpb-tiny"
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
+
+
+def push_run_at(run_dir: Path, **options) -> dict:
+    """push_run of the run directory, opened as `cryptotrain push` opens it."""
+    with RunDir.open(run_dir, config_required=True) as run:
+        return push_run(run, **options)
+
+
+def push_jobs_at(run_dir: Path, *args, **options) -> dict:
+    with RunDir.open(run_dir, config_required=True) as run:
+        return push_jobs(run, *args, **options)
 
 
 @pytest.fixture
@@ -106,7 +118,7 @@ def local_files(run, name):
 
 
 def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, run_dir):
-    pushed = push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    pushed = push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     assert hub.repos[REPO].private
     assert len(hub.commits(REPO)) == 1
@@ -123,14 +135,14 @@ def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, 
     assert sorted(pushed) == JOBS and all(head in p["url"] and p["commit"] == head for p in pushed.values())
 
     calls_before = dict(hub.calls)
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert len(hub.commits(REPO)) == 1  # nothing changed: no commit, nothing uploaded
     assert hub.calls["commit"] == calls_before["commit"]
     assert hub.calls["lfs_upload"] == calls_before["lfs_upload"]
 
 
 def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     files = hub.files(REPO)
 
     card = files["BTCUSDT/1h/README.md"].decode()
@@ -168,7 +180,7 @@ def test_a_card_names_the_hub_dataset_its_candles_came_from_and_the_configured_l
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     cfg["data"] = {**cfg["data"], "source": "hf", "hf": {"repo_id": "someone/candles"}}
     make_job(run_dir, "BTCUSDT_1h", cfg, seed=0)
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO, license="apache-2.0", install="pip install mine"))
+    push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO, license="apache-2.0", install="pip install mine"))
     card = hub.files(REPO)["BTCUSDT/1h/README.md"].decode()
     metadata = yaml.safe_load(card.split("---\n")[1])
     assert metadata["datasets"] == ["someone/candles"] and metadata["license"] == "apache-2.0"
@@ -180,7 +192,7 @@ def test_a_card_says_plainly_when_the_model_is_worse_than_persistence(hub, run_d
     make_job(run_dir, "BTCUSDT_1h", tiny_config_dict(run_dir.parent), seed=0, headline={
         "head": "ohlc", "column": "close", "shrink": 0.35, "skill": -0.0817, "mae": 130.0, "persistence_mae": 120.2,
         "direction_accuracy": 0.481, "majority_rate": 0.523})
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     files = hub.files(REPO)
     card = files["BTCUSDT/1h/README.md"].decode()
     assert "**Test skill vs persistence: -0.0817** for `ohlc` close (every step of the horizon)" in card
@@ -194,8 +206,8 @@ def test_a_card_says_plainly_when_the_model_is_worse_than_persistence(hub, run_d
 
 def test_push_jobs_one_commit_per_call_and_the_run_card_accumulates(hub, run_dir):
     hub_cfg = HubConfig(repo_id=REPO)
-    first = push_jobs(run_dir, ["BTCUSDT_1h"], hub_cfg)
-    second = push_jobs(run_dir, ["ETHUSDT_1h"], hub_cfg)
+    first = push_jobs_at(run_dir, ["BTCUSDT_1h"], hub_cfg)
+    second = push_jobs_at(run_dir, ["ETHUSDT_1h"], hub_cfg)
 
     assert len(hub.commits(REPO)) == 2
     assert first["BTCUSDT_1h"]["commit"] != second["ETHUSDT_1h"]["commit"]
@@ -205,7 +217,7 @@ def test_push_jobs_one_commit_per_call_and_the_run_card_accumulates(hub, run_dir
 
 
 def test_repo_per_job_template(hub, run_dir):
-    pushed = push_jobs(run_dir, JOBS, HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
+    pushed = push_jobs_at(run_dir, JOBS, HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
 
     for name in JOBS:
         repo = f"tester/cpb-{name.replace('_', '-')}"
@@ -228,10 +240,10 @@ def test_the_cards_load_one_liner_works_as_written(hub, run_dir, tmp_path, layou
     """The card's own snippet, run as it is by a reader whose client points at the Hub, gives the job's model
     with its trained weights."""
     if layout == "a folder per job":
-        push_run(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=())
         card = hub.files(REPO)["ETHUSDT/1h/README.md"].decode()
     else:
-        push_jobs(run_dir, ["ETHUSDT_1h"], HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
+        push_jobs_at(run_dir, ["ETHUSDT_1h"], HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
         card = hub.files("tester/cpb-ETHUSDT-1h")["README.md"].decode()
     snippet = _card_snippet(card)
     assert ("hf_hub_download(" in snippet) is (layout == "a folder per job")
@@ -268,7 +280,7 @@ def test_the_cards_install_line_is_the_public_origin_without_credentials(monkeyp
 
 def test_colliding_paths_are_refused(hub, run_dir):
     with pytest.raises(UserError, match="would both be written"):
-        push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO, path_template="{timeframe}"))
+        push_jobs_at(run_dir, JOBS, HubConfig(repo_id=REPO, path_template="{timeframe}"))
 
 
 def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, monkeypatch, caplog):
@@ -281,7 +293,7 @@ def test_transient_failures_are_retried_without_duplicate_commits(hub, run_dir, 
     hub.drop("commit")  # the commit lands but its answer is lost: the retry must not commit again
 
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     assert hub.pending_failures() == 0
     assert len(hub.commits(REPO)) == 1
@@ -302,7 +314,7 @@ def test_retry_after_zero_retries_at_once_and_a_long_one_is_reported_not_waited(
     hub.fail("create", 429, retry_after="0")
     hub.fail("commit", 429, retry_after="3600")  # the hourly commit limit
     with pytest.raises(JobError, match=rf"^{REPO}: could not push to the Hub: .*429"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert waits == [0.0]
 
 
@@ -310,41 +322,41 @@ def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
     record_sleeps(monkeypatch)
     hub.fail("commit", 500, times=hub_module.MAX_ATTEMPTS)
     with pytest.raises(JobError) as err:
-        push_jobs(run_dir, JOBS, HubConfig(repo_id=REPO))
+        push_jobs_at(run_dir, JOBS, HubConfig(repo_id=REPO))
     assert "\n" not in str(err.value) and REPO in str(err.value) and "500" in str(err.value)
     assert hub.commits(REPO) == []
     assert all(job.pushed_commit is None for job in Ledger(run_dir).jobs())
 
 
 def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, caplog):
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     pushed_card = hub.files(REPO)["BTCUSDT/1h/README.md"]
     hub.edit(REPO, "BTCUSDT/1h/README.md", b"# my own notes\n")
 
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert hub.files(REPO)["BTCUSDT/1h/README.md"] == b"# my own notes\n"
     assert (f"{REPO}: BTCUSDT/1h/README.md was edited on the Hub; kept (--overwrite-cards replaces it)"
             in caplog.messages)
     commits = len(hub.commits(REPO))
 
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=True, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=True, only=())
     assert hub.files(REPO)["BTCUSDT/1h/README.md"] == pushed_card
     assert len(hub.commits(REPO)) == commits + 1
 
 
 def test_a_regenerated_card_replaces_the_one_we_pushed(hub, run_dir):
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # the job was trained again: new metrics
 
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
     assert hub.files(REPO)["BTCUSDT/1h/model.keras"] == local_files(run_dir, "BTCUSDT_1h")["model.keras"]
 
 
 def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_edit(hub, run_dir, caplog):
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     for path in run_dir.glob("ledger.sqlite*"):  # a ledger that knows nothing of that push, as another run's
         path.unlink()
     Ledger(run_dir).add_jobs(JOBS)
@@ -352,7 +364,7 @@ def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_e
     make_job(run_dir, "BTCUSDT_1h", cfg, seed=5)  # trained again: new metrics
 
     with caplog.at_level(logging.WARNING, logger="trainer"):
-        push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+        push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     assert b"| ohlc | model | 106.5 |" in hub.files(REPO)["BTCUSDT/1h/README.md"]
     assert "edited on the Hub" not in caplog.text
 
@@ -360,12 +372,12 @@ def test_a_card_pushed_from_another_run_directory_is_replaced_not_taken_for_an_e
 def test_corrupt_job_is_not_pushed(hub, run_dir):
     (jobs_dir(run_dir) / "BTCUSDT_1h" / "metrics.json").write_text("{}")
     with pytest.raises(JobError, match="BTCUSDT_1h.*manifest.json"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert REPO not in hub.repos
 
 
 def test_only_filters_jobs(hub, run_dir):
-    push_run(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=("ETH*",))
+    push_run_at(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=("ETH*",))
     assert not hub.repos[REPO].private
     assert not any(path.startswith("BTCUSDT/") for path in hub.files(REPO))
     assert "ETHUSDT/1h/model.keras" in hub.files(REPO)
@@ -389,13 +401,13 @@ def test_missing_token_is_a_one_line_user_error(hub, run_dir, monkeypatch, tmp_p
     monkeypatch.delenv("HF_TOKEN")
     monkeypatch.setattr(constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     with pytest.raises(UserError, match=r"^no Hugging Face token: set HF_TOKEN or run `hf auth login`$"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
 def test_rejected_token_names_the_repo_not_the_token(hub, run_dir, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", "hf_WrongTokenWrongToken0000000000")
     with pytest.raises(UserError) as err:
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert REPO in str(err.value) and "401" in str(err.value)
     assert "hf_WrongToken" not in str(err.value)
 
@@ -405,10 +417,10 @@ def test_token_never_leaks(hub, run_dir, capsys, caplog):
     caplog.set_level(logging.DEBUG)
     hub.fail("commit", 400, body="bad request: {auth}")  # a server that echoes the Authorization header
     with pytest.raises(JobError) as err:
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     assert "bad request: Bearer ***" in str(err.value)
 
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     download_job(f"hf://{REPO}/BTCUSDT/1h")
     out = capsys.readouterr()
     texts = [str(err.value), out.out, out.err, caplog.text]
@@ -418,7 +430,7 @@ def test_token_never_leaks(hub, run_dir, capsys, caplog):
 
 
 def test_download_job_round_trip(hub, run_dir):
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
     job_dir = download_job(f"hf://{REPO}/ETHUSDT/1h")
     local = local_files(run_dir, "ETHUSDT_1h")
@@ -433,32 +445,32 @@ def test_download_job_round_trip(hub, run_dir):
     (f"hf://{REPO}/SOLUSDT/1h", "no job there"),
 ])
 def test_download_job_bad_references(hub, run_dir, uri, message):
-    push_jobs(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
+    push_jobs_at(run_dir, ["BTCUSDT_1h"], HubConfig(repo_id=REPO))
     with pytest.raises(UserError, match=message):
         download_job(uri)
 
 
 def test_push_needs_a_repo(hub, run_dir):
     with pytest.raises(UserError, match="pass --repo-id"):
-        push_run(run_dir, repo_id=None, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=None, private=True, overwrite_cards=False, only=())
     with pytest.raises(UserError, match="--repo-id not-a-repo: .not-a-repo.: expected NS/NAME"):
-        push_run(run_dir, repo_id="not-a-repo", private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id="not-a-repo", private=True, overwrite_cards=False, only=())
 
 
 def test_offline_mode_downloads_from_the_cache_and_refuses_to_push(hub, run_dir, monkeypatch):
-    push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     online = download_job(f"hf://{REPO}/BTCUSDT/1h")
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
 
     assert download_job(f"hf://{REPO}/BTCUSDT/1h") == online
     with pytest.raises(UserError, match=f"^{REPO}: HF_HUB_OFFLINE is set"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
 def test_unreachable_hub_is_a_job_error(hub, run_dir, monkeypatch):
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens
     with pytest.raises(JobError, match=f"^{REPO}: could not push to the Hub: .*"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
 def run_with_push(tmp_path, symbols: list[str], repo_id: str = REPO):
@@ -479,7 +491,7 @@ def test_a_card_the_hub_refuses_is_a_one_line_job_error(hub, run_dir, monkeypatc
     monkeypatch.setattr(hub_module, "run_card", refused_card)
     with pytest.raises(JobError, match=rf"^{REPO}: the Hub refused the push: Invalid metadata in README.md.; "
                                        r"while parsing a flow sequence"):
-        push_run(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+        push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
 def test_a_refused_push_does_not_end_the_training_run(hub, tmp_path, monkeypatch):

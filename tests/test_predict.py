@@ -23,7 +23,8 @@ from trainer.errors import UserError
 from trainer.features import compute_features
 from trainer.hub import push_run
 from trainer.jobs import make_jobs
-from trainer.predict import predict_job, predict_next
+from trainer.predict import JobConfig, predict_job, predict_next
+from trainer.rundir import RunDir
 from trainer.runner import run_config
 from trainer.windows import Scaler
 
@@ -57,7 +58,7 @@ def predict_cli(*args: str) -> str:
 
 def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
     candles = load_candles(run, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles)
+    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
 
     last = candles.index[-1]
     assert list(forecast.index) == [last + pd.Timedelta(hours=k) for k in (1, 2, 3)]
@@ -90,7 +91,7 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
         copy = tmp_path / f"w{weight}" / "jobs" / "BTCUSDT_1h"
         shutil.copytree(job_dir, copy)
         recommit(copy, _network_weight(weight))
-        forecast = predict_next(copy, candles)
+        forecast = predict_next(copy, candles, JobConfig.read(copy))
         if weight == 0:  # HAR + time of day alone
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
@@ -107,7 +108,7 @@ def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
     saved = np.load(job_dir / "predictions.npz")
     first_target = saved["target_times"][-1]
     candles = load_candles(run, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles[candles.index.values < first_target])
+    forecast = predict_next(job_dir, candles[candles.index.values < first_target], JobConfig.read(job_dir))
 
     assert forecast.index[0].to_datetime64() == first_target
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
@@ -150,7 +151,8 @@ def test_a_forecast_from_synthetic_candles_says_so(run, job_dir, tmp_path):
 
 def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, monkeypatch, tmp_path):
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
-        push_run(run.run_dir, repo_id="tester/cpb", private=True, overwrite_cards=False, only=())
+        with RunDir.open(run.run_dir, config_required=True) as opened:
+            push_run(opened, repo_id="tester/cpb", private=True, overwrite_cards=False, only=())
         remote = predict_job("hf://tester/cpb", symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE,
                              config_path=None)
     local = predict_job(str(job_dir), symbol=None, timeframe=None, data_path=DATA_FILE, config_path=None)
@@ -228,13 +230,14 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
     candles = load_candles(run, "BTCUSDT", "1h")
     last_close = candles["close"].iloc[-1]
 
-    forecast = predict_next(job_dir, candles)
+    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
     for column in ("open", "close", "bb_upper", "bb_lower"):
         np.testing.assert_array_equal(forecast[column], np.full(3, last_close))
     assert (forecast["high"] > last_close).all() and (forecast["low"] < last_close).all()  # wicks, never inside
 
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
-        push_run(run_dir, repo_id="tester/zero", private=True, overwrite_cards=False, only=())
+        with RunDir.open(run_dir, config_required=True) as opened:
+            push_run(opened, repo_id="tester/zero", private=True, overwrite_cards=False, only=())
         remote = predict_job("hf://tester/zero/BTCUSDT/1h", symbol=None, timeframe=None, data_path=DATA_FILE,
                              config_path=None).as_dict()
     assert [row["close"] for row in remote["forecast"]] == [pd.read_csv(DATA_FILE)["close"].iloc[-1]] * 3
@@ -292,7 +295,7 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
     recommit(job_dir, as_before)
 
     candles = load_candles(cfg, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles)
+    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
     prep = json.loads((job_dir / "preprocessing.json").read_text())
     scaler = Scaler.from_dict(prep["scaler"])  # the old way, spelled out: one scaler, absolute levels
     frame = compute_features(candles, cfg.features).iloc[-16:]
@@ -339,7 +342,7 @@ def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_
     assert scores["quantiles"]["levels"] == [0.1, 0.5, 0.9] and scores["quantiles"]["nominal"] == pytest.approx(0.8)
     assert 0 < scores["quantiles"]["coverage"] <= 1 and all(p > 0 for p in scores["quantiles"]["pinball"])
     assert scores["quantiles"]["below"] == sorted(scores["quantiles"]["below"])
-    forecast = predict_next(job_dir, load_candles(cfg, "BTCUSDT", "1h"))
+    forecast = predict_next(job_dir, load_candles(cfg, "BTCUSDT", "1h"), JobConfig.read(job_dir))
     low, median, high = (forecast[f"close_q.close_q{q}"] for q in (10, 50, 90))
     assert (low <= median).all() and (median <= high).all() and (low < high).all()
     np.testing.assert_allclose(forecast["close_q.close"], median)  # the point forecast is the median

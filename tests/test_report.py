@@ -22,6 +22,7 @@ from trainer.errors import UserError
 from trainer.ledger import Ledger
 from trainer.report import write_report
 from trainer.results import Headline, JobMetrics
+from trainer.rundir import RunDir
 
 DONE = ["BTCUSDT_15m", "BTCUSDT_1h"]
 FAILED = ["NOSUCHUSDT_15m", "NOSUCHUSDT_1h"]
@@ -100,8 +101,14 @@ class Page(HTMLParser):
             into[job] = into.get(job, "") + data
 
 
+def report_of(run_dir: Path, out: Path | None = None) -> Path:
+    """write_report of the run directory, opened as `cryptotrain report` opens it."""
+    with RunDir.open(run_dir) as run:
+        return write_report(run, out)
+
+
 def _page(run: Path, **kwargs) -> Page:
-    return Page(write_report(run, **kwargs).read_text(encoding="utf-8"))
+    return Page(report_of(run, **kwargs).read_text(encoding="utf-8"))
 
 
 def _metrics(run: Path, job: str) -> dict:
@@ -113,7 +120,7 @@ def _squeezed(text: str) -> str:
 
 
 def test_every_job_is_in_the_heatmap_the_table_and_the_details(run_dir):
-    out = write_report(run_dir)
+    out = report_of(run_dir)
     assert out == run_dir / "report.html" and not list(run_dir.glob("tmp*"))  # written atomically, in place
     page = Page(out.read_text(encoding="utf-8"))
     jobs = [r.name for r in Ledger(run_dir).jobs()]
@@ -247,20 +254,21 @@ def test_the_table_sorts_on_numbers_each_cell_carries(run_dir):
 
 
 def test_another_output_path_and_a_directory_that_is_not_a_run(run_dir, tmp_path):
-    out = write_report(run_dir, tmp_path / "elsewhere" / "page.html")
+    out = report_of(run_dir, tmp_path / "elsewhere" / "page.html")
     assert out == tmp_path / "elsewhere" / "page.html" and out.read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(UserError, match="not a run directory") as caught:
-        write_report(tmp_path)
+        report_of(tmp_path)
     assert "\n" not in str(caught.value)
     assert not (tmp_path / "ledger.sqlite").exists()  # nothing created there
     (tmp_path / "a_file").write_text("")
     with pytest.raises(UserError, match="cannot write the report"):
-        write_report(run_dir, tmp_path / "a_file" / "page.html")  # its folder is a file
+        report_of(run_dir, tmp_path / "a_file" / "page.html")  # its folder is a file
 
 
 def test_the_report_loads_neither_tensorflow_nor_keras_and_prints_nothing(run_dir, tmp_path):
     script = ("import sys; from pathlib import Path; from trainer.report import write_report; "
-              "write_report(Path(sys.argv[1]), Path(sys.argv[2])); "
+              "from trainer.rundir import RunDir\n"
+              "with RunDir.open(Path(sys.argv[1])) as run: write_report(run, Path(sys.argv[2]))\n"
               "sys.stderr.write(' '.join(m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", script, str(run_dir), str(tmp_path / "r.html")], cwd=REPO,
                             capture_output=True, text=True, timeout=120)

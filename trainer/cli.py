@@ -229,9 +229,11 @@ def status(run_dir, as_json, only, timeframes, show_all):
       cryptotrain status runs/v8_aligned --only 'BTC*' --timeframes 1h --json
     """
     from .reporting import print_status
+    from .rundir import RunDir
 
-    print_status(run_dir, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t),
-                 show_all=show_all)
+    with RunDir.open(run_dir) as run:
+        print_status(run, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t),
+                     show_all=show_all)
 
 
 @main.command()
@@ -249,8 +251,10 @@ def report(run_dir, out):
       cryptotrain report runs/v8_aligned -o /tmp/v8.html
     """
     from .report import write_report
+    from .rundir import RunDir
 
-    click.echo(write_report(run_dir, out))
+    with RunDir.open(run_dir) as run:
+        click.echo(write_report(run, out))
 
 
 @main.command()
@@ -273,9 +277,11 @@ def push(run_dir, repo_id, public, overwrite_cards, only):
       cryptotrain push runs/v8_aligned --repo-id you/cpb-v8-aligned
     """
     from .hub import push_run
+    from .rundir import RunDir
 
-    pushed = push_run(run_dir, repo_id=repo_id, private=None if public is None else not public,
-                      overwrite_cards=overwrite_cards, only=only)
+    with RunDir.open(run_dir, config_required=True) as run:
+        pushed = push_run(run, repo_id=repo_id, private=None if public is None else not public,
+                          overwrite_cards=overwrite_cards, only=only)
     for name, where in pushed.items():
         click.echo(f"{name}: {where['url']}")
 

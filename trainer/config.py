@@ -384,6 +384,11 @@ def load_config(name: str | Path, overrides: tuple[str, ...] | list[str] = ()) -
         raise ConfigError(f"{path}: expected a mapping of settings at the top level")
     for override in overrides:
         _apply_override(raw, override, path)
+    return validate_config(raw, path)
+
+
+def validate_config(raw: dict, path: Path) -> RunConfig:
+    """The settings read from `path` as a RunConfig; what is wrong with them is one line naming the file and key."""
     try:
         cfg = RunConfig.model_validate(raw)
     except ValidationError as exc:

@@ -58,11 +58,11 @@ from pydantic import ValidationError
 
 from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
-from .config import HubConfig, RunConfig, load_config
+from .config import HubConfig
 from .errors import JobError, UserError
 from .jobs import Job, make_jobs
-from .ledger import Ledger
 from .retries import retry_wait
+from .rundir import RunDir
 
 PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
@@ -86,52 +86,50 @@ class Target:
 
 
 # ----------------------------------------------------------------------------- push
-def push_run(run_dir: Path, repo_id: str | None, private: bool | None, overwrite_cards: bool,
+def push_run(run: RunDir, repo_id: str | None, private: bool | None, overwrite_cards: bool,
              only: tuple[str, ...]) -> dict[str, dict]:
     """`cryptotrain push`: every finished job of the run (matching `only`), one commit per repo.
     `repo_id` and `private` default to the run config's hub settings. Returns push_jobs's
     {job: {"repo_id", "path", "commit", "url"}}."""
-    cfg = _run_config(run_dir)
-    hub = _hub_config(cfg.hub, repo_id, private, run_dir)
-    finished = [job.name for job in make_jobs(cfg, only) if (jobs_dir(run_dir) / job.name).is_dir()]
+    hub = _hub_config(run.config.hub, repo_id, private, run.path)
+    finished = [job.name for job in make_jobs(run.config, only) if (jobs_dir(run.path) / job.name).is_dir()]
     if not finished:
-        raise UserError(f"{run_dir}: no finished job to push{' matching ' + ' '.join(only) if only else ''}")
-    return push_jobs(run_dir, finished, hub, overwrite_cards)
+        raise UserError(f"{run.path}: no finished job to push{' matching ' + ' '.join(only) if only else ''}")
+    return push_jobs(run, finished, hub, overwrite_cards)
 
 
-def push_jobs(run_dir: Path, job_names: list[str], hub: HubConfig, overwrite_cards: bool = False) -> dict:
+def push_jobs(run: RunDir, job_names: list[str], hub: HubConfig, overwrite_cards: bool = False) -> dict:
     """Push these finished jobs and their cards: one commit per target repo. Records each job's commit
-    in the ledger; returns {job: {"repo_id", "path", "commit", "url"}}."""
+    in the run's ledger; returns {job: {"repo_id", "path", "commit", "url"}}."""
+    run_dir = run.path
     if hub.repo_id is None:
         raise UserError(f"{run_dir}: no Hub repo to push to: set hub.repo_id in the config or pass --repo-id")
     token = get_token()
     if not token:
         raise UserError(NO_TOKEN)
-    run_name = _run_config(run_dir).name
     targets = [_target(run_dir, name, hub) for name in job_names]
     _check_distinct(targets)
     api = _api(token)
-    ledger = Ledger(run_dir)
     pushed = {}
     with _push_lock(run_dir):
         for repo_id in dict.fromkeys(t.repo_id for t in targets):
             repo_targets = [t for t in targets if t.repo_id == repo_id]
             with _hub_errors(repo_id, token, "push to"):
-                commit = _push_repo(api, repo_id, repo_targets, run_name, hub, overwrite_cards,
-                                    _pushed_rows(run_dir, ledger, repo_id, hub))
+                commit = _push_repo(api, repo_id, repo_targets, run.config.name, hub, overwrite_cards,
+                                    _pushed_rows(run, repo_id, hub))
             for t in repo_targets:
                 url = f"{api.endpoint}/{repo_id}/tree/{commit.oid}/{t.path}".rstrip("/")
-                ledger.record_push(t.job, repo_id, commit.oid, url)
+                run.ledger.record_push(t.job, repo_id, commit.oid, url)
                 pushed[t.job] = {"repo_id": repo_id, "path": t.path, "commit": commit.oid, "url": url}
     return pushed
 
 
-def _pushed_rows(run_dir: Path, ledger: Ledger, repo_id: str, hub: HubConfig) -> dict[str, RunCardRow]:
+def _pushed_rows(run: RunDir, repo_id: str, hub: HubConfig) -> dict[str, RunCardRow]:
     """The run card's rows of the jobs the ledger says are in the repo already (pushed, and unchanged since)."""
     rows = {}
-    for record in ledger.jobs():
+    for record in run.ledger.jobs():
         if record.pushed_repo == repo_id and record.pushed_commit:
-            job_dir = jobs_dir(run_dir) / record.name
+            job_dir = jobs_dir(run.path) / record.name
             if (job_dir / "metrics.json").is_file():
                 rows[record.name] = job_row(job_dir, _fill(hub.path_template, record.name).strip("/"))
     return rows
@@ -354,13 +352,6 @@ def scrub(text: str, token: str | None = None) -> str:
 
 
 # ----------------------------------------------------------------------------- run directory
-def _run_config(run_dir: Path) -> RunConfig:
-    path = run_dir / "config.yaml"
-    if not path.is_file():
-        raise UserError(f"{run_dir}: not a run directory (no config.yaml)")
-    return load_config(path)
-
-
 def _hub_config(hub: HubConfig, repo_id: str | None, private: bool | None, run_dir: Path) -> HubConfig:
     """The run's hub settings with the command line's repo and visibility, validated like the config."""
     repo_id = repo_id or hub.repo_id

@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
 from .baselines import HAR_FILE, Har, quantities
-from .config import FeaturesConfig, TrainConfig, load_config
+from .config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, load_config, validate_config
 from .data import load_candles, read_candles_file
 from .data.validate import timeframe_delta
 from .device import setup
@@ -29,6 +29,7 @@ from .results import JobMetrics
 from .windows import Preprocessing
 
 PREPROCESSING = "preprocessing.json"
+CONFIG = "config.yaml"
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,29 @@ class Prediction:
         }
 
 
+@dataclass(frozen=True)
+class JobConfig:
+    """A job's config.yaml, read once: the sections forecasting needs, which a job saved by an earlier version
+    still passes, and the whole run config where this version reads it (for the job's own candles)."""
+    features: FeaturesConfig
+    train: TrainConfig
+    run: RunConfig | None
+    problem: str | None = None  # why `run` is None: the config error, one line
+
+    @classmethod
+    def read(cls, job_dir: Path) -> JobConfig:
+        return _job_file(job_dir, CONFIG, cls._from_file)
+
+    @classmethod
+    def _from_file(cls, path: Path) -> JobConfig:
+        saved = yaml.safe_load(path.read_text())
+        features, train = FeaturesConfig.model_validate(saved["features"]), TrainConfig.model_validate(saved["train"])
+        try:
+            return cls(features, train, validate_config(saved, path))
+        except ConfigError as exc:
+            return cls(features, train, None, str(exc))
+
+
 def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_path: Path | None,
                 config_path: str | None) -> Prediction:
     """`cryptotrain predict`: the forecast of a job (a job directory, a run directory with symbol and
@@ -69,8 +93,9 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
     for given, own, option in ((symbol, prep.symbol, "--symbol"), (timeframe, prep.timeframe, "--timeframe")):
         if given is not None and given != own:
             raise UserError(f"{option} {given}: the model {model_ref} is for {prep.symbol} {prep.timeframe}")
-    candles = _candles(job_dir, prep, data_path, config_path)
-    forecast = predict_next(job_dir, candles)
+    config = JobConfig.read(job_dir)
+    candles = _candles(config, prep, data_path, config_path)
+    forecast = predict_next(job_dir, candles, config)
     return Prediction(prep.symbol, prep.timeframe, model_ref, candles.attrs.get("source"),
                       bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
 
@@ -88,14 +113,12 @@ def track_record(job_dir: Path) -> dict:
             "candles": candles}
 
 
-def predict_next(job_dir: Path, candles: pd.DataFrame) -> pd.DataFrame:
+def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
-    the heads' columns in price units ("head.column" where two heads share a column)."""
+    the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's."""
     prep = _job_file(job_dir, PREPROCESSING, Preprocessing.from_file)
-    # Only the sections predicting needs: a job saved by an earlier version need not pass today's whole schema.
-    features, train = _job_file(job_dir, "config.yaml", _read_sections)
-    x, last_close = prep.make_inputs(compute_features(candles, features))
-    setup(train)  # before TensorFlow touches a GPU: memory growth, threads
+    x, last_close = prep.make_inputs(compute_features(candles, config.features))
+    setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = _job_file(job_dir, "model.keras", _read_model)
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
     prices = prep.to_prices(prep.point(outputs), last_close)
@@ -155,7 +178,7 @@ def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -
     path = Path(model_ref)
     if (path / PREPROCESSING).is_file():
         return path
-    if not (path / "config.yaml").is_file():
+    if not (path / CONFIG).is_file():
         raise UserError(f"{model_ref}: not a job directory (no {PREPROCESSING}); pass a job directory, a run "
                         "directory with --symbol and --timeframe, or hf://NS/NAME/SYMBOL/TIMEFRAME")
     finished = sorted(d.name for d in jobs_dir(path).glob("*") if not d.name.startswith(STAGING_PREFIX)
@@ -173,13 +196,16 @@ def _is_hub_repo(model_ref: str) -> bool:
     return model_ref.startswith("hf://") and len(model_ref.removeprefix("hf://").strip("/").split("/")) == 2
 
 
-def _candles(job_dir: Path, prep: Preprocessing, data_path: Path | None, config_path: str | None) -> pd.DataFrame:
+def _candles(config: JobConfig, prep: Preprocessing, data_path: Path | None, config_path: str | None) -> pd.DataFrame:
     """The candles to forecast from: --data, else --config's data source, else the job's own."""
     symbol, timeframe = prep.symbol, prep.timeframe
     if data_path is not None:
         return read_candles_file(data_path, timeframe)
-    cfg = load_config(config_path if config_path is not None else job_dir / "config.yaml")
-    return load_candles(cfg, symbol, timeframe)
+    if config_path is not None:
+        return load_candles(load_config(config_path), symbol, timeframe)
+    if config.run is None:
+        raise UserError(config.problem)
+    return load_candles(config.run, symbol, timeframe)
 
 
 def _job_file(job_dir: Path, name: str, read):
@@ -202,8 +228,4 @@ def _read_model(path: Path) -> keras.Model:
         raise ValueError("not a .keras (zip) file")
     return keras.saving.load_model(path, compile=False)
 
-
-def _read_sections(path: Path) -> tuple[FeaturesConfig, TrainConfig]:
-    saved = yaml.safe_load(path.read_text())
-    return FeaturesConfig.model_validate(saved["features"]), TrainConfig.model_validate(saved["train"])
 

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from . import __version__, charts
 from .artifacts import MANIFEST, jobs_dir, verify
@@ -31,29 +30,23 @@ from .errors import UserError
 from .files import atomic_write
 from .formatting import number
 from .jobs import Job
-from .ledger import JobRecord, Ledger
+from .ledger import JobRecord
 from .reporting import verdict
 from .results import CloseScores, Headline, JobMetrics
+from .rundir import RunDir
 from .windows import Preprocessing
 
 REPORT = "report.html"
 ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart
 
 
-def write_report(run_dir: Path, out: Path | None = None) -> Path:
-    """Write the run's HTML report (default run_dir/report.html, atomically) and return its path."""
-    run_dir = Path(run_dir)
-    if not (run_dir / "ledger.sqlite").is_file():
-        raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
-    ledger = Ledger(run_dir)
-    try:
-        records = ledger.jobs()
-    finally:
-        ledger.close()
-    config, config_note = _read_config(run_dir / "config.yaml")
-    jobs = [_load_job(run_dir, record, config) for record in records]
-    page = _page(run_dir, config, config_note, jobs)
-    out = Path(out) if out is not None else run_dir / REPORT
+def write_report(run: RunDir, out: Path | None = None) -> Path:
+    """Write the run's HTML report (default RUN_DIR/report.html, atomically) and return its path."""
+    # The page reads the config as the plain values config.yaml holds; a run without one still gets its page.
+    config = run.config.model_dump(mode="json") if run.config is not None else {}
+    jobs = [_load_job(run.path, record, config) for record in run.ledger.jobs()]
+    page = _page(run.path, config, run.config_problem, jobs)
+    out = Path(out) if out is not None else run.path / REPORT
     try:
         atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
     except OSError as exc:
@@ -90,16 +83,6 @@ class _Job:
         if self.metrics is not None:
             return self.metrics.data.synthetic
         return self.record.summary is not None and self.record.summary.synthetic
-
-
-def _read_config(path: Path) -> tuple[dict, str | None]:
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        return {}, "config.yaml is missing from the run directory"
-    except (OSError, yaml.YAMLError) as exc:
-        return {}, f"config.yaml is unreadable ({_one_line(exc)})"
-    return (data, None) if isinstance(data, dict) else ({}, "config.yaml holds no mapping")
 
 
 def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; statu
     from .features import FeatureOutcome
     from .planning import Plan
     from .predict import Prediction
+    from .rundir import RunDir
 
 console = Console(stderr=True)  # progress and warnings; tables go to stdout
 
@@ -269,15 +270,13 @@ def skill_text(skill: float | None) -> str:
     return number(skill, "+.3f")
 
 
-def print_status(run_dir: Path, as_json: bool = False, only: tuple[str, ...] = (),
+def print_status(run: RunDir, as_json: bool = False, only: tuple[str, ...] = (),
                  timeframes: tuple[str, ...] = (), show_all: bool = False) -> None:
     """The run's jobs (those matching --only / --timeframes), one line each, errors cut to fit the line
     (whole in --json). Jobs of the config that no run has asked for yet are counted apart from the pending
     ones (listed with `show_all`; always in --json, with selected_at null)."""
-    if not (run_dir / "ledger.sqlite").is_file():
-        raise UserError(f"{run_dir}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
-    ledger = Ledger(run_dir)
-    matching = [r for r in ledger.jobs() if selected(r.name, only, timeframes)]
+    run_dir = run.path
+    matching = [r for r in run.ledger.jobs() if selected(r.name, only, timeframes)]
     if (only or timeframes) and not matching:
         raise UserError(f"{run_dir}: no job matches {' '.join([*only, *timeframes])}")
     if as_json:

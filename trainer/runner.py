@@ -36,6 +36,7 @@ from .pipeline import JobResult, prepare, tensorboard_dir
 from .reporting import summary_line, write_summary
 from .results import JobMetrics
 from .resume import FINISHED, budget_plan
+from .rundir import CONFIG, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -75,42 +76,43 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
     device = setup(cfg.train)
-    # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
-    with open_executor(cfg, executor or cfg.executor) as workers:
-        ledger = _open_run(cfg, new_run, display)
-        run_dir = ledger.run_dir
-        names = [job.name for job in jobs]
-        by_name = {job.name: job for job in jobs}
-        ledger.add_jobs([job.name for job in make_jobs(cfg)], selected=names)
-        artifacts.remove_abandoned_staging(run_dir)
-        for directory in (run_dir, cfg.cache_path):  # what writes cut short by a kill left (checkpoints, entries)
-            remove_abandoned_temp_files(directory)
-        _reconcile(cfg, ledger, by_name, retries, retry_failed)
-        _warn_cudnn(cfg, device)
+    with contextlib.ExitStack() as opened:
+        # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
+        with open_executor(cfg, executor or cfg.executor) as workers:
+            run = opened.enter_context(_open_run(cfg, new_run, display))
+            run_dir, ledger = run.path, run.ledger
+            names = [job.name for job in jobs]
+            by_name = {job.name: job for job in jobs}
+            ledger.add_jobs([job.name for job in make_jobs(cfg)], selected=names)
+            artifacts.remove_abandoned_staging(run_dir)
+            for directory in (run_dir, cfg.cache_path):  # what writes cut short by a kill left (checkpoints, entries)
+                remove_abandoned_temp_files(directory)
+            _reconcile(cfg, ledger, by_name, retries, retry_failed)
+            _warn_cudnn(cfg, device)
 
-        driver = _Driver(cfg, ledger, names, display, push)
-        with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
-            try:
-                while True:
-                    while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, names)):
-                        driver.start(by_name[name], workers)
-                    if not driver.in_flight:
-                        break
-                    for job, outcome in workers.wait(display):
-                        driver.finish(job, outcome)
-            except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (errors.Terminated)
-                driver.release_all()
-                raise Interrupted(sorted(driver.stopped), getattr(stop, "exit_code", 130)) from None
-            except BaseException:
-                driver.release_all()
-                raise
+            driver = _Driver(run, names, display, push)
+            with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
+                try:
+                    while True:
+                        while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, names)):
+                            driver.start(by_name[name], workers)
+                        if not driver.in_flight:
+                            break
+                        for job, outcome in workers.wait(display):
+                            driver.finish(job, outcome)
+                except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (errors.Terminated)
+                    driver.release_all()
+                    raise Interrupted(sorted(driver.stopped), getattr(stop, "exit_code", 130)) from None
+                except BaseException:
+                    driver.release_all()
+                    raise
 
-    if push and (unpushed := _unpushed(ledger.jobs(), names, cfg.hub)):
-        _push(run_dir, unpushed, cfg, display)
-    write_summary(run_dir, ledger)
-    records = [j for j in ledger.jobs() if j.name in by_name]
-    return Outcome(run_dir=run_dir, records=records, report=_write_report(run_dir), retries=retries,
-                   not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
+        if push and (unpushed := _unpushed(ledger.jobs(), names, cfg.hub)):
+            _push(run, unpushed, cfg, display)
+        write_summary(run_dir, ledger)
+        records = [j for j in ledger.jobs() if j.name in by_name]
+        return Outcome(run_dir=run_dir, records=records, report=_write_report(run), retries=retries,
+                       not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
 
 
 class Display:
@@ -135,9 +137,9 @@ class _Driver:
     """The jobs this process has claimed and handed to the workers, and what becomes of each: its artifacts
     committed and the ledger told, or its failure recorded."""
 
-    def __init__(self, cfg: RunConfig, ledger: Ledger, names: list[str], progress: Display, push: bool) -> None:
-        self.cfg, self.ledger, self.names, self.progress, self.push = cfg, ledger, names, progress, push
-        self.run_dir = ledger.run_dir
+    def __init__(self, run: RunDir, names: list[str], progress: Display, push: bool) -> None:
+        self.run, self.names, self.progress, self.push = run, names, progress, push
+        self.cfg, self.ledger, self.run_dir = run.config, run.ledger, run.path
         self.in_flight: dict[str, tuple[float, Heartbeat]] = {}
         self.stopped: set[str] = set()  # jobs released by an interrupt, for the resume hint
         self.last_push = -math.inf
@@ -196,7 +198,7 @@ class _Driver:
         self.progress.finish_job(job, summary_line(summary))
         write_summary(self.run_dir, self.ledger)
         if self.push and time.monotonic() - self.last_push >= PUSH_EVERY_S:
-            _push(self.run_dir, _unpushed(self.ledger.jobs(), self.names, self.cfg.hub), self.cfg, self.progress)
+            _push(self.run, _unpushed(self.ledger.jobs(), self.names, self.cfg.hub), self.cfg, self.progress)
             self.last_push = time.monotonic()
 
     def release_all(self) -> None:
@@ -253,20 +255,20 @@ def _write_tensorboard(run_dir: Path, name: str, files: dict[str, bytes]) -> Non
         atomic_write(path, lambda tmp, content=content: tmp.write_bytes(content))
 
 
-def _write_report(run_dir: Path) -> Path | None:
+def _write_report(run: RunDir) -> Path | None:
     """The run's report.html; a report that cannot be written never fails the run."""
     try:
         from .report import write_report
 
-        return write_report(run_dir)
+        return write_report(run)
     except Exception as exc:
         log.warning("report.html not written: %s", exc)
         return None
 
 
-def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> Ledger:
-    """The run's ledger; a run directory made with another config is refused, or moved aside with
-    --new-run (kept, renamed with a timestamp: nothing already done is lost)."""
+def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> RunDir:
+    """The run directory with its ledger; a run directory made with another config is refused, or moved aside
+    with --new-run (kept, renamed with a timestamp: nothing already done is lost)."""
     run_dir = cfg.run_dir
     ledger = Ledger(run_dir)
     try:
@@ -284,8 +286,8 @@ def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> Ledger:
         display.note(f"Config changed: the previous run was moved to {kept}")
         ledger = Ledger(run_dir)
         ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
-    atomic_write(run_dir / "config.yaml", lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
-    return ledger
+    atomic_write(run_dir / CONFIG, lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
+    return RunDir(run_dir, ledger, cfg)
 
 
 def _as_read_now(recorded: dict) -> dict:
@@ -376,17 +378,17 @@ def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> lis
             and not (r.pushed_commit and r.pushed_repo == repo_of(hub, r.name))]
 
 
-def _push(run_dir: Path, names: list[str], cfg: RunConfig, display: Display) -> None:
+def _push(run: RunDir, names: list[str], cfg: RunConfig, display: Display) -> None:
     from huggingface_hub.utils import disable_progress_bars
 
     from .hub import push_jobs, scrub
 
     disable_progress_bars()  # tqdm bars would tear through the rich progress display
     try:
-        push_jobs(run_dir, names, cfg.hub)
+        push_jobs(run, names, cfg.hub)
     except Exception as exc:  # whatever went wrong, a failed push never ends the training run
         reason = str(exc) if isinstance(exc, (UserError, JobError)) else f"{type(exc).__name__}: {scrub(str(exc))}"
-        display.note(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run_dir})",
+        display.note(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run.path})",
                      style="red")
 
 
