@@ -78,7 +78,8 @@ def old_job(config_path: Path, job: str, out_dir: Path) -> None:
     x_train, y_train, x_val, y_val, _, _ = old_prepare(SHARED_OHLCV / f"{job}.csv.gz", cfg.window.lookback,
                                                        cfg.window.horizon, cfg.data.max_rows)
     keras.utils.set_random_seed(cfg.train.seed)
-    model = build_model(cfg, x_train.shape[-1])
+    assert x_train.shape[-1] == cfg.network.n_features  # the old features: as many as the config's
+    model = build_model(cfg.network, cfg.train)
     timer = StepTimer()
     callbacks = [keras.callbacks.EarlyStopping(patience=cfg.train.early_stopping.patience, restore_best_weights=True),
                  keras.callbacks.ReduceLROnPlateau(patience=cfg.train.reduce_lr.patience), timer]

@@ -155,7 +155,7 @@ def _timed(action: Callable[..., object], *args) -> float:
 def build(cfg: RunConfig, jit_compile: bool = False) -> keras.Model:
     device.apply_precision(cfg.train.precision)
     keras.utils.set_random_seed(cfg.train.seed)
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     model.jit_compile = jit_compile
     return model
 
@@ -173,7 +173,7 @@ def family_throughput(name: str, batch_sizes: tuple[int, ...], timing: Timing) -
     rates = samples_per_second({bs: (model, bs) for bs in sizes}, timing)
     progress.log(f"{name}: " + ", ".join(f"batch {bs} {rate:.0f}/s" for bs, rate in rates.items()))
     return {"family": name, "params": model.count_params(), "n_features": n_features,
-            "forward_flops_per_sample": flops_per_sample(cfg, n_features), "family_batch_size": cfg.train.batch_size,
+            "forward_flops_per_sample": flops_per_sample(cfg.network), "family_batch_size": cfg.train.batch_size,
             "best_batch_size": max(rates, key=rates.get),
             "by_batch_size": [{"batch_size": bs, "samples_per_s": rate} for bs, rate in rates.items()]}
 

@@ -75,7 +75,7 @@ def test_precision_builds_and_trains_with_float32_heads(tmp_path, precision, com
     cfg = tiny(tmp_path, train={"precision": precision, "batch_size": 16, "learning_rate": 0.01})
     keras.backend.clear_session()
     assert device.apply_precision(precision) == precision
-    model = build_model(cfg, 8)
+    model = build_model(cfg.network, cfg.train)
 
     trunk = [layer for layer in model.layers if layer.name.startswith("trunk_")]
     assert {layer.compute_dtype for layer in trunk} == {compute_dtype}
@@ -145,7 +145,7 @@ def test_report_agrees_with_keras_own_rule(tmp_path, kind, setting, value):
 
     spec = {"kind": kind, "units": 4, **({setting: value} if setting else {})}
     cfg = tiny(tmp_path, model={"layers": [spec]}, window={"lookback": 8, "horizon": 1})
-    layer = build_model(cfg, 8).get_layer(f"trunk_0_{kind}")
+    layer = build_model(cfg.network, cfg.train).get_layer(f"trunk_0_{kind}")
     cell = layer.cell
     args = dict(activation=cell.activation, recurrent_activation=cell.recurrent_activation, unroll=layer.unroll,
                 use_bias=cell.use_bias)

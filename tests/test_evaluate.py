@@ -120,7 +120,7 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
     raw["heads"][0]["candle"] = relative_to is not None
     cfg = RunConfig.model_validate(raw)
     frame = feature_frame()
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     windows = windows_of(frame, cfg, model)
     history = model.fit(windows.train.x, windows.train.y, batch_size=64, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])

@@ -34,7 +34,7 @@ def test_tiny_config_by_hand(tmp_path):
                 + 16 * 2 * 4 * 8 * (16 + 8)    # LSTM over the 16-wide concat output
                 + 3 * 2 * 4 * 8 * (8 + 8)      # decoder LSTM over the 3 repeated steps
                 + 3 * 2 * 8 * (4 + 2))         # heads, per step
-    assert flops_per_sample(cfg, 8) == expected
+    assert flops_per_sample(cfg.network) == expected
 
 
 def test_every_layer_kind_matches_keras(tmp_path):
@@ -51,11 +51,10 @@ def test_every_layer_kind_matches_keras(tmp_path):
         {"kind": "lstm", "units": 5, "return_sequences": True},
     ]
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, model={"layers": layers}))
-    assert flops_per_sample(cfg, 8) == keras_flops(build_model(cfg, 8))
+    assert flops_per_sample(cfg.network) == keras_flops(build_model(cfg.network, cfg.train))
 
 
 @pytest.mark.parametrize("family", ["v7", "v8_aligned", "v8_stable"])
 def test_real_families_match_keras(family):
     cfg = load_config(family)
-    n_features = len(cfg.features.columns)
-    assert flops_per_sample(cfg, n_features) == keras_flops(build_model(cfg, n_features))
+    assert flops_per_sample(cfg.network) == keras_flops(build_model(cfg.network, cfg.train))

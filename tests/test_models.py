@@ -93,7 +93,7 @@ def test_a_new_layer_kind_is_one_class(tmp_path, noise_layer):
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, model={"layers": layers}))
     assert isinstance(cfg.model.layers[0], noise_layer)
     assert cfg.model_dump(mode="json")["model"]["layers"][0] == {"kind": "gaussian_noise", "stddev": 0.1}
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     assert type(model.get_layer("trunk_0_gaussian_noise")).__name__ == "GaussianNoise"
     with pytest.raises(ValidationError, match="stddev"):
         RunConfig.model_validate(tiny_config_dict(tmp_path, model={"layers": [{"kind": "gaussian_noise"}]}))
@@ -104,9 +104,9 @@ def test_family_models_match_their_specification(family):
     cfg = load_config(REPO / "configs" / f"{family}.yaml")
     n_features, expected_params = EXPECTED_PARAMS[family]
     assert len(cfg.features.columns) == n_features
-    model = build_model(cfg, n_features)
+    model = build_model(cfg.network, cfg.train)
 
-    assert model.count_params() == expected_params == count_params(cfg, n_features)
+    assert model.count_params() == expected_params == count_params(cfg.network)
     trunk = model.layers[1:1 + len(cfg.model.layers)]
     assert [type(layer).__name__ for layer in trunk] == [KERAS_CLASS[s.kind] for s in cfg.model.layers]
     for layer, spec in zip(trunk, cfg.model.layers):
@@ -142,7 +142,9 @@ def test_family_models_match_their_specification(family):
 @pytest.mark.parametrize("family", ["v8_stable", "v8_aligned"])
 def test_lstms_stay_cudnn_eligible(family):
     """cuDNN runs an LSTM only with tanh / sigmoid, a bias, no recurrent dropout and no unroll."""
-    model = build_model(load_config(REPO / "configs" / f"{family}.yaml"), EXPECTED_PARAMS[family][0])
+    cfg = load_config(REPO / "configs" / f"{family}.yaml")
+    assert len(cfg.features.columns) == EXPECTED_PARAMS[family][0]
+    model = build_model(cfg.network, cfg.train)
     lstms = [rnn for layer in model.layers
              for rnn in ([layer.forward_layer, layer.backward_layer] if hasattr(layer, "forward_layer") else [layer])
              if isinstance(rnn, keras.layers.LSTM)]
@@ -169,7 +171,7 @@ def test_config_choices_reach_the_keras_layers_and_optimizer(tmp_path):
         {"kind": "repeat_vector", "n": 3},
         {"kind": "lstm", "units": 7, "return_sequences": True},
     ], optimizer="adamw", clipnorm=0.5, learning_rate=0.01)
-    model = build_model(cfg, 8)
+    model = build_model(cfg.network, cfg.train)
     bigru = model.get_layer("trunk_0_bigru")
     assert (bigru.merge_mode, bigru.forward_layer.recurrent_dropout) == ("sum", 0.1)
     assert model.get_layer("trunk_1_time_dense").output.shape == (None, 16, 5)
@@ -186,7 +188,8 @@ def test_config_choices_reach_the_keras_layers_and_optimizer(tmp_path):
 ])
 def test_a_trunk_that_does_not_fit_the_horizon_is_a_user_error(tmp_path, layers, message):
     with pytest.raises(UserError, match=message):
-        build_model(tiny(tmp_path, layers), 8)
+        cfg = tiny(tmp_path, layers)
+        build_model(cfg.network, cfg.train)
 
 
 @pytest.mark.parametrize("horizon", [3, 1])
@@ -200,7 +203,7 @@ def test_candle_heads_give_consistent_candles_whatever_the_weights(tmp_path, hor
     if horizon == 1:
         raw["model"]["layers"] = [{"kind": "lstm", "units": 8}]
     cfg = RunConfig.model_validate(raw)
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     rng = np.random.default_rng(0)
     model.set_weights([rng.normal(scale=3.0, size=w.shape) for w in model.get_weights()])
     windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
@@ -218,7 +221,7 @@ def test_relative_heads_start_at_no_change(tmp_path):
     """Framed relative to the last close, an untrained model's outputs are 0, "no change" (a candle head's
     open and close; its wicks start at softplus(0))."""
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     outputs = model(np.random.default_rng(0).normal(size=(4, 16, len(cfg.features.columns))), training=False)
     assert np.all(np.asarray(outputs["ohlc"])[..., [0, 3]] == 0) and np.all(np.asarray(outputs["bb"]) == 0)
 
@@ -237,7 +240,7 @@ def test_a_quantile_heads_outputs_are_ordered_whatever_the_weights(tmp_path, hor
     if horizon == 1:
         raw["model"]["layers"] = [{"kind": "lstm", "units": 8}]
     cfg = RunConfig.model_validate(raw)
-    model = build_model(cfg, len(cfg.features.columns))
+    model = build_model(cfg.network, cfg.train)
     steps = (horizon,) if horizon > 1 else ()
     assert output_shapes(model, cfg.heads)["close_q"] == (*steps, 2)
     assert tuple(model.output["close_q"].shape[1:]) == (*steps, 3, 2)

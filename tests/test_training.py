@@ -43,7 +43,7 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     train_step = WindowTrainer.train_step
     monkeypatch.setattr(WindowTrainer, "train_step", lambda self, data: (traces.append(1), train_step(self, data))[1])
     cache = ModelCache()
-    model = cache.model_for(cfg, len(cfg.features.columns))
+    model = cache.model_for(cfg.network, cfg.train)
     fit(model, _windows(cfg, "BTCUSDT", model), cfg.train, tmp_path / "btc")
     model.optimizer.learning_rate = 1e-6  # as ReduceLROnPlateau leaves it: the reuse must reset it
     train_function = model.train_function
@@ -54,7 +54,7 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     cache_clears = []
     clear_caches = pywrap_tfe.TFE_ContextClearCaches
     monkeypatch.setattr(pywrap_tfe, "TFE_ContextClearCaches", lambda *a: (cache_clears.append(1), clear_caches(*a)))
-    reused = cache.model_for(cfg, len(cfg.features.columns))
+    reused = cache.model_for(cfg.network, cfg.train)
     eth = _windows(cfg, "ETHUSDT", reused)
     reused_result = fit(reused, eth, cfg.train, tmp_path / "eth-reused")
     assert cache_clears == []
@@ -62,7 +62,7 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     assert reused.train_function is train_function
     assert len(traces) == traces_after_first_job  # nothing traced again
 
-    fresh = ModelCache().model_for(cfg, len(cfg.features.columns))
+    fresh = ModelCache().model_for(cfg.network, cfg.train)
     fresh_result = fit(fresh, eth, cfg.train, tmp_path / "eth-fresh")
     assert fresh is not model
     pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
@@ -70,9 +70,9 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
 
 def test_a_new_shape_builds_a_new_model(cfg):
     cache = ModelCache()
-    first = cache.model_for(cfg, len(cfg.features.columns))
+    first = cache.model_for(cfg.network, cfg.train)
     wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
-    second = cache.model_for(wider, len(cfg.features.columns))
+    second = cache.model_for(wider.network, wider.train)
     assert second is not first and cache.builds == 2
     assert tuple(second.input.shape) == (None, 24, len(cfg.features.columns))
     assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session
@@ -80,16 +80,16 @@ def test_a_new_shape_builds_a_new_model(cfg):
 
 def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(cfg):
     cache = ModelCache()
-    replaced = weakref.ref(cache.model_for(cfg, len(cfg.features.columns)))
+    replaced = weakref.ref(cache.model_for(cfg.network, cfg.train))
     release_free_memory()  # between jobs: freezes what is alive, the model included
     wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
-    cache.model_for(wider, len(cfg.features.columns))
+    cache.model_for(wider.network, wider.train)
     gc.collect()
     assert replaced() is None
 
 
 def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(cfg):
-    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    model = ModelCache().model_for(cfg.network, cfg.train)
     btc = _windows(cfg, "BTCUSDT", model)
     feed = model.feed_for(btc)
     np.testing.assert_array_equal(feed.rows.numpy(), btc.rows)
@@ -119,7 +119,7 @@ def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(c
 def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(cfg, tmp_path):
     """model.keras (what predict and the Hub read) is a plain functional model: keras.saving.load_model reads it
     with nothing registered and it predicts what the trained model predicts."""
-    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    model = ModelCache().model_for(cfg.network, cfg.train)
     btc = _windows(cfg, "BTCUSDT", model)
     fit(model, btc, cfg.train, tmp_path / "backup")
     model.save(tmp_path / "model.keras")
@@ -137,7 +137,7 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
 
 
 def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
-    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    model = ModelCache().model_for(cfg.network, cfg.train)
     return model, fit(model, windows_of(model), cfg.train, backup_dir, **callbacks)
 
 
@@ -246,7 +246,7 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
         saved_state = [saved[name] for name in sorted((n for n in saved.files if n.startswith("o")),
                                                       key=lambda n: int(n[1:]))]
 
-    model = ModelCache().model_for(cfg, len(cfg.features.columns))
+    model = ModelCache().model_for(cfg.network, cfg.train)
     assert resume(tmp_path / "backup", model).epochs == 1
     for variable, value in zip(model.optimizer.variables, saved_state):
         np.testing.assert_array_equal(variable.numpy(), value)

@@ -1,13 +1,15 @@
 """One self-describing directory per finished job, written atomically with a sha256 manifest.
 
-Files are written into a staging directory beside the final one, the manifest last, then the staging
-directory is renamed into place: a reader sees a complete job directory or none at all.
+Files are written (once: straight from the job's result, see commit_job) into a staging directory beside the
+final one, the manifest last, then the staging directory is renamed into place: a reader sees a complete job
+directory or none at all.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -48,12 +50,17 @@ def commit(stage: Path, final: Path) -> str:
     return sha256_file(final / MANIFEST)
 
 
-def commit_files(run_dir: Path, job_name: str, files: dict[str, bytes]) -> str:
-    """A job's files (name -> bytes, made wherever it trained) as its job directory; see commit."""
+def commit_job(run_dir: Path, job_name: str, write: Callable[[Path], None]) -> str:
+    """A job's directory: `write` puts its files into a staging directory of this process, which is then
+    committed (see commit). What fails on the way leaves no staging directory; a process killed on the way
+    leaves one that remove_abandoned_staging removes."""
     stage = staging_dir(run_dir, job_name)
-    for name, content in files.items():
-        (stage / name).write_bytes(content)
-    return commit(stage, jobs_dir(run_dir) / job_name)
+    try:
+        write(stage)
+        return commit(stage, jobs_dir(run_dir) / job_name)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
 
 
 def verify(job_dir: Path) -> str | None:

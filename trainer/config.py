@@ -9,6 +9,8 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -198,6 +200,24 @@ class ModelConfig(Strict):
     layers: list[listed(Layer)] = Field(min_length=1)
 
 
+@dataclass(frozen=True, eq=False)
+class NetworkSpec:
+    """What a network is built from, and nothing else of the run's config (cf. nanoGPT's GPTConfig): the trunk
+    (the model section), the heads, the window's shape and the input columns (RunConfig.network)."""
+    name: str  # the Keras model's
+    model: ModelConfig
+    heads: tuple[HeadConfig, ...]
+    lookback: int
+    horizon: int
+    relative: bool  # framed relative to the last close (window.relative_to): the heads start at "no change"
+    columns: tuple[str, ...]  # the input features, in order
+    error: Callable[[str], ConfigError] = ConfigError  # a spec Keras cannot chain: names the config's file
+
+    @property
+    def n_features(self) -> int:
+        return len(self.columns)
+
+
 # ----------------------------------------------------------------------------- training
 class EarlyStoppingConfig(Strict):
     monitor: str = "val_loss"
@@ -300,6 +320,12 @@ class RunConfig(Strict):
         if self.window.relative_to == "last_close" and "close" not in columns:
             raise ValueError("window.relative_to: last_close needs close among features.base")
         return self
+
+    @property
+    def network(self) -> NetworkSpec:
+        """The sections the network is built from (models.build_model, flops, training.ModelCache)."""
+        return NetworkSpec(self.name, self.model, tuple(self.heads), self.window.lookback, self.window.horizon,
+                           self.window.relative_to is not None, tuple(self.features.columns), self.error)
 
     @property
     def run_dir(self) -> Path:

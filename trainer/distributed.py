@@ -8,7 +8,9 @@ traced once per worker, not once per job.
 
 While a job trains, its progress, its log lines and each finished epoch's checkpoint files come back through a
 mailbox (a small Ray actor of ours): the driver shows the first two and writes the checkpoints into
-RUN/.backup/JOB, as a local run would have. Faults:
+RUN/.backup/JOB, as a local run would have. A finished job's files and TensorBoard logs come back as bytes (the
+one place they travel as such): the driver writes the logs where a local run does, and the files into the
+staging directory it commits. Faults:
 - a worker that dies (SIGKILL, out of memory, its node lost) loses at most the epoch under way: Ray starts a new
   worker process in its place and the driver hands it the job again, with the checkpoints it has, so training
   goes on after the last one — not a failed attempt;
@@ -28,14 +30,15 @@ import os
 import socket
 import tempfile
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from .config import ExecutorConfig, RunConfig
 from .errors import JobError, RunStopped, UserError, first_line
 from .files import atomic_write
 from .jobs import Job
-from .pipeline import Events, JobResult, Prepared
+from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
+from .results import JobMetrics
 from .training import ModelCache
 
 try:
@@ -71,6 +74,18 @@ class _Task:
     received: int = 0
 
 
+@dataclass(frozen=True)
+class _Shipped:
+    """A job a worker trained, as it travels to the driver: its metrics, and its files as bytes."""
+    metrics: JobMetrics
+    files: dict[str, bytes]  # the job directory's, by name
+    tensorboard: dict[str, bytes]  # its TensorBoard event files, by path relative to the job's log directory
+
+    def write(self, directory: Path) -> None:
+        for name, content in self.files.items():
+            (directory / name).write_bytes(content)
+
+
 class _MailboxLost(Exception):
     """Raised in a worker whose mailbox is gone: the driver hands its job out again."""
 
@@ -84,7 +99,7 @@ class RayExecutor:
                             "or run without --executor ray")
         self.cfg, self.options = cfg, executor
         self.capacity = executor.workers
-        ModelCache().model_for(cfg, len(cfg.features.columns))  # a model the config cannot build is bad input
+        ModelCache().model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
         self._connected_here = False  # ray.init called here (not in a notebook before)
         self._workers: list = []
         self._free: list = []
@@ -137,7 +152,7 @@ class RayExecutor:
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
         self._submitted.append(_Task(job, self._free.pop(), prepared, backup))
 
-    def wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
+    def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         """The module's docstring says what each fault does; RunStopped when the run cannot go on."""
         try:
             return self._wait(events)
@@ -145,7 +160,7 @@ class RayExecutor:
             self._check_ray()  # the likeliest cause, named
             raise RunStopped(f"stopped: Ray failed ({_first_line(exc)}); {RESUME}") from exc
 
-    def _wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
+    def _wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         while True:
             self._check_ray()  # before anything that needs this node's object store
             while self._submitted:
@@ -173,7 +188,7 @@ class RayExecutor:
         self._running[task.actor.train.remote(task.job, task.prepared, _read_dir(task.backup), task.mailbox,
                                               task.token)] = task
 
-    def _outcome(self, ref, task: _Task) -> tuple[Job, JobResult | BaseException] | None:
+    def _outcome(self, ref, task: _Task) -> tuple[Job, JobOutput | BaseException] | None:
         """How a hand-over of a job to a worker ended: the job's outcome, or None when the job goes on in a
         worker (a new one in a dead one's place, or the same one after a lost mailbox)."""
         del self._tasks[task.token]
@@ -201,6 +216,10 @@ class RayExecutor:
             self._dispatch(task)
             return None
         self._free.append(task.actor)
+        try:
+            _write_tensorboard(tensorboard_dir(self.cfg.run_dir, task.job.name), result.tensorboard)
+        except OSError as exc:  # a full disk, say: the driver tells, as it does of the job's files
+            return task.job, exc
         return task.job, result
 
     def _back_yet(self, probe) -> None:
@@ -305,6 +324,14 @@ def _read_dir(directory: Path) -> dict[str, bytes]:
         if directory.is_dir() else {}
 
 
+def _write_tensorboard(directory: Path, files: dict[str, bytes]) -> None:
+    """A worker's TensorBoard event files, where a local run writes them."""
+    for relative, content in files.items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda tmp, content=content: tmp.write_bytes(content))
+
+
 def _write_checkpoint(directory: Path, files: dict[str, bytes], gone: list[str]) -> None:
     """A worker's checkpoint files, each written atomically, the checkpoints themselves last; files it deleted
     (best weights no row names any more) deleted here too."""
@@ -354,9 +381,9 @@ if ray is not None:
             return os.getpid()
 
         def train(self, job: Job, prepared: Prepared, checkpoint: dict[str, bytes], mailbox,
-                  token: int) -> tuple[int, JobResult]:
-            """(the number of messages sent, the job's result). The job's checkpoints live in a temporary
-            directory meanwhile, removed when it ends."""
+                  token: int) -> tuple[int, _Shipped]:
+            """(the number of messages sent, the job's result). The job's checkpoints, TensorBoard logs and files
+            live in a temporary directory meanwhile, removed when it ends."""
             from .pipeline import train_one
 
             outbox = _Outbox(mailbox, token)
@@ -365,14 +392,17 @@ if ray is not None:
             package_log.addHandler(handler)
             try:
                 with tempfile.TemporaryDirectory(prefix=f"cryptotrain-{job.name}-") as tmp:
-                    backup = Path(tmp)
+                    backup, logs, files = Path(tmp) / "backup", Path(tmp) / "tensorboard", Path(tmp) / "files"
+                    for directory in (backup, files):
+                        directory.mkdir()
                     for name, content in checkpoint.items():
                         (backup / name).write_bytes(content)
-                    logs = backup / "tensorboard"  # sent with the result: the driver writes them where a local run does
                     result = train_one(self.cfg, job, prepared, backup, self.cache, _OutboxEvents(outbox),
                                        callbacks=(_ShipCheckpoints(backup, outbox),), tensorboard=logs)
-                    return outbox.sent, replace(result, tensorboard={str(path.relative_to(logs)): path.read_bytes()
-                                                                     for path in logs.rglob("*") if path.is_file()})
+                    result.write(files)
+                    return outbox.sent, _Shipped(result.metrics, _read_dir(files),
+                                                 {str(path.relative_to(logs)): path.read_bytes()
+                                                  for path in logs.rglob("*") if path.is_file()})
             except Exception as exc:
                 if not isinstance(exc, (JobError, _MailboxLost)):
                     self.cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)

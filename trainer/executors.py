@@ -2,8 +2,9 @@
 imported only when asked for, so a local run never imports Ray).
 
 An executor takes prepared jobs (submit) up to its capacity and hands back each one's outcome (wait): a
-pipeline.JobResult, or the exception the job failed with. Everything about the run directory and the ledger
-stays with the driver (runner.run_config).
+pipeline.JobOutput (its metrics and its files, which the driver writes into the job directory it commits), or
+the exception the job failed with. Everything about the run directory and the ledger stays with the driver
+(runner.run_config).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Protocol
 from .config import ExecutorConfig, RunConfig
 from .errors import JobError
 from .jobs import Job
-from .pipeline import Events, JobResult, Prepared, tensorboard_dir, train_one
+from .pipeline import Events, JobOutput, Prepared, tensorboard_dir, train_one
 from .training import ModelCache
 
 
@@ -24,7 +25,7 @@ class Executor(Protocol):
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None: ...
 
-    def wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
+    def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         """Blocks until at least one submitted job has ended; their outcomes. Training progress meanwhile goes
         to `events`."""
 
@@ -37,13 +38,13 @@ class LocalExecutor:
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
         self.cache = ModelCache()
-        self.cache.model_for(cfg, len(cfg.features.columns))  # a model the config cannot build is bad input
+        self.cache.model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
         self._next: tuple[Job, Prepared, Path] | None = None
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
         self._next = (job, prepared, backup)
 
-    def wait(self, events: Events) -> list[tuple[Job, JobResult | BaseException]]:
+    def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         job, prepared, backup = self._next
         self._next = None
         try:

@@ -13,18 +13,18 @@ the weight gradients, per forward matmul).
 """
 from __future__ import annotations
 
-from .config import RunConfig
+from .config import NetworkSpec
 
 TRAINING_MULTIPLIER = 3
 
 
-def flops_per_sample(cfg: RunConfig, n_features: int) -> int:
-    """Forward FLOPs for one input window of cfg.window.lookback steps x n_features: each layer's own count
+def flops_per_sample(spec: NetworkSpec) -> int:
+    """Forward FLOPs for one input window of lookback steps x n_features: each layer's own count
     (trainer.layers), then the heads."""
-    steps, width = cfg.window.lookback, n_features  # steps = 1 once the sequence is collapsed
+    steps, width = spec.lookback, spec.n_features  # steps = 1 once the sequence is collapsed
     total = 0
-    for layer in cfg.model.layers:
-        flops, steps, width = layer.flops(steps, width, cfg.window.horizon)
+    for layer in spec.model.layers:
+        flops, steps, width = layer.flops(steps, width, spec.horizon)
         total += flops
-    head_units = sum(len(head.columns) for head in cfg.heads)
+    head_units = sum(len(head.columns) for head in spec.heads)
     return total + steps * 2 * width * head_units

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import keras
 
-from .config import HeadConfig, RunConfig, TrainConfig
+from .config import HeadConfig, NetworkSpec, TrainConfig
 
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,
@@ -16,10 +16,10 @@ OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
 }
 
 
-def build_model(cfg: RunConfig, n_features: int) -> keras.Model:
+def build_model(spec: NetworkSpec, train: TrainConfig) -> keras.Model:
     """The compiled model: inputs (lookback, n_features), outputs a dict keyed by head name."""
-    model = _assemble(cfg, n_features)
-    model.compile(optimizer=_optimizer(cfg.train), **compile_settings(cfg))
+    model = _assemble(spec)
+    model.compile(optimizer=_optimizer(train), **compile_settings(spec.heads, train))
     return model
 
 
@@ -40,12 +40,12 @@ class Pinball(keras.losses.Loss):
         return {**super().get_config(), "levels": self.levels}
 
 
-def compile_settings(cfg: RunConfig) -> dict:
+def compile_settings(heads: Sequence[HeadConfig], train: TrainConfig) -> dict:
     """compile()'s arguments other than the optimizer (training.WindowTrainer is compiled with them too)."""
     return {
-        "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in cfg.heads},
-        "loss_weights": {head.name: head.weight for head in cfg.heads},
-        "steps_per_execution": cfg.train.steps_per_execution,
+        "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in heads},
+        "loss_weights": {head.name: head.weight for head in heads},
+        "steps_per_execution": train.steps_per_execution,
         "jit_compile": False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
     }
 
@@ -58,38 +58,38 @@ def output_shapes(model: keras.Model, heads: Sequence[HeadConfig] = ()) -> dict[
             else tuple(tensor.shape[1:]) for name, tensor in model.output.items()}
 
 
-def count_params(cfg: RunConfig, n_features: int) -> int:
-    return _assemble(cfg, n_features).count_params()
+def count_params(spec: NetworkSpec) -> int:
+    return _assemble(spec).count_params()
 
 
-def _assemble(cfg: RunConfig, n_features: int) -> keras.Model:
-    inputs = keras.Input(shape=(cfg.window.lookback, n_features), name="inputs")
+def _assemble(spec: NetworkSpec) -> keras.Model:
+    inputs = keras.Input(shape=(spec.lookback, spec.n_features), name="inputs")
     x = inputs
-    for i, spec in enumerate(cfg.model.layers):
-        layer = spec.build(f"trunk_{i}_{spec.kind}", cfg.window.horizon)  # stable names: checkpoints load by name
+    for i, layer_spec in enumerate(spec.model.layers):
+        # Stable names: checkpoints load by name.
+        layer = layer_spec.build(f"trunk_{i}_{layer_spec.kind}", spec.horizon)
         try:
             x = layer(x)
         except ValueError as exc:  # e.g. an LSTM after a layer that outputs no sequence
-            raise cfg.error(f"model.layers[{i}] ({spec.kind}): {str(exc).strip().splitlines()[0]}") from None
-    per_step = _ends_in_sequence(tuple(x.shape), cfg)
-    relative = cfg.window.relative_to is not None
-    outputs = {head.name: _head(head, x, per_step, relative) for head in cfg.heads}
-    return keras.Model(inputs, outputs, name=cfg.name)
+            raise spec.error(f"model.layers[{i}] ({layer_spec.kind}): {str(exc).strip().splitlines()[0]}") from None
+    per_step = _ends_in_sequence(tuple(x.shape), spec)
+    outputs = {head.name: _head(head, x, per_step, spec.relative) for head in spec.heads}
+    return keras.Model(inputs, outputs, name=spec.name)
 
 
-def _ends_in_sequence(trunk_shape: tuple, cfg: RunConfig) -> bool:
+def _ends_in_sequence(trunk_shape: tuple, spec: NetworkSpec) -> bool:
     """Whether the heads apply per time step; the trunk must end in `horizon` steps or, for horizon 1,
     may end in one vector."""
-    horizon = cfg.window.horizon
+    horizon = spec.horizon
     if len(trunk_shape) == 2:
         if horizon > 1:
-            raise cfg.error(
+            raise spec.error(
                 f"model.layers: the last layer outputs one vector, but window.horizon is {horizon}; end the "
                 f"layers in a sequence of {horizon} steps (e.g. repeat_vector, then lstm with return_sequences)"
             )
         return False
     if trunk_shape[1] != horizon:
-        raise cfg.error(
+        raise spec.error(
             f"model.layers: the last layer outputs a sequence of {trunk_shape[1]} steps, but window.horizon "
             f"is {horizon}; end the layers in a sequence of {horizon} steps (e.g. repeat_vector first)"
         )

@@ -4,8 +4,9 @@
 `prepare` runs where the data is (the driver, with its feature cache); `train_one` runs anywhere — in the
 driver's process for a local run, in a Ray worker for a distributed one. Neither prints nor touches the run
 directory: training progress goes to an Events object, the outcome comes back as a JobResult (its metrics and
-the bytes of every file of the job directory) that the driver commits, and the only path train_one writes to
-is the backup directory it is given (the job's epoch checkpoints).
+what its job directory holds, in memory), which the driver writes straight into the staging directory it
+commits (artifacts.commit_job), and the only path train_one writes to is the backup directory it is given (the
+job's epoch checkpoints).
 """
 from __future__ import annotations
 
@@ -13,9 +14,8 @@ import contextlib
 import ctypes
 import gc
 import os
-import tempfile
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -34,8 +34,8 @@ from .files import write_json
 from .jobs import Job
 from .models import output_shapes
 from .results import JobMetrics
-from .training import Diverged, FitResult, ModelCache, ReportProgress, fit
-from .windows import Preprocessing, Windows, make_windows
+from .training import Diverged, ModelCache, ReportProgress, fit
+from .windows import Preprocessing, SplitWindows, make_windows
 
 
 class Events(Protocol):
@@ -55,14 +55,51 @@ class Prepared:
     data: dict
 
 
-@dataclass(frozen=True)
-class JobResult:
-    job: Job
+class JobOutput(Protocol):
+    """What an executor hands back for a job that trained: its metrics, and its files, which `write` puts into
+    the directory the driver commits (every file of the job directory but its manifest, which commit adds)."""
     metrics: JobMetrics  # what its metrics.json holds
-    files: dict[str, bytes]  # every file of the job directory but its manifest (artifacts.commit_files adds it)
-    # TensorBoard event files (path relative to the job's log directory -> bytes) written where the driver cannot
-    # see them (a Ray worker): the driver writes them under tensorboard_dir. Empty when written there already.
-    tensorboard: dict[str, bytes] = field(default_factory=dict)
+
+    def write(self, directory: Path) -> None: ...
+
+
+@dataclass(frozen=True, eq=False)
+class JobResult:
+    """A job trained here (train_one): what its directory holds, in memory, each written once by `write`. The
+    model is the ModelCache's: write the result before the cache's next job."""
+    metrics: JobMetrics
+    model: keras.Model
+    preprocessing: Preprocessing  # with the job's symbol, timeframe and indicators: what predict reads
+    config: dict  # the run's config as published with the model
+    history: pd.DataFrame  # one row per epoch
+    test: SplitWindows
+    predictions: dict[str, np.ndarray]  # head -> the test split's forecasts in prices
+    har: Har | None = None  # predict's expected high / low and interval after the latest candles
+
+    def write(self, directory: Path) -> None:
+        self.model.save(directory / "model.keras")
+        if self.har is not None:
+            write_json(directory / HAR_FILE, self.har.to_dict())
+        self.preprocessing.to_file(directory / "preprocessing.json")
+        self.metrics.to_file(directory / "metrics.json")
+        artifacts.write_config(directory / "config.yaml", self.config)
+        self.history.to_csv(directory / "history.csv", index=False)
+        test, predictions = self.test, self.predictions
+        close_head = next((h for h in self.preprocessing.heads if "close" in h.columns), None)
+        closes = {}
+        if close_head is not None:  # for the report's chart: the test split's actual close, and persistence's
+            column = close_head.columns.index("close")
+            closes = {"actual_close": test.y_raw[close_head.name][..., column],
+                      "persistence_close": test.last_inputs[close_head.name][:, column]}
+        np.savez(directory / "predictions.npz", target_times=test.target_times.astype("datetime64[ns]"),
+                 **predictions, **closes)
+        if close_head is not None:
+            actual = test.y_raw[close_head.name]
+            first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
+            artifacts.plot(directory / "plot.png", self.history, test.target_times,
+                           predictions[close_head.name][first_step], actual[first_step], self.metrics.job,
+                           persistence_close=closes["persistence_close"], scores=self.metrics.headline,
+                           synthetic=self.metrics.data.synthetic)
 
 
 def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
@@ -87,7 +124,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     if cfg.train.tensorboard:
         callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
                                                              write_graph=False, update_freq="epoch"))
-    model = cache.model_for(cfg, len(cfg.features.columns))
+    model = cache.model_for(cfg.network, cfg.train)
     with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
         windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
                                output_shapes(model, cfg.heads))
@@ -126,11 +163,13 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         if (bad := artifacts.non_finite(values)) is not None:  # a number that means nothing never counts as done
             raise JobError(f"the test metrics are not finite ({bad[0]} is {bad[1]}); check the candles for absurd "
                            "values")
-    metrics = JobMetrics.model_validate(values)
-    with tempfile.TemporaryDirectory(prefix="cryptotrain-job-") as tmp:
-        write_job_files(Path(tmp), cfg, job, model, prep, windows, result, metrics, predictions, har)
-        files = {path.name: path.read_bytes() for path in sorted(Path(tmp).iterdir())}
-    return JobResult(job, metrics, files)
+    indicators = tuple(indicator.model_dump(mode="json") for indicator in cfg.features.indicators)
+    return JobResult(
+        JobMetrics.model_validate(values), model,
+        replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators),
+        # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
+        cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
+        result.history, windows.test, predictions, har)
 
 
 class _OfJob:
@@ -158,37 +197,6 @@ def _naming(prepared: Prepared):
         cause = (f"; the candles are implausible: {jump}" if jump else
                  "; try a lower train.learning_rate or train.clipvalue" if isinstance(exc, Diverged) else "")
         raise JobError(f"{prepared.data['source']}: {exc}{cause}") from None
-
-
-def write_job_files(stage: Path, cfg: RunConfig, job: Job, model: keras.Model, prep: Preprocessing,
-                    windows: Windows, result: FitResult, metrics: JobMetrics,
-                    predictions: dict[str, np.ndarray], har: Har | None = None) -> None:
-    model.save(stage / "model.keras")
-    if har is not None:  # predict's expected high / low and interval after the latest candles
-        write_json(stage / HAR_FILE, har.to_dict())
-    replace(prep, symbol=job.symbol, timeframe=job.timeframe,
-            indicators=tuple(ind.model_dump(mode="json") for ind in cfg.features.indicators)
-            ).to_file(stage / "preprocessing.json")
-    metrics.to_file(stage / "metrics.json")
-    # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
-    artifacts.write_config(stage / "config.yaml",
-                           cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}))
-    result.history.to_csv(stage / "history.csv", index=False)
-    close_head = next((h for h in cfg.heads if "close" in h.columns), None)
-    closes = {}
-    if close_head is not None:  # for the report's chart: the test split's actual close, and persistence's forecast
-        column = close_head.columns.index("close")
-        closes = {"actual_close": windows.test.y_raw[close_head.name][..., column],
-                  "persistence_close": windows.test.last_inputs[close_head.name][:, column]}
-    np.savez(stage / "predictions.npz", target_times=windows.test.target_times.astype("datetime64[ns]"),
-             **predictions, **closes)
-    if close_head is not None:
-        actual = windows.test.y_raw[close_head.name]
-        first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
-        artifacts.plot(stage / "plot.png", result.history, windows.test.target_times,
-                       predictions[close_head.name][first_step], actual[first_step], job.name,
-                       persistence_close=closes["persistence_close"], scores=metrics.headline,
-                       synthetic=metrics.data.synthetic)
 
 
 def release_free_memory() -> None:

@@ -28,6 +28,6 @@ def make_plan(cfg: RunConfig, jobs: list[Job]) -> Plan:
     from .flops import flops_per_sample
     from .models import count_params
 
-    n_features = len(cfg.features.columns)
-    return Plan(cfg, list(jobs), n_features, count_params(cfg, n_features), flops_per_sample(cfg, n_features),
+    network = cfg.network
+    return Plan(cfg, list(jobs), network.n_features, count_params(network), flops_per_sample(network),
                 cudnn_report(cfg))

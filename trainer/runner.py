@@ -32,7 +32,7 @@ from .features import collinear_columns
 from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
 from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
-from .pipeline import JobResult, prepare, tensorboard_dir
+from .pipeline import JobOutput, prepare
 from .reporting import summary_line, write_summary
 from .results import JobMetrics
 from .resume import FINISHED, budget_plan
@@ -166,7 +166,7 @@ class _Driver:
             return
         self.finish(job, finished)
 
-    def finish(self, job: Job, outcome: JobResult | tuple[str, JobMetrics] | BaseException) -> None:
+    def finish(self, job: Job, outcome: JobOutput | tuple[str, JobMetrics] | BaseException) -> None:
         name = job.name
         started, heartbeat = self.in_flight.pop(name)
         heartbeat.stop()
@@ -174,11 +174,10 @@ class _Driver:
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
-            if isinstance(outcome, JobResult):
-                _write_tensorboard(self.run_dir, name, outcome.tensorboard)
-                manifest_sha, metrics = artifacts.commit_files(self.run_dir, name, outcome.files), outcome.metrics
-            else:
+            if isinstance(outcome, tuple):  # its directory was committed already (_finished_already)
                 manifest_sha, metrics = outcome
+            else:
+                manifest_sha, metrics = artifacts.commit_job(self.run_dir, name, outcome.write), outcome.metrics
             summary = metrics.summary()
             self.ledger.mark_done(name, manifest_sha, summary, seconds)
         except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
@@ -245,14 +244,6 @@ def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
     for a, b, corr in collinear_columns(frame, cfg.features.columns):
         log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
                     a, b, corr)
-
-
-def _write_tensorboard(run_dir: Path, name: str, files: dict[str, bytes]) -> None:
-    """TensorBoard event files a job's worker wrote elsewhere (a Ray worker's), where a local run writes them."""
-    for relative, content in files.items():
-        path = tensorboard_dir(run_dir, name) / relative
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write(path, lambda tmp, content=content: tmp.write_bytes(content))
 
 
 def _write_report(run: RunDir) -> Path | None:

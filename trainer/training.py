@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from .config import RunConfig, TrainConfig
+from .config import NetworkSpec, TrainConfig
 from .device import apply_precision
 from .errors import JobError
 from .evaluate import INFERENCE_BATCH_SIZE
@@ -48,18 +48,18 @@ class ModelCache:
         self._initial_optimizer_state: list[np.ndarray] = []
         self.builds = 0
 
-    def model_for(self, cfg: RunConfig, n_features: int) -> WindowTrainer:
-        key = model_signature(cfg, n_features)
+    def model_for(self, spec: NetworkSpec, train: TrainConfig) -> WindowTrainer:
+        key = model_signature(spec, train)
         if key != self._key:
             # A new shape: drop the old graph and state, then restore what clear_session resets.
             gc.unfreeze()  # the old model was frozen with the rest between jobs (runner.release_free_memory)
             keras.backend.clear_session()
-            apply_precision(cfg.train.precision)
-            keras.utils.set_random_seed(cfg.train.seed)
-            network = build_model(cfg, n_features)
+            apply_precision(train.precision)
+            keras.utils.set_random_seed(train.seed)
+            network = build_model(spec, train)
             self._model = WindowTrainer(network)
             # The network's own optimizer, so that the model.keras it saves holds the trained state as before.
-            self._model.compile(optimizer=network.optimizer, **compile_settings(cfg))
+            self._model.compile(optimizer=network.optimizer, **compile_settings(spec.heads, train))
             self._initial_state = [v.numpy() for v in self._model.variables]
             # Built now rather than at the first step, so that its initial state can be kept too.
             self._model.optimizer.build(self._model.trainable_variables)
@@ -72,17 +72,15 @@ class ModelCache:
         return self._model
 
 
-def model_signature(cfg: RunConfig, n_features: int) -> str:
+def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:
     """What determines the graph and the initial weights: same signature, same compiled model."""
-    train = cfg.train.model_dump(include={"optimizer", "clipvalue", "clipnorm", "precision",
-                                          "steps_per_execution", "seed", "learning_rate"})
     return json.dumps({
-        "model": cfg.model.model_dump(mode="json"),
-        "heads": [h.model_dump(mode="json") for h in cfg.heads],
-        "window": [cfg.window.lookback, cfg.window.horizon, cfg.window.relative_to],
-        "columns": cfg.features.columns,  # their framing is traced into the train step (DeviceFeed)
-        "train": train,
-        "n_features": n_features,
+        "model": spec.model.model_dump(mode="json"),
+        "heads": [h.model_dump(mode="json") for h in spec.heads],
+        "window": [spec.lookback, spec.horizon, spec.relative],
+        "columns": spec.columns,  # their framing is traced into the train step (DeviceFeed)
+        "train": train.model_dump(include={"optimizer", "clipvalue", "clipnorm", "precision",
+                                           "steps_per_execution", "seed", "learning_rate"}),
     }, sort_keys=True)
 
 
