@@ -106,8 +106,6 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
     resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
     early_stopping, reduce_lr = resumable_callbacks(train, resumed)
-    # Last, once everything the epoch changed is in the state it records: a job killed at any moment resumes
-    # from a checkpointed epoch with its history rows and best weights.
     checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
     timer = StepTimer()
     end = resumed.end(train)  # a job that early stopping had ended when it was killed trains no further epoch
@@ -115,6 +113,8 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
         model.feed_for(windows)
         train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
         val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
+        # The checkpoint last, once everything the epoch changed is in the state it records: a job killed at any
+        # moment resumes from a checkpointed epoch with its rows and best weights.
         standard = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), checkpoint]
         model.fit(train_data, validation_data=val_data, initial_epoch=resumed.epochs, epochs=end, verbose=0,
                   shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
