@@ -6,13 +6,14 @@ POINT is one of: features (computing the first job's features), mid-epoch (insid
 of the first job, after one epoch was backed up), checkpoint (writing the first job's second epoch
 checkpoint: half of it is on disk), artifacts (the first job's files are staged but not yet
 committed), write:GLOB (the first atomic write whose temp file's path matches GLOB: the temp file is
-whole on disk, not yet renamed into place), none (no pause). On reaching it the process writes
-MARKER_FILE and sleeps until killed.
+whole on disk, not yet renamed into place; write:GLOB#N: the Nth such write), none (no pause). On reaching
+it the process writes MARKER_FILE and sleeps until killed.
 Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
 a resumed job from one trained again from scratch.
 """
 from __future__ import annotations
 
+import itertools
 import sys
 import time
 from fnmatch import fnmatch
@@ -75,8 +76,10 @@ def install(point: str, marker: Path) -> None:
     elif point == "artifacts":
         artifacts.commit = pause_once(artifacts.commit, marker)
     elif point.startswith("write:"):  # files.atomic_write syncs its temp file before the rename
-        pattern = point.removeprefix("write:")
-        files.fsync = pause_once(files.fsync, marker, when=lambda path: fnmatch(str(path), pattern))
+        pattern, _, nth = point.removeprefix("write:").partition("#")
+        matches = itertools.count(1)
+        files.fsync = pause_once(files.fsync, marker,
+                                 when=lambda path: fnmatch(str(path), pattern) and next(matches) == int(nth or 1))
     elif point != "none":
         raise SystemExit(f"unknown kill point {point}")
 

@@ -81,7 +81,8 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
     with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
         first = db.execute("SELECT name, status, attempts FROM jobs ORDER BY position LIMIT 1").fetchone()
     assert first == ("BTCUSDT_15m", "pending", 0)  # released, not counted as a failed attempt
-    assert (tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "state.json").exists()  # its finished epoch is kept
+    with np.load(tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "checkpoint.npz") as kept:
+        assert int(kept["epoch"]) == 1  # its finished epoch is kept
 
     began = _rerun(tmp_path, config)
     assert began["BTCUSDT_15m"] == [2, 3]  # resumed after its finished epoch, not trained again
@@ -143,11 +144,9 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
         assert history["epoch"].tolist() == list(range(1, len(history) + 1))  # no epoch lost or repeated
     leftovers = [p for p in run_dir.rglob("*") if p.is_file() and (p.name.startswith("tmp") or ".staging-" in str(p))]
     assert leftovers == []
-    for job in JOBS:  # each job's last checkpoint is kept, and what resuming from it needs, nothing else
+    for job in JOBS:  # each job's last checkpoint is kept, and the one before it, nothing else
         kept = {p.name for p in (run_dir / ".backup" / job).iterdir()}
-        assert {"checkpoint.npz", "state.json"} <= kept, (job, kept)
-        assert all(name.startswith(("checkpoint", "best_weights_epoch"))
-                   or name in ("state.json", "finished_weights.npz") for name in kept), (job, kept)
+        assert kept == {"checkpoint.npz", "checkpoint.previous.npz"}, (job, kept)
     assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == JOBS
 
 
@@ -187,12 +186,13 @@ def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny
         victim.wait()
 
 
-# Each kind of file written with files.atomic_write in a local run, as a glob of its temp file's path.
+# Each kind of file written with files.atomic_write in a local run, as a glob of its temp file's path (#N: its
+# Nth write). A job's backup is one checkpoint per epoch (its rows and best weights in it): killed while the first
+# is written, none is whole; while the last (the 2nd) is, the one before it has been moved aside and training
+# has ended.
 ATOMIC_WRITES = {
     "checkpoint": "*/run/.backup/*/tmp*-checkpoint.npz",
-    "best weights": "*/run/.backup/*/tmp*-best_weights_epoch*.npz",
-    "epoch rows": "*/run/.backup/*/tmp*-state.json",
-    "finished weights": "*/run/.backup/*/tmp*-finished_weights.npz",
+    "last epoch's checkpoint": "*/run/.backup/*/tmp*-checkpoint.npz#2",
     "feature cache entry": "*/cache/features/tmp*",
     "parsed candles cache entry": "*/cache/candles/parsed/tmp*",
     "run config": "*/run/tmp*-config.yaml",

@@ -185,15 +185,17 @@ def test_a_job_early_stopping_had_ended_trains_no_further_epoch_when_resumed(tmp
     backup = tmp_path / "backup"
     _, first = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
     assert first.history["epoch"].tolist() == [1, 2]
-    (backup / "finished_weights.npz").unlink()  # killed after training ended, before its weights were saved
+    assert replay_budget(first.history, cfg.train) == 2  # the replay stops where training did
+    # killed after training ended, before the job's files were safe: the same command fits it again
 
     begun = EpochsBegun()
     model, resumed = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup, callbacks=[begun])
     assert begun.epochs == []
     pd.testing.assert_frame_equal(resumed.history, first.history)
     assert resumed.best_epoch == first.best_epoch == 1  # early stopping's best (nothing beats it by 1e9)
-    best = np.load(backup / "best_weights_epoch1.npz")
-    np.testing.assert_array_equal(model.get_weights()[0], best["arr_0"])  # the model ends with them
+    with np.load(backup / "checkpoint.npz") as saved:  # epoch 2's, with early stopping's best weights (epoch 1's)
+        assert int(saved["epoch"]) == 2
+        np.testing.assert_array_equal(model.get_weights()[0], saved["b0"])  # the model ends with them
 
 
 def test_the_reported_epoch_is_the_one_whose_weights_the_model_ends_with(tmp_path):
@@ -265,8 +267,8 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
     (4, None, 4),
     (6, {"patience": 1, "min_delta": 0.8}, 3),  # 4.5 does not beat 4.0 by 0.8: min_delta counts
 ])
-def test_a_training_budget_is_replayed_over_the_recorded_epochs_by_keras_early_stopping(epochs, early_stopping,
-                                                                                        stops_at):
+def test_a_training_budget_is_replayed_over_the_recorded_epochs_by_early_stoppings_own_rule(epochs, early_stopping,
+                                                                                          stops_at):
     history = pd.DataFrame({"epoch": range(1, 7), "loss": [9, 8, 7, 6, 5, 4],
                             "val_loss": [5.0, 4.0, 4.5, 4.6, 4.7, 3.0]})
     train = TrainConfig(epochs=epochs, early_stopping=early_stopping)

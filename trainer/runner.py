@@ -35,7 +35,7 @@ from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import JobOutput, prepare
 from .reporting import summary_line, write_summary
 from .results import JobMetrics
-from .resume import FINISHED, budget_plan
+from .resume import budget_plan
 from .rundir import CONFIG, RunDir
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,7 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
                       progress: Display) -> tuple[str, JobMetrics] | None:
     """(manifest sha256, metrics) of a job directory this config finished (a process that died before the
     ledger knew, or a ledger moved aside), unless the training budget now asks for more or less (budget_plan:
-    its checkpoints are then set up to go on from, or cleared)."""
+    its checkpoint is then kept to go on from, or cleared)."""
     final = artifacts.jobs_dir(run_dir) / job.name
     existing = artifacts.verify(final)
     if not existing:
@@ -233,9 +233,7 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     if plan is None or plan.action == "keep":
         return existing, metrics
     progress.note(f"{job.name}: {plan.reason}")
-    if plan.action == "extend":  # the checkpoint of its last epoch is where training goes on
-        (backup / FINISHED).unlink(missing_ok=True)
-    else:
+    if plan.action == "retrain":  # extend: training goes on from the checkpoint of its last epoch
         shutil.rmtree(backup, ignore_errors=True)
     return None
 

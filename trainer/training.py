@@ -21,7 +21,7 @@ from .device import apply_precision
 from .errors import JobError
 from .evaluate import INFERENCE_BATCH_SIZE
 from .models import build_model, compile_settings
-from .resume import FINISHED, EpochCheckpoint, ResumableState, assign, resumable_callbacks, resume, save_weights
+from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
 from .windows import SplitWindows, Windows, float32
 
 log = logging.getLogger(__name__)
@@ -97,42 +97,38 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
         callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
     """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
 
-    If `backup_dir` holds the state of an interrupted run of this job, training resumes after its last
-    finished epoch (see resume). The backup is left in place: the caller deletes it once the job's artifacts
-    are safe (trainer.resume has how).
+    If `backup_dir` holds the checkpoint of an interrupted run of this job, training resumes after its last
+    finished epoch (see resume); if that run had ended training, none is trained. The backup is left in place:
+    the caller deletes it once the job's artifacts are safe (trainer.resume has how).
     """
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
     resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
     early_stopping, reduce_lr = resumable_callbacks(train, resumed)
-    state = ResumableState(backup_dir, resumed, early_stopping, reduce_lr)
-    if resumed.finished:  # killed after training, before the artifacts were safe: nothing to re-train
-        return _result(state, restores_best, step_seconds=0.0)
-
-    model.feed_for(windows)
-    train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
-    val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
-
-    standard: list[keras.callbacks.Callback] = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c)]
-    # The checkpoint of an epoch is written last, once everything the epoch changed is saved: a job killed at
-    # any moment resumes from a checkpointed epoch whose history row and best weights are on disk too.
-    standard += [state, EpochCheckpoint(backup_dir)]
+    checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
     timer = StepTimer()
-    # A job that early stopping had ended when it was killed trains no further epoch on resume.
-    epochs = state.stopped_at(train.early_stopping.patience if train.early_stopping else None) or train.epochs
-    model.fit(train_data, validation_data=val_data, initial_epoch=resumed.epochs, epochs=epochs, verbose=0,
-              shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
-    save_weights(backup_dir / FINISHED, model.get_weights())
-    return _result(state, restores_best, step_seconds=timer.seconds)
+    end = resumed.end(train)  # a job that early stopping had ended when it was killed trains no further epoch
+    if resumed.epochs < end:
+        model.feed_for(windows)
+        train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
+        val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
+        # The checkpoint last, once everything the epoch changed is in the state it records: a job killed at any
+        # moment resumes from a checkpointed epoch with its rows and best weights.
+        standard = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), checkpoint]
+        model.fit(train_data, validation_data=val_data, initial_epoch=resumed.epochs, epochs=end, verbose=0,
+                  shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
+    elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
+        model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
+    return _result(checkpoint, restores_best, step_seconds=timer.seconds)
 
 
-def _result(state: ResumableState, restores_best: bool, step_seconds: float) -> FitResult:
+def _result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float) -> FitResult:
     """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
     them, else the last."""
-    history = state.history_frame()
+    history = checkpoint.history_frame()
     if history.empty:
         raise JobError("training produced no epoch (no training windows?)")
-    last = state.rows[-1]
-    epoch = last["early_stopping"]["best_epoch"] + 1 if restores_best else last["epoch"]
+    last = checkpoint.rows[-1]
+    epoch = last.early_stopping.best_epoch + 1 if restores_best else last.epoch
     val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
     return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds)
 
