@@ -130,7 +130,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                                output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
-                     callbacks=[*callbacks, ReportProgress(_OfJob(events, job.name))])
+                     callbacks=[*callbacks, ReportProgress(events, job.name)])
         prep = windows.preprocessing
         val_outputs = prep.point(predict_fixed_batches(model, windows.val.x))
         if cfg.window.shrink:
@@ -170,19 +170,6 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
         result.history, windows.test, predictions, har)
-
-
-class _OfJob:
-    """Events of one job, as training.ReportProgress reports them."""
-
-    def __init__(self, events: Events, name: str) -> None:
-        self.events, self.name = events, name
-
-    def training_started(self, epochs: int, done: int = 0) -> None:
-        self.events.training_started(self.name, epochs, done)
-
-    def epoch_ended(self, epoch: int, logs: dict) -> None:
-        self.events.epoch_ended(self.name, epoch, {k: float(v) for k, v in logs.items()})
 
 
 @contextlib.contextmanager

@@ -296,12 +296,13 @@ class StepTimer(keras.callbacks.Callback):
 
 
 class ReportProgress(keras.callbacks.Callback):
-    """Tells a progress display (reporting.JobProgress) the job's epoch count and the epoch it starts at (after
-    the checkpointed ones of an interrupted run), then each epoch's losses."""
+    """Tells where a job's progress goes (pipeline.Events: the console's reporting.JobProgress, or a Ray worker's
+    outbox) the job's epoch count and the epoch it starts at (after the checkpointed ones of an interrupted run),
+    then each epoch's losses as plain floats."""
 
-    def __init__(self, display) -> None:
+    def __init__(self, events, job: str) -> None:
         super().__init__()
-        self.display = display
+        self.events, self.job = events, job
         self._first_epoch: int | None = None
 
     def on_train_begin(self, logs=None):
@@ -310,9 +311,9 @@ class ReportProgress(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if self._first_epoch is None:
             self._first_epoch = epoch
-            self.display.training_started(self.params["epochs"], done=epoch)
+            self.events.training_started(self.job, self.params["epochs"], epoch)
 
     def on_epoch_end(self, epoch, logs=None):
-        self.display.epoch_ended(epoch, logs or {})
+        self.events.epoch_ended(self.job, epoch, {k: float(v) for k, v in (logs or {}).items()})
 
 
