@@ -1,10 +1,10 @@
-"""What the baselines a quant would try first score on every real series (trainer/baselines.py).
+"""What the baselines a quant would try first score on every real series (trainer/evaluation/baselines.py).
 
   python benchmarks/bench_baselines.py
   python benchmarks/bench_baselines.py --only '*_1h'
 
 Over every series in ../shared/data/ohlcv, split as a job with V7's window (lookback 60, horizon 10; train /
-validation / test 70 / 15 / 15 %, trainer.windows.make_windows), the baselines fitted on the train split with
+validation / test 70 / 15 / 15 %, trainer.data.windows.make_windows), the baselines fitted on the train split with
 their parameters chosen on validation, scored on the test split:
   - next-candle log range, MAE skill: EWMA vs persistence, HAR + time of day vs persistence and vs EWMA; over
     the horizon (every step) and of the mean range of the next 10 candles vs persistence; QLIKE skill of HAR's
@@ -39,12 +39,12 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from trainer import baselines as bl
 from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
 from trainer.data.validate import timeframe_delta
+from trainer.data.windows import make_windows
+from trainer.evaluation import baselines as bl
 from trainer.files import atomic_write, write_json
-from trainer.windows import make_windows
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()

@@ -12,7 +12,7 @@ the whole preparation until the arrays are ready for `fit`:
              whole series, every window built by a Python loop, then a chronological 70/15/15 split.
   (b) cold   ours with an empty cache, what a job runs before fit (pipeline.prepare, then train_one's
              make_windows): trainer.data.load_candles (parse + validate + store), load_features (compute +
-             store), trainer.windows.make_windows (the rows the device gathers batches from, and the input
+             store), trainer.data.windows.make_windows (the rows the device gathers batches from, and the input
              and target scalers fit on every framed train window).
   (c) cached the same calls again: candles and features come from the on-disk cache.
   (d)        not in (b) or (c): what a job still frames on the host after fit, from the same windows: the
@@ -53,8 +53,8 @@ from rich.table import Table
 
 from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
-from trainer.features import load_features
-from trainer.windows import Windows, make_windows
+from trainer.data.features import load_features
+from trainer.data.windows import Windows, make_windows
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()

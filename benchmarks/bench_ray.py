@@ -41,7 +41,7 @@ import time
 started = time.perf_counter()
 import ray
 from trainer.config import load_config
-from trainer.distributed import _Worker
+from trainer.run.distributed import _Worker
 ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
 initialised = time.perf_counter()
 cfg = load_config(%r)

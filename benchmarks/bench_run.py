@@ -71,8 +71,8 @@ def old_job(config_path: Path, job: str, out_dir: Path) -> None:
     from bench_features import old_prepare
 
     from trainer.config import load_config
-    from trainer.models import build_model
-    from trainer.training import StepTimer
+    from trainer.model.models import build_model
+    from trainer.model.training import StepTimer
 
     cfg = load_config(config_path)
     x_train, y_train, x_val, y_val, _, _ = old_prepare(SHARED_OHLCV / f"{job}.csv.gz", cfg.window.lookback,

@@ -4,13 +4,13 @@
   python benchmarks/bench_throughput.py --families v7 --batch-sizes 16 64 --budget 0.5
   python benchmarks/bench_throughput.py --families --repeats 10      # only the V7 settings, more rounds
 
-For each family (configs/v7.yaml, v8_aligned.yaml, v8_stable.yaml) the real model (trainer.models.build_model,
+For each family (configs/v7.yaml, v8_aligned.yaml, v8_stable.yaml) the real model (trainer.model.models.build_model,
 float32) trains on synthetic random windows: one batch repeated from memory, so the input pipeline costs
 nothing and only the train step is timed. Each figure is the best of --repeats timed `fit` calls of about
 --budget seconds, after an untimed warm-up call (tracing, first steps). The rounds go over all batch sizes
 (or settings) in turn, so that a burst of load from other processes does not favour one of them.
 
-  GFLOP/s = samples/s x 3 x forward FLOPs per sample (trainer.flops: layer sizes, multiply-add = 2 FLOPs).
+  GFLOP/s = samples/s x 3 x forward FLOPs per sample (trainer.model.flops: layer sizes, multiply-add = 2 FLOPs).
   Peak, measured:    best of 40 float32 2048x2048 tf.linalg.matmul, taken before and after the training runs
                      in a fresh process with TensorFlow's default threads (every CPU on the one op), i.e. what
                      TensorFlow's own kernels reach on this machine; on the GPU when there is one. TF32 is
@@ -42,10 +42,10 @@ import tensorflow as tf
 from rich.console import Console
 from rich.table import Table
 
-from trainer import device
 from trainer.config import RunConfig, load_config
-from trainer.flops import TRAINING_MULTIPLIER, flops_per_sample
-from trainer.models import build_model, output_shapes
+from trainer.model import device
+from trainer.model.flops import TRAINING_MULTIPLIER, flops_per_sample
+from trainer.model.models import build_model, output_shapes
 
 FAMILIES = ("v7", "v8_aligned", "v8_stable")
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)  # V7 and V8-aligned peak at 512 here (+10 % over 256)
@@ -65,7 +65,7 @@ progress = Console(stderr=True, log_path=False)
 
 # ----------------------------------------------------------------------------- peaks
 def measured_peak_gflops() -> float:
-    """Measured in a fresh process: this one's thread pools are sized for training (trainer.device gives
+    """Measured in a fresh process: this one's thread pools are sized for training (trainer.model.device gives
     each op half the CPUs), while the peak is what one matmul reaches on all of them."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         return pool.apply(_matmul_gflops)

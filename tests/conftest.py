@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from trainer.results import JobSummary
+from trainer.evaluation.results import JobSummary
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -26,11 +26,11 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session", autouse=True)
 def _tensorflow_set_up_first():
-    """Every test process starts as the CLI's does: trainer.device.setup configures TensorFlow before anything
+    """Every test process starts as the CLI's does: trainer.model.device.setup configures TensorFlow before anything
     uses it. Otherwise whichever test first builds a model fixes TensorFlow's thread pools, and every later
     in-process `cryptotrain run` warns that they keep their sizes."""
     from trainer.config import TrainConfig
-    from trainer.device import setup
+    from trainer.model.device import setup
 
     setup(TrainConfig())
 

@@ -19,8 +19,11 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from trainer import artifacts, executors, files, pipeline, resume, training
+from trainer import files
 from trainer.cli import main
+from trainer.model import resume, training
+from trainer.publish import artifacts
+from trainer.run import executors, pipeline
 
 
 def pause_once(original, marker: Path, when=lambda *a, **k: True):

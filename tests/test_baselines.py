@@ -1,5 +1,5 @@
-"""Baselines (trainer/baselines.py): nothing from the future, fitted on the train split only, HAR recovers a known
-process, a conformal interval covers its nominal rate, quantiles ordered, the scores."""
+"""Baselines (trainer/evaluation/baselines.py): nothing from the future, fitted on the train split only, HAR recovers a
+known process, a conformal interval covers its nominal rate, quantiles ordered, the scores."""
 from __future__ import annotations
 
 import json
@@ -10,11 +10,11 @@ import pandas as pd
 import pytest
 
 from tests.conftest import CANDLES_DIR
-from trainer import baselines as bl
 from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
+from trainer.data.windows import Windows, make_windows
 from trainer.errors import JobError
-from trainer.windows import Windows, make_windows
+from trainer.evaluation import baselines as bl
 
 HORIZON = 3
 

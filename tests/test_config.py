@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from tests.conftest import tiny_config_dict
 from trainer.cli import main
 from trainer.config import ConfigError, load_config, resolve_config_path
-from trainer.jobs import make_jobs
+from trainer.run.jobs import make_jobs
 
 
 @pytest.mark.parametrize("name", ["v7", "v8_stable", "v8_aligned"])

@@ -16,12 +16,12 @@ import yaml
 from click.testing import CliRunner
 
 from tests.conftest import FREQTRADE_DIR, tiny_config_dict
-from trainer.cards import job_card
 from trainer.cli import main
 from trainer.config import OHLCV, RunConfig
 from trainer.data import input_digest, load_candles
 from trainer.data.freqtrade import candidates, split_symbol
 from trainer.errors import JobError
+from trainer.publish.cards import job_card
 
 BTC_1H = FREQTRADE_DIR / "BTC_USDT-1h.feather"
 

@@ -16,11 +16,12 @@ from click.testing import CliRunner
 from rich.console import Console
 
 from tests.conftest import tiny_config_dict
-from trainer import device, reporting
 from trainer.cli import main
 from trainer.config import RunConfig, TrainConfig
 from trainer.errors import UserError
-from trainer.models import build_model, output_shapes
+from trainer.model import device
+from trainer.model.models import build_model, output_shapes
+from trainer.report import console as reporting
 
 
 @pytest.fixture

@@ -10,13 +10,20 @@ import pytest
 
 from tests.conftest import tiny_config_dict
 from tests.test_windows import feature_frame, positions
-from trainer.baselines import fit_baselines
 from trainer.config import RunConfig
+from trainer.data.windows import make_windows
 from trainer.errors import JobError
-from trainer.evaluate import candle_scores, choose_shrink, evaluate, metrics, predict_prices, significant_gain
-from trainer.models import build_model, output_shapes
-from trainer.results import CandleScores
-from trainer.windows import make_windows
+from trainer.evaluation.baselines import fit_baselines
+from trainer.evaluation.evaluate import (
+    candle_scores,
+    choose_shrink,
+    evaluate,
+    metrics,
+    predict_prices,
+    significant_gain,
+)
+from trainer.evaluation.results import CandleScores
+from trainer.model.models import build_model, output_shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 

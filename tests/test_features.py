@@ -13,10 +13,10 @@ from ta.volatility import AverageTrueRange
 from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.config import INDICATORS, OHLCV, FeaturesConfig, RunConfig
 from trainer.data import read_candles_file
+from trainer.data.features import collinear_columns, compute_features
+from trainer.data.indicators import Candles, Indicator
+from trainer.data.windows import make_windows
 from trainer.errors import JobError
-from trainer.features import collinear_columns, compute_features
-from trainer.indicators import Candles, Indicator
-from trainer.windows import make_windows
 
 SERIES = ["BTCUSDT_1h", "DOGEUSDT_15m"]
 V8_STABLE = FeaturesConfig(indicators=[{"name": name} for name in INDICATORS])  # every indicator, defaults

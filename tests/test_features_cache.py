@@ -12,11 +12,11 @@ import pandas as pd
 import pytest
 
 from tests.conftest import CANDLES_DIR
-from trainer import features as features_module
 from trainer import files
 from trainer.config import FeaturesConfig
+from trainer.data import features as features_module
 from trainer.data import read_candles_file
-from trainer.features import compute_features, load_features
+from trainer.data.features import compute_features, load_features
 
 SPEC = FeaturesConfig(indicators=[{"name": "rsi", "window": 14}, {"name": "bb_upper", "window": 20, "std": 2.0},
                                   {"name": "atr", "window": 14}, {"name": "volume_norm", "window": 20}])

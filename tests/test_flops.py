@@ -9,8 +9,8 @@ import pytest
 
 from tests.conftest import tiny_config_dict
 from trainer.config import RunConfig, load_config
-from trainer.flops import flops_per_sample
-from trainer.models import build_model
+from trainer.model.flops import flops_per_sample
+from trainer.model.models import build_model
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 

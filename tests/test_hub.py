@@ -1,6 +1,6 @@
 """Pushing to and downloading from the Hub: the real huggingface_hub client against tests/hub_server.py.
 
-Job directories are fabricated with trainer.artifacts (the same writer the runner uses), holding small
+Job directories are fabricated with trainer.publish.artifacts (the same writer the runner uses), holding small
 files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML, a PNG and an .npz.
 """
 from __future__ import annotations
@@ -24,16 +24,16 @@ from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import record_sleeps, serve_hub
 from huggingface_hub import constants
 
-import trainer.hub as hub_module
-from trainer import runner
-from trainer.artifacts import commit, jobs_dir, staging_dir
+import trainer.publish.hub as hub_module
 from trainer.cli import main
 from trainer.config import HubConfig
 from trainer.errors import JobError, UserError
 from trainer.files import write_json
-from trainer.hub import download_job, push_jobs, push_run
-from trainer.ledger import Ledger
-from trainer.rundir import RunDir
+from trainer.publish.artifacts import commit, jobs_dir, staging_dir
+from trainer.publish.hub import download_job, push_jobs, push_run
+from trainer.run import runner
+from trainer.run.ledger import Ledger
+from trainer.run.rundir import RunDir
 
 TOKEN = "hf_SeCrEtTeStToKeN0123456789abcdef"
 REPO = "tester/cpb-tiny"

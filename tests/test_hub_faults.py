@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from hub_server import record_sleeps, serve_hub
 
-import trainer.hub as hub_module
-from trainer.artifacts import jobs_dir
+import trainer.publish.hub as hub_module
 from trainer.cli import main
-from trainer.hub import download_job
+from trainer.publish.artifacts import jobs_dir
+from trainer.publish.hub import download_job
 
 TOKEN = "hf_FaUlTyHuBtOkEn0123456789abcdef"
 REPO = "tester/cpb-quickstart"

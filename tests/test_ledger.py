@@ -16,14 +16,14 @@ import pytest
 from tests.conftest import job_summary
 from trainer.config import load_config
 from trainer.errors import JobError, UserError
-from trainer.ledger import Ledger, LostClaim
+from trainer.run.ledger import Ledger, LostClaim
 
 REPO = Path(__file__).resolve().parents[1]
 
 # One helper process per scenario, run as `python -c WORKER MODE RUN_DIR [JOB...]`.
 WORKER = """
 import os, signal, sys, time
-from trainer.ledger import Ledger, LostClaim
+from trainer.run.ledger import Ledger, LostClaim
 from tests.conftest import job_summary
 
 mode, run_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
@@ -288,7 +288,7 @@ def test_ledger_uses_wal_and_rejects_a_file_that_is_not_one(ledger, tmp_path):
 def test_a_ledger_of_an_earlier_version_gains_the_columns_it_lacks(tmp_path, version):
     """Schema 1 had no jobs.inputs, 2 no jobs.selected_at: opened by this version, they are added and the jobs
     kept, every one of them counted as selected (what `status` showed then)."""
-    from trainer import ledger as ledger_module
+    from trainer.run import ledger as ledger_module
 
     lacking = ",\n        inputs TEXT,\n        selected_at REAL)" if version == 1 else ",\n        selected_at REAL)"
     old_schema = [statement.replace(lacking, ")") for statement in ledger_module._SCHEMA]

@@ -13,10 +13,10 @@ from pydantic import Field, ValidationError
 
 from tests.conftest import REPO, tiny_config_dict
 from trainer.config import RunConfig, load_config
+from trainer.data.windows import make_windows
 from trainer.errors import UserError
-from trainer.layers import Layer
-from trainer.models import Pinball, build_model, count_params, output_shapes
-from trainer.windows import make_windows
+from trainer.model.layers import Layer
+from trainer.model.models import Pinball, build_model, count_params, output_shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 

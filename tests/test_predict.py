@@ -14,19 +14,19 @@ from click.testing import CliRunner
 from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 
-from trainer import artifacts
-from trainer.baselines import Har
 from trainer.cli import main
 from trainer.config import RunConfig
 from trainer.data import load_candles
+from trainer.data.features import compute_features
+from trainer.data.windows import Scaler
 from trainer.errors import UserError
-from trainer.features import compute_features
-from trainer.hub import push_run
-from trainer.jobs import make_jobs
-from trainer.predict import JobConfig, predict_job, predict_next
-from trainer.rundir import RunDir
-from trainer.runner import run_config
-from trainer.windows import Scaler
+from trainer.evaluation.baselines import Har
+from trainer.publish import artifacts
+from trainer.publish.hub import push_run
+from trainer.publish.predict import JobConfig, predict_job, predict_next
+from trainer.run.jobs import make_jobs
+from trainer.run.rundir import RunDir
+from trainer.run.runner import run_config
 
 TOKEN = "hf_PredictTestToken0123456789abcdef"
 DATA_FILE = CANDLES_DIR / "BTCUSDT_1h.csv.gz"
@@ -311,7 +311,7 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
 def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(job_dir):
     """The job's model card (what the Hub shows): the next candle's skill vs each baseline, the network's weight,
     the interval's coverage - in the text and in the model-index metrics."""
-    from trainer.cards import job_card
+    from trainer.publish.cards import job_card
 
     candles = json.loads((job_dir / "metrics.json").read_text())["candles"]
     card = job_card(job_dir, "tester/cards", "BTCUSDT/1h")

@@ -17,12 +17,12 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, tiny_config_dict
-from trainer import artifacts
 from trainer.errors import UserError
-from trainer.ledger import Ledger
-from trainer.report import write_report
-from trainer.results import Headline, JobMetrics
-from trainer.rundir import RunDir
+from trainer.evaluation.results import Headline, JobMetrics
+from trainer.publish import artifacts
+from trainer.report.html import write_report
+from trainer.run.ledger import Ledger
+from trainer.run.rundir import RunDir
 
 DONE = ["BTCUSDT_15m", "BTCUSDT_1h"]
 FAILED = ["NOSUCHUSDT_15m", "NOSUCHUSDT_1h"]
@@ -196,7 +196,7 @@ def test_each_done_job_has_its_loss_curves_and_its_test_close_against_persistenc
 
 def test_the_actual_and_persistence_closes_agree_with_the_jobs_own_metrics(run_dir):
     """The chart's series give back the first step's skill of metrics.json: they are the test split's closes."""
-    from trainer.report import _price_series
+    from trainer.report.html import _price_series
 
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     for job in DONE:
@@ -266,8 +266,8 @@ def test_another_output_path_and_a_directory_that_is_not_a_run(run_dir, tmp_path
 
 
 def test_the_report_loads_neither_tensorflow_nor_keras_and_prints_nothing(run_dir, tmp_path):
-    script = ("import sys; from pathlib import Path; from trainer.report import write_report; "
-              "from trainer.rundir import RunDir\n"
+    script = ("import sys; from pathlib import Path; from trainer.report.html import write_report; "
+              "from trainer.run.rundir import RunDir\n"
               "with RunDir.open(Path(sys.argv[1])) as run: write_report(run, Path(sys.argv[2]))\n"
               "sys.stderr.write(' '.join(m for m in ('tensorflow', 'keras', 'matplotlib') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", script, str(run_dir), str(tmp_path / "r.html")], cwd=REPO,

@@ -15,8 +15,8 @@ import pytest
 from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, REPO
-from trainer import artifacts
 from trainer.cli import main
+from trainer.publish import artifacts
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 

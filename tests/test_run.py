@@ -22,15 +22,15 @@ import yaml
 from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, job_summary, tiny_config_dict
-from trainer import artifacts
 from trainer.cli import main
 from trainer.config import FeaturesConfig, load_config
 from trainer.data import read_candles_file
-from trainer.features import compute_features
+from trainer.data.features import compute_features
+from trainer.data.windows import Preprocessing
 from trainer.files import write_json
-from trainer.jobs import Job
-from trainer.reporting import JobProgress, summary_line
-from trainer.windows import Preprocessing
+from trainer.publish import artifacts
+from trainer.report.console import JobProgress, summary_line
+from trainer.run.jobs import Job
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
              "predictions.npz", "har.json", "manifest.json"}
@@ -200,7 +200,7 @@ def test_status_answers_without_loading_tensorflow(finished_run):
 
 
 def test_status_filters_like_run_and_keeps_each_job_on_one_line(tmp_path):
-    from trainer.ledger import Ledger
+    from trainer.run.ledger import Ledger
 
     ledger = Ledger(tmp_path / "run")
     ledger.add_jobs(["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_1h"])
@@ -225,7 +225,7 @@ def test_status_filters_like_run_and_keeps_each_job_on_one_line(tmp_path):
 def test_status_shows_the_jobs_runs_selected_and_counts_the_others_apart(tmp_path):
     """After `run --only BTCUSDT --timeframes 1h` on a 40-job family, status is about that job; the other 39
     are neither pending nor hidden: counted and named apart, listed with --all, in --json with selected_at null."""
-    from trainer.ledger import Ledger
+    from trainer.run.ledger import Ledger
 
     ledger = Ledger(tmp_path / "run")
     names = [f"{s}USDT_{t}" for s in ("BTC", "ETH", "SOL") for t in ("15m", "1h")]
@@ -266,7 +266,7 @@ def test_not_on_a_terminal_a_run_prints_plain_lines_per_epoch_with_v_and_per_job
 NATIVE_WRITER = """
 import os, sys
 from rich.console import Console
-from trainer import reporting
+from trainer.report import console as reporting
 reporting.console = Console(stderr=True, force_terminal=True, width=120)
 with reporting.JobProgress().running(total=1, done=0):
     os.write(2, b"native line, as TensorFlow's C++ log writes it\\n")
@@ -287,7 +287,7 @@ def test_what_native_code_writes_to_stderr_during_the_live_display_is_shown_as_a
 
 ONEDNN_RUN = """
 import sys
-from trainer import device
+from trainer.model import device
 from trainer.cli import main
 if sys.argv[1] == "unspent":
     device._spend_onednn_notice = lambda: None

@@ -15,13 +15,13 @@ from tensorflow.python import pywrap_tfe
 from tests.conftest import tiny_config_dict
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
-from trainer.evaluate import predict_fixed_batches
-from trainer.features import load_features
-from trainer.models import output_shapes
-from trainer.pipeline import release_free_memory
-from trainer.resume import EpochCheckpoint, replay_budget, resume
-from trainer.training import DeviceFeed, ModelCache, WindowTrainer, fit
-from trainer.windows import make_windows
+from trainer.data.features import load_features
+from trainer.data.windows import make_windows
+from trainer.evaluation.evaluate import predict_fixed_batches
+from trainer.model.models import output_shapes
+from trainer.model.resume import EpochCheckpoint, replay_budget, resume
+from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
+from trainer.run.pipeline import release_free_memory
 
 
 @pytest.fixture(params=["float32", "mixed_float16"])

@@ -13,16 +13,16 @@ import pytest
 from tests.conftest import CANDLES_DIR, REPO, tiny_config_dict
 from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
+from trainer.data.features import compute_features
+from trainer.data.windows import Preprocessing, Scaler, framing, make_windows
 from trainer.errors import JobError, UserError
-from trainer.features import compute_features
-from trainer.windows import Preprocessing, Scaler, framing, make_windows
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
 
 
 def feature_frame(rows: int = 400) -> pd.DataFrame:
     """Real BTCUSDT 1h candles plus simple rolling stand-ins for the tiny config's indicator columns
-    (this module only needs columns of those names; trainer/features.py computes the real ones)."""
+    (this module only needs columns of those names; trainer/data/features.py computes the real ones)."""
     candles = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz", nrows=rows + 19)
     frame = candles.set_index(pd.to_datetime(candles.pop("timestamp"), utc=True))
     close = frame["close"]
@@ -45,7 +45,7 @@ def windows_of(frame: pd.DataFrame, cfg: RunConfig, shapes: dict = SEQ_SHAPES):
 
 
 def framed(values: pd.DataFrame, last_close: float, relative: bool) -> np.ndarray:
-    """The framing spelled out column by column, independently of trainer.windows."""
+    """The framing spelled out column by column, independently of trainer.data.windows."""
     if not relative:
         return values.to_numpy()
     return np.stack([np.log(values[c] / last_close) if framing(c) == "level" else
@@ -122,9 +122,9 @@ def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_p
 def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind, relative_to, lookback, horizon):
     """The proof that computing the scalers from the rows changes nothing: on real candles and V8-stable's 15
     real indicator columns (price levels, price differences, unitless), every train sample's input window and
-    targets are materialised and framed one by one, independently of trainer.windows, and fit as they were
+    targets are materialised and framed one by one, independently of trainer.data.windows, and fit as they were
     before: the input scaler and each head's (anchored, shared for a candle) are those to float rounding;
-    minmax's equal exactly what fitting the windows framed by trainer.windows' own framing gives."""
+    minmax's equal exactly what fitting the windows framed by trainer.data.windows' own framing gives."""
     cfg = load_config(REPO / "configs" / "v8_stable.yaml", [
         f"data.local.path={CANDLES_DIR}", "data.max_rows=1500", f"window.scaler={kind}",
         f"window.relative_to={relative_to or 'null'}", f"window.lookback={lookback}", f"window.horizon={horizon}",
@@ -142,7 +142,7 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
     inputs = np.stack([values[row - lookback:row] for row in train])  # (n, lookback, F), as the model sees them
     relative = relative_to is not None
     assert_same_scaler(prep.scaler, Scaler.fit(kind, columns, framed_values(inputs, last_close, columns, relative)))
-    if kind == "minmax":  # exactly what fitting the windows framed by trainer.windows' own framing gives
+    if kind == "minmax":  # exactly what fitting the windows framed by trainer.data.windows' own framing gives
         rows = prep.framing.encode(values.copy(), frame.index)
         encoded = np.stack([rows[row - lookback:row] for row in train])
         anchor = rows[train - 1, prep.framing.anchor_column][:, None, None]

@@ -91,7 +91,7 @@ def config_options(func):
 
 def _load(config_path: str, overrides: tuple[str, ...], only: tuple[str, ...], timeframes: str):
     from .config import load_config
-    from .jobs import make_jobs
+    from .run.jobs import make_jobs
 
     cfg = load_config(config_path, overrides)
     jobs = make_jobs(cfg, only, tuple(t for t in timeframes.split(",") if t))
@@ -109,8 +109,8 @@ def plan(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     _import_tensorflow()
-    from .planning import make_plan
-    from .reporting import print_plan
+    from .report.console import print_plan
+    from .run.planning import make_plan
 
     print_plan(make_plan(cfg, jobs))
 
@@ -161,8 +161,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
     _import_tensorflow()
-    from .reporting import JobProgress, print_resume_hint, print_run_end
-    from .runner import run_config
+    from .report.console import JobProgress, print_resume_hint, print_run_end
+    from .run.runner import run_config
 
     signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
     given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
@@ -228,8 +228,8 @@ def status(run_dir, as_json, only, timeframes, show_all):
       cryptotrain status runs/v8_aligned
       cryptotrain status runs/v8_aligned --only 'BTC*' --timeframes 1h --json
     """
-    from .reporting import print_status
-    from .rundir import RunDir
+    from .report.console import print_status
+    from .run.rundir import RunDir
 
     with RunDir.open(run_dir) as run:
         print_status(run, as_json=as_json, only=only, timeframes=tuple(t for t in timeframes.split(",") if t),
@@ -250,8 +250,8 @@ def report(run_dir, out):
       cryptotrain report runs/v8_aligned
       cryptotrain report runs/v8_aligned -o /tmp/v8.html
     """
-    from .report import write_report
-    from .rundir import RunDir
+    from .report.html import write_report
+    from .run.rundir import RunDir
 
     with RunDir.open(run_dir) as run:
         click.echo(write_report(run, out))
@@ -276,8 +276,8 @@ def push(run_dir, repo_id, public, overwrite_cards, only):
     Example:
       cryptotrain push runs/v8_aligned --repo-id you/cpb-v8-aligned
     """
-    from .hub import push_run
-    from .rundir import RunDir
+    from .publish.hub import push_run
+    from .run.rundir import RunDir
 
     with RunDir.open(run_dir, config_required=True) as run:
         pushed = push_run(run, repo_id=repo_id, private=None if public is None else not public,
@@ -306,8 +306,8 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
     _import_tensorflow()
-    from .predict import predict_job
-    from .reporting import print_prediction
+    from .publish.predict import predict_job
+    from .report.console import print_prediction
 
     prediction = predict_job(model_ref, symbol=symbol, timeframe=timeframe, data_path=data_path,
                              config_path=config_path)
@@ -327,8 +327,8 @@ def doctor(as_json):
       cryptotrain doctor
     """
     _import_tensorflow()
-    from .device import diagnose
-    from .reporting import doctor_problems, print_doctor
+    from .model.device import diagnose
+    from .report.console import doctor_problems, print_doctor
 
     diagnosis = diagnose()
     print_doctor(diagnosis, as_json=as_json)
@@ -345,8 +345,8 @@ def features(config_path, overrides, only, timeframes):
       cryptotrain features --config v8_stable --only 'ETH*'
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
-    from .features import precompute
-    from .reporting import JobLines, feature_line, features_summary
+    from .data.features import precompute
+    from .report.console import JobLines, feature_line, features_summary
 
     with JobLines("Computing features", len(jobs)) as lines:
         outcomes = precompute(cfg, jobs, on_job=lambda outcome: lines.add(feature_line(outcome), outcome.failed))
@@ -377,7 +377,7 @@ def download(config_path, overrides, only, timeframes):
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
     from .data import download as download_all
-    from .reporting import JobLines, download_line, download_summary
+    from .report.console import JobLines, download_line, download_summary
 
     if not cfg.data.chosen.downloads:
         click.echo(f"data.source is {cfg.data.source}: nothing to download")

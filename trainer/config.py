@@ -24,6 +24,7 @@ from pydantic import (
     model_validator,
 )
 
+from .data.indicators import OHLCV, Indicator
 from .data.sources import (
     BinanceSource,
     FilePattern,
@@ -37,11 +38,10 @@ from .data.sources import (
 )
 from .errors import UserError
 from .files import beside_package
-from .indicators import OHLCV, Indicator
-from .layers import Layer
+from .model.layers import Layer
 from .specs import Strict, listed
 
-INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/indicators.py
+INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/data/indicators.py
 
 TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
 

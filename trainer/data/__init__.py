@@ -25,7 +25,7 @@ from .validate import count_gaps
 
 if TYPE_CHECKING:
     from ..config import RunConfig
-    from ..jobs import Job
+    from ..run.jobs import Job
 
 log = logging.getLogger(__name__)
 

@@ -13,11 +13,11 @@ from dataclasses import replace
 import keras
 import numpy as np
 
+from ..config import CANDLE
+from ..data.windows import HeadTarget, Preprocessing, SplitWindows
+from ..errors import JobError
 from . import baselines
 from .baselines import Baselines
-from .config import CANDLE
-from .errors import JobError
-from .windows import HeadTarget, Preprocessing, SplitWindows
 
 # Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
 # memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.

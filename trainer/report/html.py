@@ -24,17 +24,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import __version__, charts
-from .artifacts import MANIFEST, jobs_dir, verify
-from .errors import UserError
-from .files import atomic_write
-from .formatting import number
-from .jobs import Job
-from .ledger import JobRecord
-from .reporting import verdict
-from .results import CloseScores, Headline, JobMetrics
-from .rundir import RunDir
-from .windows import Preprocessing
+from .. import __version__
+from ..data.windows import Preprocessing
+from ..errors import UserError
+from ..evaluation.results import CloseScores, Headline, JobMetrics
+from ..files import atomic_write
+from ..formatting import number
+from ..publish.artifacts import MANIFEST, jobs_dir, verify
+from ..run.jobs import Job
+from ..run.ledger import JobRecord
+from ..run.rundir import RunDir
+from . import charts
+from .console import verdict
 
 REPORT = "report.html"
 ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart

@@ -1,4 +1,4 @@
-"""Candles -> feature frame: the configured indicators (each computes itself: trainer/indicators.py),
+"""Candles -> feature frame: the configured indicators (each computes itself: trainer/data/indicators.py),
 vectorized, cached on disk.
 
 Warm-up rows, where an indicator is not yet defined, are dropped, never filled. The cache key is the
@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import indicators
-from .config import OHLCV, FeaturesConfig, RunConfig
-from .data import load_candles, store
-from .errors import JobError
-from .files import remove_abandoned_temp_files
-from .jobs import Job
+from ..config import OHLCV, FeaturesConfig, RunConfig
+from ..errors import JobError
+from ..files import remove_abandoned_temp_files
+from ..run.jobs import Job
+from . import indicators, load_candles, store
 
 # What an entry depends on besides the candles and the spec: this code, the entry format and the libraries.
 FEATURE_VERSION = store.make_key(

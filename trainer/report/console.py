@@ -32,19 +32,19 @@ from rich.progress import (
 from rich.table import Table
 from rich.text import Text
 
-from .errors import UserError
-from .files import atomic_write
-from .formatting import number
-from .jobs import Job, selected
-from .ledger import STATUSES, Ledger
-from .results import JobSummary
+from ..errors import UserError
+from ..evaluation.results import JobSummary
+from ..files import atomic_write
+from ..formatting import number
+from ..run.jobs import Job, selected
+from ..run.ledger import STATUSES, Ledger
 
 if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
-    from .data import DownloadOutcome
-    from .features import FeatureOutcome
-    from .planning import Plan
-    from .predict import Prediction
-    from .rundir import RunDir
+    from ..data import DownloadOutcome
+    from ..data.features import FeatureOutcome
+    from ..publish.predict import Prediction
+    from ..run.planning import Plan
+    from ..run.rundir import RunDir
 
 console = Console(stderr=True)  # progress and warnings; tables go to stdout
 

@@ -56,13 +56,13 @@ from huggingface_hub.utils._http import hf_request_event_hook
 from huggingface_hub.utils.sha import git_hash
 from pydantic import ValidationError
 
+from ..config import HubConfig
+from ..errors import JobError, UserError
+from ..retries import retry_wait
+from ..run.jobs import Job, make_jobs
+from ..run.rundir import RunDir
 from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
-from .config import HubConfig
-from .errors import JobError, UserError
-from .jobs import Job, make_jobs
-from .retries import retry_wait
-from .rundir import RunDir
 
 PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
@@ -395,7 +395,7 @@ def _public_origin() -> str | None:
     """The `origin` remote of the checkout this cryptotrain runs from, as anyone may clone it: an https or ssh
     URL with no credentials in it (a token in `https://user:TOKEN@host/...` never reaches a card); None for
     no remote, or one only this machine can reach (a local path)."""
-    source = Path(__file__).resolve().parent.parent
+    source = Path(__file__).resolve().parents[2]
     try:
         url = subprocess.run(["git", "-C", str(source), "remote", "get-url", "origin"], capture_output=True,
                              text=True, timeout=10).stdout.strip()

@@ -22,8 +22,8 @@ from ta.momentum import ROCIndicator, RSIIndicator
 from ta.trend import MACD
 from ta.volatility import BollingerBands
 
-from .data.validate import OHLCV
-from .specs import Kind
+from ..specs import Kind
+from .validate import OHLCV
 
 DAY = pd.Timedelta(days=1)
 

@@ -22,20 +22,20 @@ from pathlib import Path
 
 import pandas as pd
 
-from . import artifacts
-from .config import FREE_KEYS, ExecutorConfig, HubConfig, RunConfig
-from .data import input_digest
-from .device import cudnn_report, setup
-from .errors import Interrupted, JobError, RunStopped, UserError, first_line
+from ..config import FREE_KEYS, ExecutorConfig, HubConfig, RunConfig
+from ..data import input_digest
+from ..data.features import collinear_columns
+from ..errors import Interrupted, JobError, RunStopped, UserError, first_line
+from ..evaluation.results import JobMetrics
+from ..files import atomic_write, remove_abandoned_temp_files
+from ..model.device import cudnn_report, setup
+from ..model.resume import budget_plan
+from ..publish import artifacts
+from ..report.console import summary_line, write_summary
 from .executors import Executor, open_executor
-from .features import collinear_columns
-from .files import atomic_write, remove_abandoned_temp_files
 from .jobs import Job, make_jobs
 from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import JobOutput, prepare
-from .reporting import summary_line, write_summary
-from .results import JobMetrics
-from .resume import budget_plan
 from .rundir import CONFIG, RunDir
 
 log = logging.getLogger(__name__)
@@ -247,7 +247,7 @@ def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
 def _write_report(run: RunDir) -> Path | None:
     """The run's report.html; a report that cannot be written never fails the run."""
     try:
-        from .report import write_report
+        from ..report.html import write_report
 
         return write_report(run)
     except Exception as exc:
@@ -361,7 +361,7 @@ def _full_disk(name: str, exc: OSError) -> RunStopped:
 
 def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> list[str]:
     """Done jobs whose artifacts are not yet on the Hub, in the repo the config now names."""
-    from .hub import repo_of
+    from ..publish.hub import repo_of
 
     return [r.name for r in records if r.name in names and r.status == "done"
             and not (r.pushed_commit and r.pushed_repo == repo_of(hub, r.name))]
@@ -370,7 +370,7 @@ def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> lis
 def _push(run: RunDir, names: list[str], cfg: RunConfig, display: Display) -> None:
     from huggingface_hub.utils import disable_progress_bars
 
-    from .hub import push_jobs, scrub
+    from ..publish.hub import push_jobs, scrub
 
     disable_progress_bars()  # tqdm bars would tear through the rich progress display
     try:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from .files import write_json
+from ..files import write_json
 
 
 class _Record(BaseModel):

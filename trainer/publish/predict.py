@@ -16,17 +16,17 @@ import pandas as pd
 import yaml
 from pydantic import ValidationError
 
+from ..config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, load_config, validate_config
+from ..data import load_candles, read_candles_file
+from ..data.features import compute_features
+from ..data.validate import timeframe_delta
+from ..data.windows import Preprocessing
+from ..errors import UserError, first_line
+from ..evaluation.baselines import HAR_FILE, Har, quantities
+from ..evaluation.evaluate import COMBINED
+from ..evaluation.results import JobMetrics
+from ..model.device import setup
 from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
-from .baselines import HAR_FILE, Har, quantities
-from .config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, load_config, validate_config
-from .data import load_candles, read_candles_file
-from .data.validate import timeframe_delta
-from .device import setup
-from .errors import UserError, first_line
-from .evaluate import COMBINED
-from .features import compute_features
-from .results import JobMetrics
-from .windows import Preprocessing
 
 PREPROCESSING = "preprocessing.json"
 CONFIG = "config.yaml"
@@ -172,7 +172,7 @@ def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -
     """A job directory from a job directory, a run directory + symbol/timeframe, or an hf:// reference
     to the job's folder."""
     if model_ref.startswith("hf://"):
-        from .hub import download_job  # the Hub client is only needed for hf:// references
+        from .hub import download_job
 
         return download_job(model_ref)
     path = Path(model_ref)

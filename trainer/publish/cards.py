@@ -20,11 +20,11 @@ import pandas as pd
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from .baselines import VOLATILITY_NAMES
-from .data.sources import Source
-from .formatting import number
-from .results import DataInfo, JobMetrics, JobSummary
-from .windows import Preprocessing
+from ..data.sources import Source
+from ..data.windows import Preprocessing
+from ..evaluation.baselines import VOLATILITY_NAMES
+from ..evaluation.results import DataInfo, JobMetrics, JobSummary
+from ..formatting import number
 
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
@@ -250,7 +250,7 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
         "scaled as `(x - offset) / scale` with `preprocessing.json`'s scaler; its outputs are a dict of heads, "
         "scaled by each head's own scaler (log returns from the last close for prices). "
-        "`trainer.windows.Preprocessing` does both ways."
+        "`trainer.data.windows.Preprocessing` does both ways."
     )
 
 

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
-from .config import ExecutorConfig, RunConfig
-from .errors import JobError
+from ..config import ExecutorConfig, RunConfig
+from ..errors import JobError
+from ..model.training import ModelCache
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, tensorboard_dir, train_one
-from .training import ModelCache
 
 
 class Executor(Protocol):
@@ -61,7 +61,7 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig) -> Iterator[Executor
     if executor.kind == "local":
         yield LocalExecutor(cfg)
         return
-    from .distributed import RayExecutor  # Ray only for a Ray run
+    from .distributed import RayExecutor
 
     with RayExecutor(cfg, executor) as workers:
         yield workers

@@ -26,9 +26,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from .config import RunConfig, TrainConfig
-from .errors import UserError
-from .files import native_stderr_silenced
+from ..config import RunConfig, TrainConfig
+from ..errors import UserError
+from ..files import native_stderr_silenced
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 MIXED_FLOAT16_MIN_CAPABILITY = (7, 0)  # tensor cores: float16 is faster from Volta on
@@ -83,12 +83,12 @@ def _enable_memory_growth(gpu) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
     except RuntimeError:  # the GPU is initialised already: setup() came too late; doctor flags it too
         log.warning("%s: GPU memory growth could not be enabled: TensorFlow used the GPU before "
-                    "trainer.device.setup() ran, so it reserves the whole card", gpu.name)
+                    "trainer.model.device.setup() ran, so it reserves the whole card", gpu.name)
 
 
 def apply_precision(precision: str) -> str:
     """Set Keras's global dtype policy; again after keras.backend.clear_session(). Returns the resolved
-    policy. Under mixed precision the model's heads stay float32 (trainer.models) and Keras's compile()
+    policy. Under mixed precision the model's heads stay float32 (trainer.model.models) and Keras's compile()
     wraps the optimizer in a LossScaleOptimizer for mixed_float16."""
     if precision not in PRECISIONS:
         raise UserError(f"train.precision: unknown precision '{precision}' (one of {', '.join(PRECISIONS)})")
@@ -126,7 +126,7 @@ def _set_threads(cpus: int) -> dict:
         tf.config.threading.set_intra_op_parallelism_threads(intra_op)
         tf.config.threading.set_inter_op_parallelism_threads(inter_op)
     except RuntimeError:  # TensorFlow ran ops before setup(): its pools are fixed for this process
-        log.warning("TensorFlow was used before trainer.device.setup() ran: its thread pools keep their sizes")
+        log.warning("TensorFlow was used before trainer.model.device.setup() ran: its thread pools keep their sizes")
     return {"usable_cpus": cpus,
             "intra_op": tf.config.threading.get_intra_op_parallelism_threads() or cpus,
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cpus}
@@ -303,7 +303,7 @@ def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: li
             "TF_CPP_MIN_LOG_LEVEL=0 to see TensorFlow's reason")
     if gpus and not configured["memory_growth"]:
         add("problem", "GPU memory growth is off: TensorFlow reserves the whole GPU at start",
-            "call trainer.device.setup() before anything else initialises TensorFlow")
+            "call trainer.model.device.setup() before anything else initialises TensorFlow")
     if gpus and configured["precision"] == "float32":
         add("notice", "precision auto stays float32: a GPU has no tensor cores (compute capability < 7.0)",
             "nothing to fix; train.precision: mixed_float16 forces float16 (usually slower on such a GPU)")

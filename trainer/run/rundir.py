@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import RunConfig, load_config
-from .errors import UserError
+from ..config import RunConfig, load_config
+from ..errors import UserError
 from .ledger import Ledger
 
 CONFIG = "config.yaml"

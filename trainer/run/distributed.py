@@ -33,13 +33,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .config import ExecutorConfig, RunConfig
-from .errors import JobError, RunStopped, UserError, first_line
-from .files import atomic_write
+from ..config import ExecutorConfig, RunConfig
+from ..errors import JobError, RunStopped, UserError, first_line
+from ..evaluation.results import JobMetrics
+from ..files import atomic_write
+from ..model.training import ModelCache
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
-from .results import JobMetrics
-from .training import ModelCache
 
 try:
     import ray
@@ -371,7 +371,7 @@ if ray is not None:
 
         def __init__(self, cfg: RunConfig, cpus: float) -> None:
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            from .device import setup
+            from ..model.device import setup
 
             setup(cfg.train, cpus=max(1, round(cpus)))
             self.cfg = cfg

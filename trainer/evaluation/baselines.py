@@ -48,8 +48,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from .data.validate import timeframe_delta
-from .errors import JobError
+from ..data.validate import timeframe_delta
+from ..errors import JobError
 
 QUANTITIES = ("high", "low", "range", "return")
 EXCURSIONS = ("high", "low")

@@ -1,5 +1,5 @@
 """The layers a family can list under model.layers: each one a class that knows its parameters (Keras's own
-argument names), how to build its Keras layer and how many FLOPs it costs per sample (trainer.flops).
+argument names), how to build its Keras layer and how many FLOPs it costs per sample (trainer.model.flops).
 
 A new layer kind is one class here: a subclass of Layer with `kind` a Literal, its parameters as fields,
 `build` and, where it changes the shape or does dense algebra, `flops`. Recurrent layers keep Keras's defaults
@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import Field
 
-from .specs import Kind
+from ..specs import Kind
 
 if TYPE_CHECKING:
     import keras
@@ -31,7 +31,7 @@ class Layer(Kind):
 
     def flops(self, steps: int, width: int, horizon: int) -> tuple[int, int, int]:
         """Forward FLOPs per sample on an input of `steps` x `width`, and the output's steps and width (a
-        multiply-add counts as 2 FLOPs; only dense algebra is counted, see trainer.flops)."""
+        multiply-add counts as 2 FLOPs; only dense algebra is counted, see trainer.model.flops)."""
         return 0, steps, width
 
     def keras_args(self, *drop: str) -> dict:

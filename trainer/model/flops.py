@@ -13,14 +13,14 @@ the weight gradients, per forward matmul).
 """
 from __future__ import annotations
 
-from .config import NetworkSpec
+from ..config import NetworkSpec
 
 TRAINING_MULTIPLIER = 3
 
 
 def flops_per_sample(spec: NetworkSpec) -> int:
     """Forward FLOPs for one input window of lookback steps x n_features: each layer's own count
-    (trainer.layers), then the heads."""
+    (trainer.model.layers), then the heads."""
     steps, width = spec.lookback, spec.n_features  # steps = 1 once the sequence is collapsed
     total = 0
     for layer in spec.model.layers:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import fnmatch
 from dataclasses import dataclass
 
-from .config import ConfigError, RunConfig
+from ..config import ConfigError, RunConfig
 
 
 @dataclass(frozen=True, order=True)

@@ -23,19 +23,19 @@ import keras
 import numpy as np
 import pandas as pd
 
-from . import artifacts
-from .baselines import HAR_FILE, Har, fit_baselines
-from .config import RunConfig
-from .data import load_candles
-from .errors import JobError
-from .evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
-from .features import implausible_jump, load_features
-from .files import write_json
+from ..config import RunConfig
+from ..data import load_candles
+from ..data.features import implausible_jump, load_features
+from ..data.windows import Preprocessing, SplitWindows, make_windows
+from ..errors import JobError
+from ..evaluation.baselines import HAR_FILE, Har, fit_baselines
+from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
+from ..evaluation.results import JobMetrics
+from ..files import write_json
+from ..model.models import output_shapes
+from ..model.training import Diverged, ModelCache, ReportProgress, fit
+from ..publish import artifacts
 from .jobs import Job
-from .models import output_shapes
-from .results import JobMetrics
-from .training import Diverged, ModelCache, ReportProgress, fit
-from .windows import Preprocessing, SplitWindows, make_windows
 
 
 class Events(Protocol):

@@ -16,13 +16,13 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from .config import NetworkSpec, TrainConfig
+from ..config import NetworkSpec, TrainConfig
+from ..data.windows import SplitWindows, Windows, float32
+from ..errors import JobError
+from ..evaluation.evaluate import INFERENCE_BATCH_SIZE
 from .device import apply_precision
-from .errors import JobError
-from .evaluate import INFERENCE_BATCH_SIZE
 from .models import build_model, compile_settings
 from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
-from .windows import SplitWindows, Windows, float32
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
 
     If `backup_dir` holds the checkpoint of an interrupted run of this job, training resumes after its last
     finished epoch (see resume); if that run had ended training, none is trained. The backup is left in place:
-    the caller deletes it once the job's artifacts are safe (trainer.resume has how).
+    the caller deletes it once the job's artifacts are safe (trainer.model.resume has how).
     """
     restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
     resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at

@@ -23,9 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from .errors import JobError, UserError
-from .files import pid_alive
-from .results import JobSummary
+from ..errors import JobError, UserError
+from ..evaluation.results import JobSummary
+from ..files import pid_alive
 
 STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds

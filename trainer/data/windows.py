@@ -34,10 +34,10 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from .config import CANDLE, Split, WindowConfig
-from .config import HeadConfig as HeadSpec
-from .errors import JobError, UserError
-from .files import write_json
+from ..config import CANDLE, Split, WindowConfig
+from ..config import HeadConfig as HeadSpec
+from ..errors import JobError, UserError
+from ..files import write_json
 from .indicators import Indicator
 
 SPLITS = ("train", "val", "test")

@@ -1,12 +1,12 @@
 """Model spec (the YAML layer list) -> compiled keras.Model: the trunk's layers build themselves
-(trainer.layers), the heads, the losses and the optimizer are made here."""
+(trainer.model.layers), the heads, the losses and the optimizer are made here."""
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 import keras
 
-from .config import HeadConfig, NetworkSpec, TrainConfig
+from ..config import HeadConfig, NetworkSpec, TrainConfig
 
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,
@@ -46,7 +46,7 @@ def compile_settings(heads: Sequence[HeadConfig], train: TrainConfig) -> dict:
         "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in heads},
         "loss_weights": {head.name: head.weight for head in heads},
         "steps_per_execution": train.steps_per_execution,
-        "jit_compile": False,  # XLA measured slower on CPU (trainer.device) and cannot run the cuDNN LSTM kernel
+        "jit_compile": False,  # XLA measured slower on CPU (trainer.model.device) and cannot run the cuDNN LSTM kernel
     }
 
 

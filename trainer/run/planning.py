@@ -4,11 +4,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .config import RunConfig
+from ..config import RunConfig
 from .jobs import Job
 
 if TYPE_CHECKING:
-    from .device import LayerEligibility
+    from ..model.device import LayerEligibility
 
 
 @dataclass(frozen=True)
@@ -24,9 +24,9 @@ class Plan:
 
 def make_plan(cfg: RunConfig, jobs: list[Job]) -> Plan:
     """The plan of a run, without training (builds the model once, to count its parameters)."""
-    from .device import cudnn_report  # TensorFlow is imported only when a plan is made
-    from .flops import flops_per_sample
-    from .models import count_params
+    from ..model.device import cudnn_report
+    from ..model.flops import flops_per_sample
+    from ..model.models import count_params
 
     network = cfg.network
     return Plan(cfg, list(jobs), network.n_features, count_params(network), flops_per_sample(network),

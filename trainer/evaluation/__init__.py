@@ -1,0 +1,1 @@
+"""Judging a job: the baselines a quant tries first, the scores, and the typed results."""

@@ -1,0 +1,1 @@
+"""What a finished job leaves: its artifacts, model cards, the Hub, and predicting from it."""

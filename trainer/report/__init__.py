@@ -1,0 +1,1 @@
+"""What people read: the HTML report and the console."""
