@@ -51,8 +51,6 @@ except ImportError:  # a local run never gets here; `--executor ray` says how to
 log = logging.getLogger(__name__)
 
 MAX_WORKER_DEATHS = 3  # per job: a job that kills its worker every time (out of memory, say) fails after these
-# Written last, so that a worker dying while the driver writes a checkpoint leaves the files it names in place.
-CHECKPOINT_FILES = ("checkpoint.previous.npz", "checkpoint.npz")
 # A cluster's GCS may restart (GCS fault tolerance) and Ray waits 60 s for it before it ends the driver itself:
 # the run stops, in one line, when the GCS has not answered for this long.
 GCS_PATIENCE_S = 10.0
@@ -333,11 +331,11 @@ def _write_tensorboard(directory: Path, files: dict[str, bytes]) -> None:
 
 
 def _write_checkpoint(directory: Path, files: dict[str, bytes], gone: list[str]) -> None:
-    """A worker's checkpoint files, each written atomically, the checkpoints themselves last; files it deleted
-    (best weights no row names any more) deleted here too."""
+    """A worker's backup files (its checkpoint and the previous one, each whole in itself), each written
+    atomically; files it deleted, deleted here too."""
     directory.mkdir(parents=True, exist_ok=True)
-    for name in sorted(files, key=lambda name: name in CHECKPOINT_FILES):
-        atomic_write(directory / name, lambda tmp, content=files[name]: tmp.write_bytes(content))
+    for name, content in files.items():
+        atomic_write(directory / name, lambda tmp, content=content: tmp.write_bytes(content))
     for name in gone:
         (directory / name).unlink(missing_ok=True)
 
