@@ -69,6 +69,15 @@ def _replaced(**replacements):
     return damage
 
 
+def _of_an_earlier_version(path: Path) -> None:
+    """A checkpoint as cryptotrain wrote it before 2026-11-26: weights, optimizer state and epoch only (the epochs'
+    rows were in state.json beside it, early stopping's best weights in files of their own)."""
+    with np.load(path) as saved:
+        arrays = {name: saved[name] for name in saved.files if name != "rows" and not name.startswith("b")}
+    np.savez(path, **arrays)
+    (path.parent / "state.json").write_text("[]")
+
+
 def _forget_the_job(run_dir: Path) -> None:
     """As if the process had been killed after training, before the job's files were committed."""
     shutil.rmtree(run_dir / "jobs" / JOB)
@@ -108,6 +117,10 @@ KINDS = {
                                               "checkpoint.npz unusable (ValueError: best weight ", PREVIOUS),
     "epoch rows": Damage(_latest, _replaced(rows=np.asarray("[{")), "extend", [1, 2, 3],
                          "checkpoint.npz unusable (ValidationError: ", PREVIOUS),
+    "a backup of an earlier version": Damage(
+        lambda tmp: [_checkpoint(tmp), _checkpoint(tmp, "checkpoint.previous.npz")], _of_an_earlier_version,
+        "extend", [1, 2, 3], "checkpoint.npz unusable (ValueError: written by a cryptotrain before 2026-11-26",
+        "training this job from its first epoch"),
     "feature cache entry": Damage(lambda tmp: [next((tmp / "cache" / "features").iterdir())], _garbage, "forget",
                                   [1, 2], "is damaged", "recomputing it"),
     "parsed candles cache entry": Damage(lambda tmp: [next((tmp / "cache" / "candles" / "parsed").iterdir())],

@@ -187,6 +187,8 @@ class Checkpoint:
         """The checkpoint in `path`; ValueError (or whatever reading it raised) unless every part is one that
         `model` can go on from."""
         with np.load(path) as saved:
+            if "rows" not in saved.files and "w0" in saved.files:
+                raise ValueError("written by a cryptotrain before 2026-11-26, whose checkpoints hold no epoch rows")
             epoch = int(saved["epoch"])
             rows = _ROWS.validate_json(saved["rows"].item())
             weights = [saved[f"w{i}"] for i in range(len(model.variables))]
