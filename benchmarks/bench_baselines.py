@@ -97,7 +97,7 @@ def series_figures(path: Path) -> dict:
               for name, by_quantity in forecast.items()}
 
     def skill_of(quantity: str, model: str, baseline: str, key: str = "mae") -> float | None:
-        return bl.skill(scores[model][quantity][key], scores[baseline][quantity][key])
+        return bl.skill(getattr(scores[model][quantity], key), getattr(scores[baseline][quantity], key))
 
     def mean_range_mae(name: str) -> float:
         return bl.mae(forecast[name]["range"].mean(axis=1), actual["range"].mean(axis=1))
@@ -126,9 +126,9 @@ def series_figures(path: Path) -> dict:
                                                 vol_test[normaliser][:, 0])
     for name, ((lower, upper), scale) in intervals.items():
         covered = bl.coverage(lower, upper, returns, scale)
-        figures[f"cover_{name}"] = covered["overall"]
+        figures[f"cover_{name}"] = covered.overall
         if name != "static":
-            figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered["terciles"])}
+            figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
     parameters = {"ewma_alpha_next": {q: float(a[0]) for q, a in fitted.ewma_alphas.items()},
                   "har_next": dict(zip(bl.HAR_TERMS, fitted.har_coefficients[0].tolist())),
                   "excursion_shares_next": {q: float(s[0]) for q, s in fitted.excursion_shares.items()},

@@ -146,15 +146,15 @@ def test_conformal_interval_covers_its_nominal_rate_overall_and_by_volatility_te
     for name, forecast in forecasts.items():
         conformal = bl.calibrate(*forecast(cal_sigma), cal, cal_sigma, nominal)
         covered = bl.coverage(*conformal.interval(*forecast(test_sigma), test_sigma), test, test_sigma)
-        assert abs(covered["overall"] - nominal) < tolerance(n_test), (name, covered)
-        for share in covered["terciles"]:
+        assert abs(covered.overall - nominal) < tolerance(n_test), (name, covered)
+        for share in covered.terciles:
             assert abs(share - nominal) < tolerance(n_test // 3), (name, covered)
 
     # Not normalised: the same rate overall, but too wide when calm and too narrow when wild.
     plain = bl.calibrate(centre, centre, cal, 1.0, nominal)
     covered = bl.coverage(*plain.interval(centre, centre, 1.0), test, test_sigma)
-    assert abs(covered["overall"] - nominal) < tolerance(n_test)
-    low_vol, _, high_vol = covered["terciles"]
+    assert abs(covered.overall - nominal) < tolerance(n_test)
+    low_vol, _, high_vol = covered.terciles
     assert low_vol > nominal + 0.1 and high_vol < nominal - 0.1, covered
 
 
@@ -212,10 +212,10 @@ def test_scores():
     assert bl.pinball(np.zeros(2), np.array([1.0, -1.0]), 0.9) == pytest.approx((0.9 + 0.1) / 2)
     assert bl.skill(0.75, 1.0) == 0.25 and bl.skill(0.5, 0.0) is None and bl.skill(0.5, None) is None
     scores = bl.point_scores(actual * 2, actual, "range", 1e-4)
-    assert scores["mae"] == pytest.approx(0.015) and scores["mae_horizon"] == pytest.approx(0.0225)
-    assert scores["qlike"] == pytest.approx(scores["qlike_horizon"])
+    assert scores.mae == pytest.approx(0.015) and scores.mae_horizon == pytest.approx(0.0225)
+    assert scores.qlike == pytest.approx(scores.qlike_horizon)
     covered = bl.coverage(np.zeros(6), np.ones(6), np.array([0.5, 2, 0.5, 0.5, 2, 0.5]), np.arange(6.0))
-    assert covered == {"overall": pytest.approx(4 / 6), "terciles": [0.5, 1.0, 0.5]}
+    assert covered == (pytest.approx(4 / 6), [0.5, 1.0, 0.5])
 
 
 def test_candles_with_a_timestamp_column_and_bad_candles(candles):

@@ -33,25 +33,25 @@ def test_metrics_on_a_single_step_head():
     actual = np.array([[11.0, 11.0], [20.0, 20.0]])
     last_close = np.array([10.0, 19.0])
     result = metrics(pred, actual, last_close, close_index=1)
-    assert result["mae"] == pytest.approx((1 + 1 + 0 + 2) / 4)
-    assert result["rmse"] == pytest.approx(math.sqrt((1 + 1 + 0 + 4) / 4))
-    assert result["mape"] == pytest.approx(100 * (1 / 11 + 1 / 11 + 0 + 2 / 20) / 4)
+    assert result.mae == pytest.approx((1 + 1 + 0 + 2) / 4)
+    assert result.rmse == pytest.approx(math.sqrt((1 + 1 + 0 + 4) / 4))
+    assert result.mape == pytest.approx(100 * (1 / 11 + 1 / 11 + 0 + 2 / 20) / 4)
     # Sample 1: both up from 10. Sample 2: predicted down from 19, actually up.
-    assert result["direction_accuracy"] == pytest.approx(0.5)
+    assert result.direction_accuracy == pytest.approx(0.5)
 
 
 def test_direction_accuracy_counts_every_horizon_step():
     pred = np.array([[[101.0], [99.0], [100.0]]])  # one sample, 3 steps, one column (close)
     actual = np.array([[[102.0], [98.0], [99.0]]])
     # Steps: up/up, down/down, flat/down.
-    assert metrics(pred, actual, np.array([100.0]), close_index=0)["direction_accuracy"] == pytest.approx(2 / 3)
+    assert metrics(pred, actual, np.array([100.0]), close_index=0).direction_accuracy == pytest.approx(2 / 3)
 
 
 def test_undefined_metrics_are_none_not_guessed():
     pred, actual = np.array([[1.0, 2.0]]), np.array([[0.0, 2.0]])
     result = metrics(pred, actual)
-    assert result["mape"] is None and result["direction_accuracy"] is None
-    assert result["mae"] == pytest.approx(0.5)
+    assert result.mape is None and result.direction_accuracy is None
+    assert result.mae == pytest.approx(0.5)
 
 
 def test_a_target_shaped_differently_from_the_prediction_is_refused():
@@ -93,18 +93,18 @@ def test_an_all_zero_output_is_persistence_of_the_close_with_zero_skill(tmp_path
     closes = frame["close"].to_numpy()
     np.testing.assert_array_equal(predicted["ohlc"][..., 3], np.repeat(closes[rows - 1, None], 3, axis=1))
     moves = np.sign(np.stack([closes[rows + step] - closes[rows - 1] for step in range(3)], axis=1))
-    assert report["n_test"] == len(windows.test)
-    scores = report["heads"]["ohlc"]["close"]
-    assert scores["mae"] == pytest.approx(scores["persistence_mae"], rel=1e-12) and scores["persistence_mae"] > 0
-    assert scores["skill"] == pytest.approx(0, abs=1e-12)
-    assert scores["skill_by_step"] == pytest.approx([0, 0, 0], abs=1e-12)
+    assert report.n_test == len(windows.test)
+    scores = report.heads["ohlc"].close
+    assert scores.mae == pytest.approx(scores.persistence_mae, rel=1e-12) and scores.persistence_mae > 0
+    assert scores.skill == pytest.approx(0, abs=1e-12)
+    assert scores.skill_by_step == pytest.approx([0, 0, 0], abs=1e-12)
     # "No change" is right exactly where the close stayed flat; the majority class is the commonest move.
-    assert scores["direction_accuracy"] == pytest.approx(np.mean(moves == 0)) and np.mean(moves == 0) > 0.1
-    assert (scores["up_move_rate"], scores["down_move_rate"]) == pytest.approx((np.mean(moves > 0), np.mean(moves < 0)))
-    assert scores["majority_rate"] == pytest.approx(max(np.mean(moves > 0), np.mean(moves < 0), np.mean(moves == 0)))
-    assert report["headline"] == {"head": "ohlc", "column": "close", "shrink": 1.0, **{k: scores[k] for k in (
-        "skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
-    assert report["heads"]["ohlc"]["persistence"]["direction_accuracy"] is None  # not a forecast of moves
+    assert scores.direction_accuracy == pytest.approx(np.mean(moves == 0)) and np.mean(moves == 0) > 0.1
+    assert (scores.up_move_rate, scores.down_move_rate) == pytest.approx((np.mean(moves > 0), np.mean(moves < 0)))
+    assert scores.majority_rate == pytest.approx(max(np.mean(moves > 0), np.mean(moves < 0), np.mean(moves == 0)))
+    assert report.headline.model_dump() == {"head": "ohlc", "column": "close", "shrink": 1.0, **{
+        k: getattr(scores, k) for k in ("skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
+    assert report.heads["ohlc"].persistence.direction_accuracy is None  # not a forecast of moves
 
 
 def test_inconsistent_candles_are_counted(tmp_path):
@@ -116,8 +116,8 @@ def test_inconsistent_candles_are_counted(tmp_path):
     predicted["ohlc"][10:15, 2, 2] = predicted["ohlc"][10:15, 2, 0] + 1  # low above the open
     report = evaluate(predicted, windows.test, windows.preprocessing)
     share = 15 / predicted["ohlc"][..., 0].size
-    assert report["heads"]["ohlc"]["inconsistent_candles"] == {"model": pytest.approx(share), "actual": 0.0}
-    assert "inconsistent_candles" not in report["heads"]["bb"]
+    assert report.heads["ohlc"].inconsistent_candles == {"model": pytest.approx(share), "actual": 0.0}
+    assert report.heads["bb"].inconsistent_candles is None
 
 
 @pytest.mark.parametrize("relative_to", ["last_close", None])
@@ -150,16 +150,16 @@ def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
         expected_model = metrics(predicted[head.name], actual, last[:, close] if close is not None else None,
                                  close)
         expected_persistence = metrics(np.repeat(last[:, None, :], cfg.window.horizon, axis=1), actual)
-        scores = report["heads"][head.name]
-        assert scores["model"] == pytest.approx(expected_model)  # relative 1e-6
+        scores = report.heads[head.name]
+        assert scores.model.model_dump() == pytest.approx(expected_model.model_dump())  # relative 1e-6
         for name in ("mae", "rmse", "mape"):
-            assert scores["persistence"][name] == pytest.approx(expected_persistence[name], rel=1e-6)
-        assert scores["skill"] == pytest.approx(1 - expected_model["mae"] / expected_persistence["mae"], rel=1e-6)
+            assert getattr(scores.persistence, name) == pytest.approx(getattr(expected_persistence, name), rel=1e-6)
+        assert scores.skill == pytest.approx(1 - expected_model.mae / expected_persistence.mae, rel=1e-6)
     close_error = np.abs(predicted["ohlc"][..., 3] - frame["close"].to_numpy()[test_rows[:, None] + np.arange(3)])
     persistence_error = np.abs(last_close[:, None] - frame["close"].to_numpy()[test_rows[:, None] + np.arange(3)])
-    assert report["headline"]["skill"] == pytest.approx(1 - close_error.mean() / persistence_error.mean(), rel=1e-9)
-    assert 0 <= report["heads"]["ohlc"]["model"]["direction_accuracy"] <= 1
-    assert report["heads"]["bb"]["model"]["direction_accuracy"] is None  # bb has no close column
+    assert report.headline.skill == pytest.approx(1 - close_error.mean() / persistence_error.mean(), rel=1e-9)
+    assert 0 <= report.heads["ohlc"].model.direction_accuracy <= 1
+    assert report.heads["bb"].model.direction_accuracy is None  # bb has no close column
 
 
 def test_non_finite_predictions_never_count(tmp_path):
@@ -226,17 +226,17 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
         return _prices(split.last_close, points["high"], points["low"], np.zeros_like(points["high"]))
 
     scores = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val, fitted)
-    CandleScores.model_validate(scores)  # what metrics.json holds
+    assert CandleScores.model_validate_json(scores.model_dump_json()) == scores  # what metrics.json holds
     # HAR's own excursions score 0 against HAR; against no change, what HAR scores - from the frame itself.
-    assert scores["high"]["skill"]["har_tod"] == pytest.approx(0, abs=1e-9)
-    assert scores["low"]["skill"]["har_tod"] == pytest.approx(0, abs=1e-9)
+    assert scores.high.skill["har_tod"] == pytest.approx(0, abs=1e-9)
+    assert scores.low.skill["har_tod"] == pytest.approx(0, abs=1e-9)
     rows = positions(frame, test.target_times)
     high_next = np.log(frame["high"].to_numpy()[rows] / frame["close"].to_numpy()[rows - 1])
     har_high = fitted.forecast(test.first_target_rows)["har_tod"]["high"][:, 0]
-    assert scores["high"]["skill"]["no_change"] == pytest.approx(
+    assert scores.high.skill["no_change"] == pytest.approx(
         1 - np.abs(har_high - high_next).mean() / np.abs(high_next).mean(), rel=1e-9)
-    assert scores["high"]["skill"]["no_change"] > 0.2  # the size of a candle is predictable: HAR beats no change
-    assert scores["range"]["qlike_skill"] is not None
+    assert scores.high.skill["no_change"] > 0.2  # the size of a candle is predictable: HAR beats no change
+    assert scores.range.qlike_skill is not None
 
     # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
     actual = fitted.actual(test.first_target_rows)
@@ -245,9 +245,9 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
                             _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]), val,
                             fitted)
     for quantity in ("high", "low", "range"):
-        assert all(v == pytest.approx(1) for v in perfect[quantity]["skill"].values()), quantity
-    assert perfect["interval"]["margin"] == pytest.approx([0, 0, 0], abs=1e-12)
-    assert perfect["high"]["network_weight"] == perfect["low"]["network_weight"] == [1, 1, 1]  # HAR adds nothing
+        assert all(v == pytest.approx(1) for v in getattr(perfect, quantity).skill.values()), quantity
+    assert perfect.interval.margin == pytest.approx([0, 0, 0], abs=1e-12)
+    assert perfect.high.network_weight == perfect.low.network_weight == [1, 1, 1]  # HAR adds nothing
 
     # A network of noise: validation gives it (almost) no weight beside HAR, and what is scored is HAR's.
     rng = np.random.default_rng(1)
@@ -257,8 +257,8 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
 
     noisy = candle_scores(head, noise(test), test, noise(val), val, fitted)
     for quantity in ("high", "low"):
-        assert max(noisy[quantity]["network_weight"]) <= 0.1, noisy[quantity]["network_weight"]
-        assert noisy[quantity]["network_skill"]["har_tod"] < -0.5 < noisy[quantity]["skill"]["har_tod"]
+        assert max(getattr(noisy, quantity).network_weight) <= 0.1, getattr(noisy, quantity).network_weight
+        assert getattr(noisy, quantity).network_skill["har_tod"] < -0.5 < getattr(noisy, quantity).skill["har_tod"]
 
 
 def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path):
@@ -266,7 +266,7 @@ def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles
     test, val = windows.test, windows.val
     zeros = np.zeros((len(test), 3))
     interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
-                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted)["interval"]
+                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted).interval
     # ~430 test samples: a binomial standard error of 2 points around 80 %.
-    assert 0.72 <= interval["coverage"] <= 0.88, interval
-    assert interval["baselines"].keys() == {"static", "ewma_scaled"}
+    assert 0.72 <= interval.coverage <= 0.88, interval
+    assert interval.baselines.keys() == {"static", "ewma_scaled"}

@@ -27,6 +27,7 @@ from trainer.config import FeaturesConfig, load_config
 from trainer.data import read_candles_file
 from trainer.data.features import compute_features
 from trainer.data.windows import Preprocessing
+from trainer.evaluation.results import non_finite
 from trainer.files import write_json
 from trainer.publish import artifacts
 from trainer.report.console import JobProgress, summary_line
@@ -377,8 +378,8 @@ def test_absurd_candles_never_count_as_done_and_every_json_file_is_strict(tiny_c
 
 def test_a_non_finite_number_is_found_by_its_key_path_and_never_written_as_json(tmp_path):
     metrics = {"heads": {"ohlc": {"model": {"mae": 1.0, "rmse": float("inf")}}}, "skill_by_step": [0.1, float("nan")]}
-    assert artifacts.non_finite(metrics) == ("heads.ohlc.model.rmse", float("inf"))
-    assert artifacts.non_finite({"skill_by_step": [0.1, None, 0.2]}) is None
+    assert non_finite(metrics) == ("heads.ohlc.model.rmse", float("inf"))
+    assert non_finite({"skill_by_step": [0.1, None, 0.2]}) is None
     with pytest.raises(ValueError, match="not JSON compliant"):
         write_json(tmp_path / "metrics.json", metrics)
 

@@ -44,12 +44,14 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 
 from ..data.validate import timeframe_delta
 from ..errors import JobError
+from .results import PointScores
 
 QUANTITIES = ("high", "low", "range", "return")
 EXCURSIONS = ("high", "low")
@@ -267,22 +269,26 @@ def pinball(forecast: np.ndarray, actual: np.ndarray, level: float) -> float:
     return float(np.mean(np.maximum(level * error, (level - 1) * error)))
 
 
-def coverage(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> dict:
+class Coverage(NamedTuple):
+    overall: float
+    terciles: list[float]  # by tercile of the forecast volatility, low to high
+
+
+def coverage(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> Coverage:
     """The share of actual values inside [lower, upper], overall and by tercile of `scale` (the forecast
     volatility, low to high; terciles of the values given: pass one step at a time)."""
     inside = (actual >= lower) & (actual <= upper)
     tercile = np.digitize(scale, np.quantile(scale, [1 / 3, 2 / 3]))
-    return {"overall": float(inside.mean()), "terciles": [float(inside[tercile == i].mean()) for i in range(3)]}
+    return Coverage(float(inside.mean()), [float(inside[tercile == i].mean()) for i in range(3)])
 
 
-def point_scores(forecast: np.ndarray, actual: np.ndarray, quantity: str, floor: float) -> dict:
+def point_scores(forecast: np.ndarray, actual: np.ndarray, quantity: str, floor: float) -> PointScores:
     """One forecast (N, H) of `quantity`: MAE at the next candle, over every step and per step; for the range
     also QLIKE at the next candle and over every step (None for a forecast of 0: see qlike)."""
     errors = np.abs(forecast - actual).mean(axis=0)
-    scores = {"mae": float(errors[0]), "mae_horizon": float(errors.mean()), "mae_by_step": errors.tolist()}
-    if quantity == "range":
-        scores |= {"qlike": qlike(forecast[:, 0], actual[:, 0], floor), "qlike_horizon": qlike(forecast, actual, floor)}
-    return scores
+    ranges = {"qlike": qlike(forecast[:, 0], actual[:, 0], floor), "qlike_horizon": qlike(forecast, actual, floor)} \
+        if quantity == "range" else {}
+    return PointScores(mae=float(errors[0]), mae_horizon=float(errors.mean()), mae_by_step=errors.tolist(), **ranges)
 
 
 # ----------------------------------------------------------------------------- fitting

@@ -18,6 +18,18 @@ from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from . import baselines
 from .baselines import Baselines
+from .results import (
+    CandleScores,
+    CloseScores,
+    Evaluation,
+    Headline,
+    HeadScores,
+    IntervalCoverage,
+    IntervalScores,
+    QuantileScores,
+    QuantityScores,
+    Scores,
+)
 
 # Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
 # memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
@@ -80,7 +92,8 @@ def significant_gain(gain: np.ndarray, block: int) -> bool:
 
 
 def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
-             unshrunk: dict[str, np.ndarray] | None = None, quantiles: dict[str, np.ndarray] | None = None) -> dict:
+             unshrunk: dict[str, np.ndarray] | None = None,
+             quantiles: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
     split) and for persistence; and the job's headline (see headline()). `unshrunk`: the same predictions
     with every shrink factor 1 (the network's output as it is), whose close skill is reported beside.
@@ -95,67 +108,65 @@ def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing
         last_close = last[:, close] if close is not None else None
         model = metrics(predicted[head.name], actual, last_close, close)
         baseline = metrics(persistence, actual)
-        scores = {"model": model, "persistence": baseline, "skill": baselines.skill(model["mae"], baseline["mae"])}
-        scores["shrink"] = head.shrink
+        close_of = None
         if close is not None:
-            scores["close"] = close_scores(predicted[head.name][..., close], actual[..., close], last_close)
+            close_of = close_scores(predicted[head.name][..., close], actual[..., close], last_close)
             if unshrunk is not None:
-                scores["close"]["skill_unshrunk"] = close_scores(unshrunk[head.name][..., close],
-                                                                 actual[..., close], last_close)["skill"]
-        if head.quantiles and quantiles is not None:
-            scores["quantiles"] = quantile_scores(quantiles[head.name], actual, head.quantiles)
-        if set(CANDLE) <= set(head.columns):
-            scores["inconsistent_candles"] = {"model": inconsistent_share(predicted[head.name], head),
-                                              "actual": inconsistent_share(actual, head)}
-        heads[head.name] = scores
-    return {"heads": heads, "headline": headline(heads, preprocessing.heads), "n_test": len(test)}
+                close_of = close_of.model_copy(update={"skill_unshrunk": close_scores(
+                    unshrunk[head.name][..., close], actual[..., close], last_close).skill})
+        heads[head.name] = HeadScores(
+            model=model, persistence=baseline, skill=baselines.skill(model.mae, baseline.mae), shrink=head.shrink,
+            close=close_of,
+            quantiles=quantile_scores(quantiles[head.name], actual, head.quantiles)
+            if head.quantiles and quantiles is not None else None,
+            inconsistent_candles={"model": inconsistent_share(predicted[head.name], head),
+                                  "actual": inconsistent_share(actual, head)}
+            if set(CANDLE) <= set(head.columns) else None)
+    return Evaluation(heads=heads, headline=headline(heads, preprocessing.heads), n_test=len(test))
 
 
-def headline(heads: dict[str, dict], order: tuple[HeadTarget, ...]) -> dict:
+def headline(heads: dict[str, HeadScores], order: tuple[HeadTarget, ...]) -> Headline:
     """What a job is judged by: the close of the first head that predicts it (its skill over every step,
     direction accuracy next to the majority-class rate), else the first head's skill over its columns."""
-    with_close = [h.name for h in order if "close" in heads[h.name]]
-    if not with_close:
-        name = order[0].name
-        scores = heads[name]
-        return {"head": name, "column": None, "shrink": scores["shrink"], "skill": scores["skill"],
-                "mae": scores["model"]["mae"], "persistence_mae": scores["persistence"]["mae"],
-                "direction_accuracy": None, "majority_rate": None}
-    name = with_close[0]
-    close = heads[name]["close"]
-    return {"head": name, "column": "close", "shrink": heads[name]["shrink"],
-            **{k: close[k] for k in ("skill", "mae", "persistence_mae", "direction_accuracy", "majority_rate")}}
+    name = next((h.name for h in order if heads[h.name].close is not None), None)
+    if name is None:
+        scores = heads[order[0].name]
+        return Headline(head=order[0].name, shrink=scores.shrink, skill=scores.skill, mae=scores.model.mae,
+                        persistence_mae=scores.persistence.mae)
+    close = heads[name].close
+    return Headline(head=name, column="close", shrink=heads[name].shrink, skill=close.skill, mae=close.mae,
+                    persistence_mae=close.persistence_mae, direction_accuracy=close.direction_accuracy,
+                    majority_rate=close.majority_rate)
 
 
-def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -> dict:
+def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -> CloseScores:
     """The close against persistence (the last close), over every horizon step and per step; direction
     accuracy next to the rates of up / down moves and the majority-class rate. Arrays (N,) or (N, horizon)."""
     pred, actual = pred.reshape(len(pred), -1), actual.reshape(len(actual), -1)  # (N, steps)
     last = last_close[:, None]
     model_error, persistence_error = np.abs(pred - actual), np.abs(last - actual)
     moves = np.sign(actual - last)
-    rates = {"up_move_rate": float(np.mean(moves > 0)), "down_move_rate": float(np.mean(moves < 0))}
-    return {
-        "mae": float(model_error.mean()), "persistence_mae": float(persistence_error.mean()),
-        "skill": baselines.skill(float(model_error.mean()), float(persistence_error.mean())),
-        "skill_by_step": [baselines.skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
-                                                                    persistence_error.mean(axis=0))],
-        "direction_accuracy": float(np.mean(np.sign(pred - last) == moves)),
-        **rates, "majority_rate": max(*rates.values(), 1 - sum(rates.values())),
-    }
+    up, down = float(np.mean(moves > 0)), float(np.mean(moves < 0))
+    return CloseScores(
+        mae=float(model_error.mean()), persistence_mae=float(persistence_error.mean()),
+        skill=baselines.skill(float(model_error.mean()), float(persistence_error.mean())),
+        skill_by_step=[baselines.skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
+                                                                 persistence_error.mean(axis=0))],
+        direction_accuracy=float(np.mean(np.sign(pred - last) == moves)),
+        up_move_rate=up, down_move_rate=down, majority_rate=max(up, down, 1 - up - down))
 
 
-def quantile_scores(forecast: np.ndarray, actual: np.ndarray, levels: tuple[float, ...]) -> dict:
+def quantile_scores(forecast: np.ndarray, actual: np.ndarray, levels: tuple[float, ...]) -> QuantileScores:
     """A quantile head's forecasts (N, ..., Q, C) in prices against the actual values (N, ..., C): the pinball
     loss of each level (price units, every step and column), how often each level was above the actual value
     (its level, when calibrated), and the share inside the outermost pair (their nominal coverage beside)."""
     actual = actual[..., None, :]
     below = np.mean(actual <= forecast, axis=tuple(i for i in range(forecast.ndim) if i != forecast.ndim - 2))
     inside = (actual[..., 0, :] >= forecast[..., 0, :]) & (actual[..., 0, :] <= forecast[..., -1, :])
-    return {"levels": list(levels),
-            "pinball": [baselines.pinball(forecast[..., i, :], actual[..., 0, :], level)
-                        for i, level in enumerate(levels)],
-            "below": below.tolist(), "coverage": float(inside.mean()), "nominal": levels[-1] - levels[0]}
+    return QuantileScores(levels=list(levels),
+                          pinball=[baselines.pinball(forecast[..., i, :], actual[..., 0, :], level)
+                                   for i, level in enumerate(levels)],
+                          below=below.tolist(), coverage=float(inside.mean()), nominal=levels[-1] - levels[0])
 
 
 def inconsistent_share(candles: np.ndarray, head: HeadTarget) -> float:
@@ -165,7 +176,7 @@ def inconsistent_share(candles: np.ndarray, head: HeadTarget) -> float:
 
 
 def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None = None,
-            close_index: int | None = None) -> dict[str, float | None]:
+            close_index: int | None = None) -> Scores:
     """MAE, RMSE, MAPE (percent) and direction accuracy of `pred` against `actual`, in their own units.
 
     Arrays are (N, ..., C). Direction accuracy, given the last input close (N,) and the position of
@@ -176,20 +187,17 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
         raise JobError(f"evaluation: predictions of shape {pred.shape} against targets of shape {actual.shape}")
     if not np.isfinite(pred).all():
         raise JobError("evaluation: the model's test predictions are not all finite (in price units)")
-    error = pred - actual
-    result = {
-        "mae": float(np.mean(np.abs(error))),
-        "rmse": float(np.sqrt(np.mean(error**2))),
-        "mape": float(np.mean(np.abs(error / actual)) * 100) if np.all(actual != 0) else None,
-        "direction_accuracy": None,
-    }
+    direction = None
     if last_close is not None:
         if close_index is None:
             raise ValueError("metrics: last_close needs close_index, the position of close on the last axis")
         reference = last_close.reshape(len(last_close), *[1] * (pred.ndim - 2))
         same_sign = np.sign(pred[..., close_index] - reference) == np.sign(actual[..., close_index] - reference)
-        result["direction_accuracy"] = float(np.mean(same_sign))
-    return result
+        direction = float(np.mean(same_sign))
+    error = pred - actual
+    return Scores(mae=float(np.mean(np.abs(error))), rmse=float(np.sqrt(np.mean(error**2))),
+                  mape=float(np.mean(np.abs(error / actual)) * 100) if np.all(actual != 0) else None,
+                  direction_accuracy=direction)
 
 
 # ----------------------------------------------------------------------------- the size of the coming candles
@@ -209,7 +217,7 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
 
 
 def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
-                  val: SplitWindows, fitted: Baselines) -> dict:
+                  val: SplitWindows, fitted: Baselines) -> CandleScores:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill, QLIKE skill for the
     range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
@@ -225,26 +233,26 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
     weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
-    scores = {"head": head.name, "steps": steps}
+    scores = {}
     for quantity, names in POINT_BASELINES.items():
         own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
         alone = baselines.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
-        scores[quantity] = {
-            **own, "baselines": of,
-            "skill": {name: baselines.skill(own["mae"], b["mae"]) for name, b in of.items()},
-            "skill_horizon": {name: baselines.skill(own["mae_horizon"], b["mae_horizon"]) for name, b in of.items()},
-            "network": alone,
-            "network_skill": {name: baselines.skill(alone["mae"], b["mae"]) for name, b in of.items()},
-            "network_weight": weights[quantity].tolist() if quantity in weights else None,
-        }
-        if quantity == "range" and own["qlike"] is not None:
+        qlike_skill = None
+        if quantity == "range" and own.qlike is not None:
             rms = baselines.point_scores(forecasts["har_tod_rms"]["range"], actual["range"], "range", fitted.floor)
-            scores["range"]["qlike_skill"] = baselines.skill(own["qlike"], rms["qlike"])
-    scores["interval"] = _interval_scores(network["return"], val_network["return"], actual["return"], test, val,
-                                          fitted)
-    return scores
+            qlike_skill = baselines.skill(own.qlike, rms.qlike)
+        scores[quantity] = QuantityScores(
+            **own.model_dump(), baselines=of,
+            skill={name: baselines.skill(own.mae, b.mae) for name, b in of.items()},
+            skill_horizon={name: baselines.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
+            qlike_skill=qlike_skill, network=alone,
+            network_skill={name: baselines.skill(alone.mae, b.mae) for name, b in of.items()},
+            network_weight=weights[quantity].tolist() if quantity in weights else None)
+    return CandleScores(head=head.name, steps=steps, **scores,
+                        interval=_interval_scores(network["return"], val_network["return"], actual["return"], test,
+                                                  val, fitted))
 
 
 def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
@@ -268,7 +276,7 @@ def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> di
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
-                     val: SplitWindows, fitted: Baselines) -> dict:
+                     val: SplitWindows, fitted: Baselines) -> IntervalScores:
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
@@ -281,15 +289,15 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
         at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
         bounds[name] = tuple(quantiles[name]["return"][i, :, :steps] for i in at)
 
-    def scored(low: np.ndarray, high: np.ndarray) -> dict:
+    def scored(low: np.ndarray, high: np.ndarray) -> IntervalCoverage:
         covered = baselines.coverage(low[:, 0], high[:, 0], actual[:, 0], scale[:, 0])
-        return {"coverage": covered["overall"], "coverage_by_tercile": covered["terciles"],
-                "coverage_horizon": float(np.mean((actual >= low) & (actual <= high))),
-                "pinball": float(np.mean([baselines.pinball(b[:, 0], actual[:, 0], level)
-                                          for b, level in zip((low, high), INTERVAL_LEVELS)]))}
+        return IntervalCoverage(coverage=covered.overall, coverage_by_tercile=covered.terciles,
+                                coverage_horizon=float(np.mean((actual >= low) & (actual <= high))),
+                                pinball=float(np.mean([baselines.pinball(b[:, 0], actual[:, 0], level)
+                                                       for b, level in zip((low, high), INTERVAL_LEVELS)])))
 
-    of = {name: scored(*pair) for name, pair in bounds.items()}
-    return {"nominal": INTERVAL, "normaliser": INTERVAL_NORMALISER, "margin": conformal.margin.tolist(), **of["model"],
-            "baselines": {name: of[name] for name in ("static", "ewma_scaled")},
-            "pinball_skill": {name: baselines.skill(of["model"]["pinball"], of[name]["pinball"])
-                              for name in ("static", "ewma_scaled")}}
+    model_scores, of = scored(*bounds.pop("model")), {name: scored(*pair) for name, pair in bounds.items()}
+    return IntervalScores(**model_scores.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
+                          margin=conformal.margin.tolist(), baselines=of,
+                          pinball_skill={name: baselines.skill(model_scores.pinball, b.pinball)
+                                         for name, b in of.items()})

@@ -8,6 +8,7 @@ summary files, status and the run card show.
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, model_validator
@@ -140,6 +141,13 @@ class Headline(_Record):
         return self.skill is not None and self.skill < 0
 
 
+class Evaluation(_Record):
+    """evaluate's scores of a job's test split: per head, and the headline."""
+    heads: dict[str, HeadScores]
+    headline: Headline
+    n_test: int
+
+
 class DataInfo(_Record):
     """Where the job's candles came from."""
     source: str
@@ -187,6 +195,10 @@ class JobMetrics(_Record):
     def to_file(self, path: Path) -> None:
         write_json(path, self.model_dump(mode="json"))
 
+    def non_finite(self) -> tuple[str, float] | None:
+        """Its first number that is NaN or infinite (a score that means nothing), with its key path."""
+        return non_finite(self.model_dump())
+
     def summary(self) -> JobSummary:
         """The job's row of the run's summary table: the headline next to persistence, how it trained."""
         line = self.headline
@@ -206,6 +218,18 @@ class JobMetrics(_Record):
         return {**{f"{q}_skill_har": v for q, v in skill.items()},
                 "network_weight": sum(w[0] for w in weights) / len(weights) if all(weights) else None,
                 "interval_coverage": self.candles.interval.coverage if self.candles else None}
+
+
+def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
+    """The first number in `data` (nested dicts and lists) that is NaN or infinite, with its key path."""
+    if isinstance(data, float):
+        return None if math.isfinite(data) else (where, data)
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = non_finite(value, f"{where}.{key}" if where else str(key))
+        if found:
+            return found
+    return None
 
 
 class JobSummary(_Record):

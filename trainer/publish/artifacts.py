@@ -90,18 +90,6 @@ def remove_abandoned_staging(run_dir: Path) -> list[Path]:
     return removed
 
 
-def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
-    """The first number in `data` (nested dicts and lists) that is NaN or infinite, with its key path."""
-    if isinstance(data, float):
-        return None if np.isfinite(data) else (where, data)
-    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
-    for key, value in items:
-        found = non_finite(value, f"{where}.{key}" if where else str(key))
-        if found:
-            return found
-    return None
-
-
 def write_config(path: Path, config_data: dict) -> None:
     path.write_text(yaml.safe_dump(config_data, sort_keys=False))
 

@@ -143,29 +143,26 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         scores = evaluate(predictions, windows.test, prep, unshrunk,
                           quantiles=prep.to_prices(quantile_outputs, windows.test.last_close)
                           if any(head.quantiles for head in prep.heads) else None)
-        har = None
+        candles, har = None, None
         if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
             fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
                                    windows.train.first_target_rows, windows.val.first_target_rows)
-            scores["candles"] = candle_scores(head, predictions[head.name], windows.test,
-                                              prep.to_prices(val_outputs, windows.val.last_close)[head.name],
-                                              windows.val, fitted)
+            candles = candle_scores(head, predictions[head.name], windows.test,
+                                    prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted)
             har = fitted.har
-        values = {
-            "job": job.name, "symbol": job.symbol, "timeframe": job.timeframe,
-            "run": cfg.name, "fingerprint": cfg.fingerprint(), "data": prepared.data,
-            "epochs_run": int(result.history["epoch"].max()), "best_epoch": result.best_epoch,
-            "best_val_loss": result.best_val_loss, "seconds": round(time.perf_counter() - started, 2),
-            "train_step_seconds": round(result.step_seconds, 3), "rss_mb": current_rss_mb(),
-            "test_range": [pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]],
-            **scores,
-        }
-        if (bad := artifacts.non_finite(values)) is not None:  # a number that means nothing never counts as done
+        metrics = JobMetrics(
+            job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
+            data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
+            best_val_loss=result.best_val_loss, seconds=round(time.perf_counter() - started, 2),
+            train_step_seconds=round(result.step_seconds, 3), rss_mb=current_rss_mb(), heads=scores.heads,
+            headline=scores.headline, candles=candles, n_test=scores.n_test,
+            test_range=[pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]])
+        if (bad := metrics.non_finite()) is not None:  # a number that means nothing never counts as done
             raise JobError(f"the test metrics are not finite ({bad[0]} is {bad[1]}); check the candles for absurd "
                            "values")
     indicators = tuple(indicator.model_dump(mode="json") for indicator in cfg.features.indicators)
     return JobResult(
-        JobMetrics.model_validate(values), model,
+        metrics, model,
         replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators),
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
