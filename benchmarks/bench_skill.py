@@ -32,9 +32,13 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
 import yaml
 from rich.console import Console
 from rich.table import Table
+
+from trainer.evaluation.results import JobMetrics
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -89,22 +93,23 @@ def train(family: str, series: list[str], epochs: int, scratch: Path,
     for name in series:
         path = run_dir / "jobs" / name / "metrics.json"
         if path.is_file():
-            found[name] = json.loads(path.read_text())
+            found[name] = JobMetrics.from_file(path)
     return found, seconds
 
 
-def row(metrics: dict | None) -> dict | None:
+def row(metrics: JobMetrics | None) -> dict | None:
     """The figures of one job at the next candle; None when it did not finish or has no candle head."""
-    if metrics is None or not metrics.get("candles"):
+    if metrics is None or metrics.candles is None:
         return None
-    candles, close = metrics["candles"], metrics["heads"][metrics["headline"]["head"]]["close"]
-    interval = candles["interval"]
+    candles, interval = metrics.candles, metrics.candles.interval
+    scores = {q: getattr(candles, q) for q in QUANTITIES}
     return {
-        **{f"{q}_vs_{b}": candles[q]["skill"].get(b) for q in QUANTITIES for b in BASELINES},
-        **{f"{q}_network_vs_har_tod": (candles[q].get("network_skill") or {}).get("har_tod") for q in QUANTITIES},
-        **{f"{q}_weight": (candles[q].get("network_weight") or [None])[0] for q in QUANTITIES},
-        "coverage": interval["coverage"], "coverage_by_tercile": interval["coverage_by_tercile"],
-        "close_skill": close["skill"], "shrink": metrics["headline"]["shrink"], "epochs": metrics["epochs_run"],
+        **{f"{q}_vs_{b}": scores[q].skill.get(b) for q in QUANTITIES for b in BASELINES},
+        **{f"{q}_network_vs_har_tod": (scores[q].network_skill or {}).get("har_tod") for q in QUANTITIES},
+        **{f"{q}_weight": (scores[q].network_weight or [None])[0] for q in QUANTITIES},
+        "coverage": interval.coverage, "coverage_by_tercile": interval.coverage_by_tercile,
+        "close_skill": metrics.heads[metrics.headline.head].close.skill, "shrink": metrics.headline.shrink,
+        "epochs": metrics.epochs_run,
     }
 
 

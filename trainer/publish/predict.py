@@ -14,7 +14,7 @@ import keras
 import numpy as np
 import pandas as pd
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, load_config, validate_config
 from ..data import load_candles, read_candles_file
@@ -32,6 +32,29 @@ PREPROCESSING = "preprocessing.json"
 CONFIG = "config.yaml"
 
 
+class CandleRecord(BaseModel):
+    """The next candle's high, low and range MAE skill vs HAR + time of day on the test split, the network's
+    weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns)."""
+    high_skill_har: float | None
+    low_skill_har: float | None
+    range_skill_har: float | None
+    network_weight: float | None
+    interval_coverage: float | None
+
+
+class TrackRecord(BaseModel):
+    """How a job's model did on its held-out test split (metrics.json's headline), and whether it was worse
+    than persistence: what a forecast is worth. `candles`: None without a candle head (or before 0.2)."""
+    head: str
+    column: str | None
+    skill: float | None
+    mae: float
+    persistence_mae: float
+    test_range: list[str]
+    worse_than_persistence: bool
+    candles: CandleRecord | None
+
+
 @dataclass(frozen=True)
 class Prediction:
     """A forecast from a trained job, with what it was made from and the model's track record."""
@@ -42,7 +65,7 @@ class Prediction:
     synthetic: bool  # made from synthetic candles: a demonstration, not a market
     last_candle: pd.Timestamp  # open time of the last candle given; the forecast follows it
     forecast: pd.DataFrame  # predict_next's frame
-    test_skill: dict  # track_record's
+    test_skill: TrackRecord
 
     def as_dict(self) -> dict:
         """JSON-ready, as `cryptotrain predict --json` prints it."""
@@ -50,7 +73,7 @@ class Prediction:
             "symbol": self.symbol, "timeframe": self.timeframe, "model": self.model,
             "last_candle": self.last_candle.isoformat(), "source": self.candles_source,
             "synthetic": self.synthetic,
-            "test_skill": self.test_skill,
+            "test_skill": self.test_skill.model_dump(),
             "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(self.forecast.index,
                                                                                self.forecast.to_dict("records"))],
         }
@@ -100,17 +123,15 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
                       bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
 
 
-def track_record(job_dir: Path) -> dict:
-    """How this job's model did on its held-out test split (metrics.json's headline), and whether it was
-    worse than persistence: what a forecast is worth. With a candle head, the next candle's high, low and
-    range skill vs HAR + time of day and how often the 80 % interval held the close ("candles"; None before)."""
+def track_record(job_dir: Path) -> TrackRecord:
+    """The job's TrackRecord, from its metrics.json."""
     metrics = _job_file(job_dir, "metrics.json", JobMetrics.from_file)
     line = metrics.headline
-    candles = None if metrics.candles is None else metrics.summary().model_dump(include={
-        "high_skill_har", "low_skill_har", "range_skill_har", "network_weight", "interval_coverage"})
-    return {**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
-            "test_range": metrics.test_range, "worse_than_persistence": line.worse_than_persistence,
-            "candles": candles}
+    candles = None if metrics.candles is None else CandleRecord.model_validate(
+        metrics.summary().model_dump(include=set(CandleRecord.model_fields)))
+    return TrackRecord(**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
+                       test_range=metrics.test_range, worse_than_persistence=line.worse_than_persistence,
+                       candles=candles)
 
 
 def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.DataFrame:

@@ -42,7 +42,7 @@ from ..run.ledger import STATUSES, Ledger
 if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
     from ..data import DownloadOutcome
     from ..data.features import FeatureOutcome
-    from ..publish.predict import Prediction
+    from ..publish.predict import Prediction, TrackRecord
     from ..run.planning import Plan
     from ..run.rundir import RunDir
 
@@ -424,20 +424,22 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
     print(track_record_text(prediction.test_skill))
 
 
-def track_record_text(record: dict) -> str:
-    """predict.track_record's dict, said plainly."""
-    what = f"{record['head']}.{record['column']}" if record["column"] else record["head"]
-    skill = "n/a" if record["skill"] is None else f"{record['skill']:+.3f}"
-    text = (f"On its test split ({record['test_range'][0][:10]} to {record['test_range'][1][:10]}) this model's "
-            f"{what} MAE was {record['mae']:.6g} against persistence's {record['persistence_mae']:.6g}: skill {skill}.")
-    if record["worse_than_persistence"]:
+def track_record_text(record: TrackRecord) -> str:
+    """predict.track_record, said plainly."""
+    what = f"{record.head}.{record.column}" if record.column else record.head
+    skill = "n/a" if record.skill is None else f"{record.skill:+.3f}"
+    first, last = record.test_range
+    text = (f"On its test split ({first[:10]} to {last[:10]}) this model's {what} MAE was {record.mae:.6g} against "
+            f"persistence's {record.persistence_mae:.6g}: skill {skill}.")
+    if record.worse_than_persistence:
         text += " It was WORSE than persistence: repeating the last candle forecast better than this model."
-    if candles := record.get("candles"):
-        worse = [q for q in ("high", "low", "range") if (candles[f"{q}_skill_har"] or 0) < 0]
+    if candles := record.candles:
+        skills = {"high": candles.high_skill_har, "low": candles.low_skill_har, "range": candles.range_skill_har}
+        worse = [q for q, value in skills.items() if (value or 0) < 0]
         text += (" Its next candle against HAR + time of day (MAE skill): "
-                 + ", ".join(f"{q} {number(candles[f'{q}_skill_har'], '+.3f')}" for q in ("high", "low", "range"))
+                 + ", ".join(f"{q} {number(value, '+.3f')}" for q, value in skills.items())
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
-                 + f"; its 80 % interval held the next close {number(candles['interval_coverage'], '.1%')} of the time."
+                 + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."
                  + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
                  " close_80_low / close_80_high: that interval.")
     return text
