@@ -1,4 +1,4 @@
-"""Numbers as people read them, the same in the terminal (reporting.py), the HTML report and the model cards."""
+"""Numbers as people read them, the same in the terminal (report/console.py), the HTML report and the model cards."""
 from __future__ import annotations
 
 import math

@@ -188,7 +188,7 @@ CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8
 def diagnose() -> dict:
     """`cryptotrain doctor`: what TensorFlow uses and how well, as a JSON-ready dict: {"versions", "devices",
     "driver", "precision_auto", "train_steps", "findings", "verdict"}. No GPU is a notice, not a problem: the
-    CPU path is still checked. Printing it (and the exit code) is the command line's (reporting.print_doctor)."""
+    CPU path is still checked. Printing it (and the exit code) is the command line's (report.console.print_doctor)."""
     configured = setup(TrainConfig(precision="auto"))
     build = tf.sysconfig.get_build_info()
     driver = nvidia_driver()

@@ -296,7 +296,7 @@ class StepTimer(keras.callbacks.Callback):
 
 
 class ReportProgress(keras.callbacks.Callback):
-    """Tells where a job's progress goes (pipeline.Events: the console's reporting.JobProgress, or a Ray worker's
+    """Tells where a job's progress goes (pipeline.Events: the console's report.console.JobProgress, or a Ray worker's
     outbox) the job's epoch count and the epoch it starts at (after the checkpointed ones of an interrupted run),
     then each epoch's losses as plain floats."""
 

@@ -103,7 +103,7 @@ def plot(path: Path, history: pd.DataFrame, target_times: np.ndarray, predicted_
     persistence_close: each sample's last input close (persistence's forecast), drawn dashed.
     scores: the job's headline test metrics (JobMetrics.headline: MAE, persistence's, skill), in the title.
     synthetic: the candles were generated; the figure says so in red."""
-    # Imported here: report.py and `cryptotrain status` use this module and need no Matplotlib.
+    # Imported here: the HTML report and `cryptotrain status` use this module and need no Matplotlib.
     from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
 
     fig = Figure(figsize=(11, 6.5))

@@ -30,7 +30,7 @@ from ..data.windows import Preprocessing, SplitWindows, make_windows
 from ..errors import JobError
 from ..evaluation.baselines import HAR_FILE, Har, fit_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
-from ..evaluation.results import JobMetrics
+from ..evaluation.results import DataInfo, JobMetrics
 from ..files import write_json
 from ..model.models import output_shapes
 from ..model.training import Diverged, ModelCache, ReportProgress, fit
@@ -39,7 +39,7 @@ from .jobs import Job
 
 
 class Events(Protocol):
-    """Where a job's training progress goes: the driver's display (reporting.JobProgress), or, from a Ray
+    """Where a job's training progress goes: the driver's display (report.console.JobProgress), or, from a Ray
     worker, a mailbox actor the driver reads."""
 
     def training_started(self, job: str, epochs: int, done: int) -> None: ...
@@ -50,9 +50,9 @@ class Events(Protocol):
 @dataclass(frozen=True)
 class Prepared:
     """A job's input, made where the data is: its feature rows, and where its candles came from (metrics.json's
-    "data": source, synthetic, first, last, rows, gaps)."""
+    "data")."""
     frame: pd.DataFrame
-    data: dict
+    data: DataInfo
 
 
 class JobOutput(Protocol):
@@ -109,10 +109,9 @@ def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
 def prepare(cfg: RunConfig, job: Job) -> Prepared:
     candles = load_candles(cfg, job.symbol, job.timeframe)
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    data = {"source": candles.attrs["source"], "synthetic": bool(candles.attrs.get("synthetic")),
-            "first": candles.index[0].isoformat(), "last": candles.index[-1].isoformat(),
-            "rows": len(candles), "gaps": int(candles.attrs.get("gaps", 0))}
-    return Prepared(frame, data)
+    return Prepared(frame, DataInfo(source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
+                                    first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(),
+                                    rows=len(candles), gaps=int(candles.attrs.get("gaps", 0))))
 
 
 def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
@@ -180,7 +179,7 @@ def _naming(prepared: Prepared):
         jump = implausible_jump(prepared.frame)
         cause = (f"; the candles are implausible: {jump}" if jump else
                  "; try a lower train.learning_rate or train.clipvalue" if isinstance(exc, Diverged) else "")
-        raise JobError(f"{prepared.data['source']}: {exc}{cause}") from None
+        raise JobError(f"{prepared.data.source}: {exc}{cause}") from None
 
 
 def release_free_memory() -> None:

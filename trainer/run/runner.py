@@ -70,7 +70,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
                executor: ExecutorConfig | None = None) -> Outcome:
     """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
     either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
-    reporting.JobProgress; by default nowhere). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
+    report.console.JobProgress; by default nowhere). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
     the jobs under way are released to resume."""
     if push and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
@@ -116,7 +116,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
 
 
 class Display:
-    """Where a run's events go (pipeline.Events and the rest): nowhere. reporting.JobProgress shows them."""
+    """Where a run's events go (pipeline.Events and the rest): nowhere. report.console.JobProgress shows them."""
 
     @contextlib.contextmanager
     def running(self, total: int, done: int) -> Iterator[None]:
