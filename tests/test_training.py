@@ -280,6 +280,7 @@ def test_a_training_budget_is_replayed_over_the_recorded_epochs_by_early_stoppin
     # as a float32 loss logs them: 0.9 + 0.1 rounds to 1.0 in float32, as Keras compares, so it is no improvement
     ([float(np.float32(value)) for value in (1.0, 0.9, 0.7, 0.65)], {"patience": 2, "min_delta": 0.1}),
     ([2.0, 2.0, 2.0, 1.0], {"patience": 3}),  # the same value is no improvement
+    ([0.5, 0.6, 0.61, 0.65, 0.64], {"patience": 1, "mode": "max", "min_delta": 0.02}),
 ])
 def test_early_stoppings_rule_is_keras_own(monitored, settings):
     """ResumableEarlyStopping decides as Keras's EarlyStopping, built from its public settings alone: the same
@@ -296,3 +297,14 @@ def test_early_stoppings_rule_is_keras_own(monitored, settings):
                                                           keras_rule.wait), epoch
         if observed.stops:
             break
+
+
+def test_early_stopping_on_a_metric_whose_direction_keras_cannot_tell_fails_as_keras_does():
+    keras_rule, ours = (rule(monitor="val_mae") for rule in (keras.callbacks.EarlyStopping, ResumableEarlyStopping))
+    keras_rule.set_model(keras.Sequential())
+    for rule in (keras_rule, ours):
+        rule.on_train_begin()
+    with pytest.raises(ValueError, match="val_mae"):
+        keras_rule.on_epoch_end(0, {"val_mae": 1.0})
+    with pytest.raises(ValueError, match="early_stopping.monitor val_mae: whether it should go up or down is unknown"):
+        ours.observe(0, 1.0)

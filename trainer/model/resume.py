@@ -296,13 +296,13 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
     def improves(self, value: float) -> bool:
         """Whether `value` beats the best so far by more than min_delta, in the direction `mode` says ("auto": a
         loss goes down; the trainer compiles no other metric), compared in float32 as Keras compares it."""
+        if self.mode == "auto" and self.monitor.removeprefix("val_") != "loss":
+            raise ValueError(f"early_stopping.monitor {self.monitor}: whether it should go up or down is "
+                             "unknown (Keras's mode 'auto' knows it for loss and val_loss alone)")
         if self.best is None:
             return True
         if self.mode == "max":
             return bool(np.float32(value - self.min_delta) > np.float32(self.best))
-        if self.mode == "auto" and self.monitor.removeprefix("val_") != "loss":
-            raise ValueError(f"early_stopping.monitor {self.monitor}: not a loss, whose direction is down; "
-                             "monitor loss or val_loss")
         return bool(np.float32(value + self.min_delta) < np.float32(self.best))
 
     def state(self) -> EarlyStoppingState:
