@@ -304,6 +304,37 @@ def test_a_ledger_of_an_earlier_version_gains_the_columns_it_lacks(tmp_path, ver
         ("BTCUSDT_1h", "failed", 2, "boom", None, 1000.0)]
 
 
+def test_a_read_only_ledger_reads_beside_a_run_writing_it_and_after_and_writes_nothing(tmp_path):
+    """Read only (a run directory this user cannot write): while a run writes the ledger (its -wal file there),
+    each read sees the run's latest commit; after the run (no -wal left, and no -shm made for the reader) the
+    file is read as it is. A write is refused either way."""
+    writer = Ledger(tmp_path)
+    writer.add_jobs(["A_1h"])
+    reader = Ledger(tmp_path, read_only=True)
+    writer.add_jobs(["B_1h"])
+    assert [job.name for job in reader.jobs()] == ["A_1h", "B_1h"]
+    with pytest.raises(sqlite3.OperationalError, match="readonly database"):
+        reader.add_jobs(["C_1h"])
+    reader.close()
+    writer.close()
+
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ledger.sqlite"]
+    after = Ledger(tmp_path, read_only=True)
+    assert after.counts()["pending"] == 2
+    with pytest.raises(sqlite3.OperationalError, match="readonly database"):
+        after.add_jobs(["C_1h"])
+    after.close()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ledger.sqlite"]
+
+
+def test_a_ledger_of_an_earlier_version_read_only_is_one_line(tmp_path):
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as db:
+        db.execute("PRAGMA user_version=2")
+    with pytest.raises(UserError, match=r"ledger.sqlite: ledger schema version 2, this cryptotrain reads version 3, "
+                                        "and upgrading it needs a run directory this user can write$"):
+        Ledger(tmp_path, read_only=True)
+
+
 def test_jobs_a_run_did_not_ask_for_are_recorded_as_never_selected(ledger):
     ledger.add_jobs(["A_1h", "B_1h", "C_1h"], selected=["B_1h"])
     ledger.add_jobs(["A_1h", "B_1h", "C_1h"], selected=["C_1h"])

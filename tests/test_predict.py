@@ -203,6 +203,25 @@ def test_garbage_job_files_under_a_valid_manifest_are_one_line(job_dir, tmp_path
         predict_job(str(copy), None, None, data_path=DATA_FILE, config_path=None)
 
 
+def test_a_model_holding_python_code_is_refused_saying_so_in_one_line(job_dir, tmp_path):
+    """A job from someone else (a Hub repo) whose model.keras holds a Lambda layer: loading it would run the
+    code it carries, so Keras's safe mode refuses it, and predict says so, naming the file and what is in it."""
+    copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    shutil.copytree(job_dir, copy)
+
+    def with_code(stage) -> None:
+        inputs = keras.Input((3,))
+        keras.Model(inputs, keras.layers.Lambda(lambda x: x * 2, name="doubled")(inputs)).save(stage / "model.keras")
+    recommit(copy, with_code)  # its manifest matches: as published
+
+    result = CliRunner().invoke(main, ["predict", "--model", str(copy), "--data", str(DATA_FILE)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines() == [
+        f"error: {copy / 'model.keras'}: holds Python code (in Lambda 'doubled'), which loading the model would "
+        "run, so it is refused (Keras's safe mode); a model cryptotrain trains holds none: this one was made or "
+        "changed elsewhere"]
+
+
 def recommit(job_dir, change) -> None:
     """Change a finished job's files (change(stage_dir)), then commit them with a new manifest."""
     stage = artifacts.staging_dir(job_dir.parent.parent, job_dir.name)

@@ -3,6 +3,7 @@ preprocessing alone, determinism, failure isolation, and run-directory protectio
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -459,23 +460,31 @@ def another_users_run_dir(tmp_path):
     config = shared / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, output_dir=str(run_dir))))
     config.chmod(0o644)
+    try:
+        yield config, run_dir, lambda: _as_another_user(run_dir)
+    finally:
+        shutil.rmtree(shared)
 
-    @contextlib.contextmanager
-    def as_another_user():
-        if os.geteuid() != 0:
-            run_dir.chmod(0o555)
-            yield
-            return
+
+@contextlib.contextmanager
+def _as_another_user(run_dir: Path):
+    """This process as a user who may read `run_dir` but not write it: as root (who may write anywhere) under the
+    uid of nobody meanwhile; else with every directory in it made read-only meanwhile."""
+    if os.geteuid() == 0:
         os.seteuid(65534)  # nobody
         try:
             yield
         finally:
             os.seteuid(0)
+        return
+    directories = [run_dir, *(path for path in run_dir.rglob("*") if path.is_dir())]
+    for directory in directories:
+        directory.chmod(0o555)
     try:
-        yield config, run_dir, as_another_user
+        yield
     finally:
-        run_dir.chmod(0o755)
-        shutil.rmtree(shared)
+        for directory in directories:
+            directory.chmod(0o755)
 
 
 @pytest.fixture
@@ -483,11 +492,7 @@ def read_only_run_dir(tmp_path):
     """An existing run directory on a read-only mount; skipped where mounting is not allowed."""
     run_dir = tmp_path / "run"
     run_dir.mkdir()
-    mounted = subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], capture_output=True).returncode == 0
-    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)], capture_output=True).returncode:
-        if mounted:
-            subprocess.run(["umount", "-l", str(run_dir)], check=False)
-        pytest.skip("needs a read-only bind mount (root)")
+    _mounted_read_only(run_dir)
     try:
         yield run_dir
     finally:
@@ -509,6 +514,74 @@ def test_a_run_directory_on_a_read_only_disk_is_one_line_of_bad_input(tiny_confi
     assert result.exit_code == 2, result.output
     assert result.output.strip() == f"error: {read_only_run_dir}: cannot be the run directory (Read-only file " \
         "system); set output_dir to a directory you can write"
+
+
+@pytest.fixture(params=["another user's", "on a read-only disk"])
+def unwritable_run(request, finished_run, tmp_path_factory):
+    """(a copy of finished_run this user can read but not write, its config, a context to read it in, why a
+    write fails)."""
+    if request.param == "on a read-only disk":
+        shared = tmp_path_factory.mktemp("read-only")
+        run_dir = _mounted_read_only(shutil.copytree(finished_run[0], shared / "run"))
+        reading, reason = contextlib.nullcontext, "Read-only file system"
+    else:
+        shared = Path(tempfile.mkdtemp(prefix="cryptotrain-shared-"))  # under /tmp: any user may look inside
+        run_dir = shutil.copytree(finished_run[0], shared / "run")
+        for path in [shared, *shared.rglob("*")]:
+            path.chmod(0o755 if path.is_dir() else 0o644)
+        reading, reason = functools.partial(_as_another_user, run_dir), "Permission denied"
+    (shared / "out").mkdir()
+    (shared / "out").chmod(0o777)  # where the report goes
+    config = shared / "tiny.yaml"
+    config.write_text(yaml.safe_dump({**yaml.safe_load(finished_run[1].read_text()), "output_dir": str(run_dir)}))
+    config.chmod(0o644)
+    try:
+        yield run_dir, config, reading, reason
+    finally:
+        if request.param == "on a read-only disk":
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        shutil.rmtree(shared)
+
+
+def _mounted_read_only(run_dir: Path) -> Path:
+    """`run_dir`, bind-mounted read-only on itself (umount -l it after); skipped where mounting is not allowed."""
+    mounted = subprocess.run(["mount", "--bind", str(run_dir), str(run_dir)], capture_output=True).returncode == 0
+    if not mounted or subprocess.run(["mount", "-o", "remount,bind,ro", str(run_dir)], capture_output=True).returncode:
+        if mounted:
+            subprocess.run(["umount", "-l", str(run_dir)], check=False)
+        pytest.skip("needs a read-only bind mount (root)")
+    return run_dir
+
+
+def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_predict(finished_run, unwritable_run,
+                                                                                      monkeypatch):
+    """A colleague's run, or one on a read-only mount: status, report (to a file elsewhere) and predict read it
+    as it is, and say what they say of the run it is a copy of; report into it, and run, which would change it,
+    are refused in one line."""
+    run_dir, config, reading, reason = unwritable_run
+    monkeypatch.setenv("CRYPTOTRAIN_CACHE", str(run_dir.parent / "out" / "cache"))  # this user's own
+    elsewhere = run_dir.parent / "out" / "report.html"
+    with reading():
+        status = CliRunner().invoke(main, ["status", "--json", str(run_dir)])
+        report = CliRunner().invoke(main, ["report", str(run_dir), "-o", str(elsewhere)])
+        report_inside = CliRunner().invoke(main, ["report", str(run_dir)])
+        predict = CliRunner().invoke(main, ["predict", "--model", str(run_dir / "jobs" / "BTCUSDT_1h"), "--json"])
+        run = CliRunner().invoke(main, ["run", "--config", str(config)])
+    original = {command: CliRunner().invoke(main, args, catch_exceptions=False) for command, args in {
+        "status": ["status", "--json", str(finished_run[0])],
+        "predict": ["predict", "--model", str(finished_run[0] / "jobs" / "BTCUSDT_1h"), "--json"]}.items()}
+
+    assert status.exit_code == 0, status.output
+    assert json.loads(status.stdout) == json.loads(original["status"].stdout)
+    assert report.exit_code == 0 and report.output.strip() == str(elsewhere), report.output
+    assert "BTCUSDT_1h" in elsewhere.read_text()
+    assert report_inside.exit_code == 2 and report_inside.output.strip().startswith(
+        f"error: {run_dir / 'report.html'}: cannot write the report ("), report_inside.output
+    assert predict.exit_code == 0, predict.output
+    assert json.loads(predict.stdout)["forecast"] == json.loads(original["predict"].stdout)["forecast"]
+    assert run.exit_code == 2
+    assert run.output.strip() == f"error: {run_dir}: cannot be the run directory ({reason}); set output_dir to a " \
+        "directory you can write"
 
 
 def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(tiny_config, tmp_path):

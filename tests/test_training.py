@@ -19,7 +19,7 @@ from trainer.data.features import load_features
 from trainer.data.windows import make_windows
 from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.model.models import output_shapes
-from trainer.model.resume import EpochCheckpoint, replay_budget, resume
+from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay_budget, resume
 from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
 from trainer.run.pipeline import release_free_memory
 
@@ -273,3 +273,38 @@ def test_a_training_budget_is_replayed_over_the_recorded_epochs_by_early_stoppin
                             "val_loss": [5.0, 4.0, 4.5, 4.6, 4.7, 3.0]})
     train = TrainConfig(epochs=epochs, early_stopping=early_stopping)
     assert replay_budget(history, train) == stops_at
+
+
+@pytest.mark.parametrize("monitored, settings", [
+    ([5.0, 4.0, 4.5, 4.6, 3.0, 3.5, 3.6, 3.7], {"patience": 2}),
+    # as a float32 loss logs them: 0.9 + 0.1 rounds to 1.0 in float32, as Keras compares, so it is no improvement
+    ([float(np.float32(value)) for value in (1.0, 0.9, 0.7, 0.65)], {"patience": 2, "min_delta": 0.1}),
+    ([2.0, 2.0, 2.0, 1.0], {"patience": 3}),  # the same value is no improvement
+    ([0.5, 0.6, 0.61, 0.65, 0.64], {"patience": 1, "mode": "max", "min_delta": 0.02}),
+])
+def test_early_stoppings_rule_is_keras_own(monitored, settings):
+    """ResumableEarlyStopping decides as Keras's EarlyStopping, built from its public settings alone: the same
+    best and the same epoch to stop at over a run of monitored values (fails should Keras change its rule)."""
+    keras_rule, ours = keras.callbacks.EarlyStopping(**settings), ResumableEarlyStopping(**settings)
+    keras_rule.set_model(keras.Sequential())
+    keras_rule.model.stop_training = False  # as fit() starts it
+    for rule in (keras_rule, ours):
+        rule.on_train_begin()
+    for epoch, value in enumerate(monitored):
+        keras_rule.on_epoch_end(epoch, {"val_loss": value})
+        observed = ours.observe(epoch, value)
+        assert (observed.stops, ours.best, ours.wait) == (keras_rule.model.stop_training, keras_rule.best,
+                                                          keras_rule.wait), epoch
+        if observed.stops:
+            break
+
+
+def test_early_stopping_on_a_metric_whose_direction_keras_cannot_tell_fails_as_keras_does():
+    keras_rule, ours = (rule(monitor="val_mae") for rule in (keras.callbacks.EarlyStopping, ResumableEarlyStopping))
+    keras_rule.set_model(keras.Sequential())
+    for rule in (keras_rule, ours):
+        rule.on_train_begin()
+    with pytest.raises(ValueError, match="val_mae"):
+        keras_rule.on_epoch_end(0, {"val_mae": 1.0})
+    with pytest.raises(ValueError, match="early_stopping.monitor val_mae: whether it should go up or down is unknown"):
+        ours.observe(0, 1.0)

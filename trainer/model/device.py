@@ -68,13 +68,19 @@ def _spend_onednn_notice() -> None:
     holds an int32 op oneDNN could have run: at the first train step, under the progress display. It says
     nothing to act on. Set off here (an int32 transpose of unknown shape), with native stderr silenced, it is
     spent, while every later native message still shows. (~0.15 s, so only where oneDNN runs.)"""
-    from tensorflow.python.util import _pywrap_util_port  # whether oneDNN runs: no public API says
-
-    if not _pywrap_util_port.IsMklEnabled():
+    if not onednn_runs():
         return
     with native_stderr_silenced(), tf.device("CPU:0"):
         transpose = tf.function(tf.transpose, input_signature=[tf.TensorSpec([None, None], tf.int32)])
         transpose(tf.zeros((1, 1), tf.int32))
+
+
+def onednn_runs() -> bool:
+    """Whether TensorFlow runs its CPU ops with oneDNN. No public API says: TensorFlow's private module is asked
+    here alone (tests/test_public_api.py fails should it move)."""
+    from tensorflow.python.util import _pywrap_util_port
+
+    return bool(_pywrap_util_port.IsMklEnabled())
 
 
 def _enable_memory_growth(gpu) -> None:

@@ -285,15 +285,25 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         A missing value counts for nothing. (Keras's own on_epoch_end does this with the model in hand; the
         settings here leave out what else it does: no baseline, no warm-up epochs, and the best weights are
         those of an improving epoch, the first being one.)"""
-        if self.monitor_op is None:
-            self._set_monitor_op()  # for a loss, without the model; another metric's direction needs the model
         if value is None:
             return Observed(improved=False, stops=False)
         self.wait += 1
-        if self._is_improvement(value, self.best):
+        if self.improves(value):
             self.best, self.best_epoch, self.wait = value, epoch, 0
             return Observed(improved=True, stops=False)
         return Observed(improved=False, stops=self.wait >= self.patience and epoch > 0)
+
+    def improves(self, value: float) -> bool:
+        """Whether `value` beats the best so far by more than min_delta, in the direction `mode` says ("auto": a
+        loss goes down; the trainer compiles no other metric), compared in float32 as Keras compares it."""
+        if self.mode == "auto" and self.monitor.removeprefix("val_") != "loss":
+            raise ValueError(f"early_stopping.monitor {self.monitor}: whether it should go up or down is "
+                             "unknown (Keras's mode 'auto' knows it for loss and val_loss alone)")
+        if self.best is None:
+            return True
+        if self.mode == "max":
+            return bool(np.float32(value - self.min_delta) > np.float32(self.best))
+        return bool(np.float32(value + self.min_delta) < np.float32(self.best))
 
     def state(self) -> EarlyStoppingState:
         return EarlyStoppingState(wait=self.wait, best=float(self.best), best_epoch=self.best_epoch)

@@ -234,6 +234,8 @@ def _job_file(job_dir: Path, name: str, read):
     truncated copy, a format this version does not know) is one line of bad input naming it."""
     try:
         return read(job_dir / name)
+    except UserError:  # read's own line
+        raise
     except Exception as exc:  # json, yaml, zip, h5, pydantic, a missing key: whatever the garbage trips
         if isinstance(exc, ValidationError):  # its first problem, not "14 validation errors for JobMetrics"
             first = exc.errors()[0]
@@ -247,6 +249,27 @@ def _job_file(job_dir: Path, name: str, read):
 def _read_model(path: Path) -> keras.Model:
     if not zipfile.is_zipfile(path):  # Keras would call it "File not found"
         raise ValueError("not a .keras (zip) file")
+    with zipfile.ZipFile(path) as archive:
+        holders = _code_holders(json.loads(archive.read("config.json")))
+    if holders:  # Keras's safe mode would refuse it too, in a paragraph that says nothing of this file
+        raise UserError(f"{path}: holds Python code (in {', '.join(holders)}), which loading the model would run, "
+                        "so it is refused (Keras's safe mode); a model cryptotrain trains holds none: this one was "
+                        "made or changed elsewhere")
     return keras.saving.load_model(path, compile=False)
+
+
+def _code_holders(config: object, holder: str = "the model") -> list[str]:
+    """What in a .keras file's config.json holds Python code (Keras writes a Python function's bytecode as a
+    "__lambda__" object), e.g. ["Lambda 'doubled'"]: each object with a name around such code, once."""
+    if isinstance(config, list):
+        return list(dict.fromkeys(found for item in config for found in _code_holders(item, holder)))
+    if not isinstance(config, dict):
+        return []
+    if config.get("class_name") == "__lambda__":
+        return [holder]
+    inner = config.get("config")
+    if "class_name" in config and isinstance(inner, dict) and "name" in inner:
+        holder = f"{config['class_name']} '{inner['name']}'"
+    return _code_holders(list(config.values()), holder)
 
 

@@ -294,7 +294,8 @@ class RayExecutor:
 def _show_ray_notices(show: bool) -> None:
     """Ray prints its cluster's error notices ("(raylet) A worker died ...", a dead raylet's last 20 log lines)
     on the driver's stdout whatever log_to_driver says; while a run drives Ray, the faults they tell of are the
-    executor's to say, each in one line. Ray's own switch for them (private: ray.util.rpdb uses it the same way)."""
+    executor's to say, each in one line. Ray's own switch for them is private (ray.util.rpdb uses it the same
+    way), set here alone; tests/test_public_api.py fails should Ray change it."""
     ray._private.worker._worker_logs_enabled = show
 
 

@@ -118,23 +118,28 @@ class Ledger:
     # container's PID 1, say), not by this one.
     _held: set[tuple[str, str]] = set()
 
-    def __init__(self, run_dir: Path, stale_after: float = STALE_AFTER):
+    def __init__(self, run_dir: Path, stale_after: float = STALE_AFTER, read_only: bool = False):
+        """`read_only`: only read (a run directory this user cannot write: a colleague's, a read-only mount);
+        every write is refused by SQLite."""
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / "ledger.sqlite"
         self.stale_after = stale_after
         self._host = socket.gethostname()
         self._lock = threading.Lock()
-        try:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            tempfile.TemporaryFile(dir=self.run_dir).close()  # SQLite would only say "unable to open database file"
-        except OSError as exc:  # e.g. output_dir names a file, or a directory this user cannot write
-            raise UserError(f"{self.run_dir}: cannot be the run directory ({exc.strerror}); set output_dir "
-                            "to a directory you can write") from None
-        self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
-                                     check_same_thread=False)
+        if read_only:
+            self._conn = _read_only_connection(self.path)
+        else:
+            try:
+                self.run_dir.mkdir(parents=True, exist_ok=True)
+                check_writable(self.run_dir)  # SQLite would only say "unable to open database file"
+            except OSError as exc:  # e.g. output_dir names a file, or a directory this user cannot write
+                raise UserError(f"{self.run_dir}: cannot be the run directory ({exc.strerror}); set output_dir "
+                                "to a directory you can write") from None
+            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
+                                         check_same_thread=False)
         self._conn.row_factory = sqlite3.Row
         try:
-            self._set_up()
+            self._check_version() if read_only else self._set_up()
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise UserError(f"{self.path}: cannot open the run ledger ({exc})") from exc
@@ -164,6 +169,13 @@ class Ledger:
             elif version != SCHEMA_VERSION:
                 raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads "
                                 f"version {SCHEMA_VERSION}; run with --new-run to start over")
+
+    def _check_version(self) -> None:
+        """A ledger read as it is: one of an earlier version is upgraded by the next command that may write it."""
+        version = self._conn.execute("PRAGMA user_version").fetchone()[0]
+        if version != SCHEMA_VERSION:
+            raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads version "
+                            f"{SCHEMA_VERSION}, and upgrading it needs a run directory this user can write")
 
     def _switch_to_wal(self) -> str:
         """SQLite answers "database is locked" at once, without waiting out the busy timeout, when
@@ -380,6 +392,20 @@ class Ledger:
         with self._lock, self._intact():
             rows = self._conn.execute("SELECT status, COUNT(*) FROM jobs GROUP BY status").fetchall()
         return {**dict.fromkeys(STATUSES, 0), **{status: count for status, count in rows}}
+
+
+def check_writable(directory: Path) -> None:
+    """Raises OSError (Permission denied, Read-only file system) where this user cannot make a file."""
+    tempfile.TemporaryFile(dir=directory).close()
+
+
+def _read_only_connection(path: Path) -> sqlite3.Connection:
+    """A connection that only reads the ledger, which is there. SQLite reads a WAL database by its -shm file,
+    which it makes when missing: where no -wal file is left (no run writes it now), the file is read as immutable
+    instead, which needs none."""
+    immutable = "" if path.with_name(path.name + "-wal").exists() else "&immutable=1"
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=BUSY_TIMEOUT,
+                           isolation_level=None, check_same_thread=False)
 
 
 def _record(row: sqlite3.Row) -> JobRecord:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..config import RunConfig, load_config
 from ..errors import UserError
-from .ledger import Ledger
+from .ledger import Ledger, check_writable
 
 CONFIG = "config.yaml"
 
@@ -25,8 +25,9 @@ class RunDir:
     @classmethod
     def open(cls, path: Path, config_required: bool = False) -> RunDir:
         """status, report: a directory without a ledger is no run directory; a config.yaml missing or unreadable
-        is only a config_problem. push (`config_required`): a directory without a valid config.yaml is refused
-        before anything is made in it (its ledger is made when missing, as a push records itself there)."""
+        is only a config_problem; one this user cannot write (a colleague's, a read-only mount) is read as it
+        is. push (`config_required`): a directory without a valid config.yaml is refused before anything is made
+        in it (its ledger is made when missing, as a push records itself there)."""
         path = Path(path)
         if config_required:
             if not (path / CONFIG).is_file():
@@ -36,13 +37,21 @@ class RunDir:
             raise UserError(f"{path}: not a run directory (no ledger.sqlite); runs live under runs/<config name>")
         else:
             config, problem = _saved_config(path / CONFIG)
-        return cls(path, Ledger(path), config, problem)
+        return cls(path, Ledger(path, read_only=not config_required and not _writable(path)), config, problem)
 
     def __enter__(self) -> RunDir:
         return self
 
     def __exit__(self, *exc) -> None:
         self.ledger.close()
+
+
+def _writable(path: Path) -> bool:
+    try:
+        check_writable(path)
+    except OSError:
+        return False
+    return True
 
 
 def _saved_config(path: Path) -> tuple[RunConfig | None, str | None]:
