@@ -234,7 +234,7 @@ def test_gpu_findings(configured, step, expected):
                                 configured, [step])
     assert len(findings) == len(expected)
     for finding, (severity, message) in zip(findings, expected):
-        assert finding["severity"] == severity and message in finding["message"]
+        assert finding.severity == severity and message in finding.message
 
 
 def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
@@ -251,7 +251,7 @@ def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
         "findings": [], "verdict": "no problems found",
     }
     console = Console(width=200, record=True)
-    reporting.print_doctor(report, console)
+    reporting.print_doctor(device.Diagnosis.model_validate(report), console)
     text = console.export_text()
     assert "CUDA 12.5, cuDNN 9" in text and "GPU 0 NVIDIA H100, 80.0 GiB" in text
     gpu_row = next(line for line in text.splitlines() if "GPU:0" in line and "mixed_float16" in line)

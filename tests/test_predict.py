@@ -18,7 +18,7 @@ from trainer.cli import main
 from trainer.config import RunConfig
 from trainer.data import load_candles
 from trainer.data.features import compute_features
-from trainer.data.windows import Scaler
+from trainer.data.scalers import Scaler
 from trainer.errors import UserError
 from trainer.evaluation.baselines import Har
 from trainer.publish import artifacts

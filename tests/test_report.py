@@ -8,7 +8,9 @@ import os
 import shutil
 import subprocess
 import sys
+from html import escape
 from html.parser import HTMLParser
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,8 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, tiny_config_dict
+from trainer.config import load_config
+from trainer.data.sources import Source
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline, JobMetrics
 from trainer.publish import artifacts
@@ -243,6 +247,26 @@ def test_a_synthetic_job_labels_the_whole_page(run_copy):
     metrics["data"]["synthetic"] = True
     (run_copy / "jobs" / "BTCUSDT_1h" / "metrics.json").write_text(json.dumps(metrics))
     assert "SYNTHETIC" in " ".join(_page(run_copy).text)
+
+
+@pytest.mark.parametrize("source", list(Source.kinds))
+def test_the_header_says_where_each_source_takes_its_candles_from(run_copy, source):
+    """Each source describes itself; the page says what the run's source says, and a synthetic source labels
+    the page even where no job's metrics say so."""
+    config = yaml.safe_load((run_copy / "config.yaml").read_text())
+    config["data"]["source"] = source
+    (run_copy / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+    chosen = load_config(run_copy / "config.yaml").data.chosen
+    html = report_of(run_copy).read_text()
+    assert f"<dt>data</dt><dd>{escape(chosen.describe())}</dd>" in html
+    assert ("SYNTHETIC candles: these jobs were trained on generated data" in html) is chosen.synthetic
+
+
+def test_the_style_and_script_are_the_package_files_inline(run_dir):
+    html = report_of(run_dir).read_text()
+    for name, tag in (("report.css", "style"), ("report.js", "script")):
+        text = (files("trainer.report") / "static" / name).read_text(encoding="utf-8")
+        assert len(text) > 500 and f"<{tag}>\n{text}</{tag}>" in html
 
 
 def test_the_table_sorts_on_numbers_each_cell_carries(run_dir):

@@ -5,16 +5,18 @@ from __future__ import annotations
 
 import json
 import re
+from typing import get_args
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from tests.conftest import CANDLES_DIR, REPO, tiny_config_dict
-from trainer.config import RunConfig, load_config
+from trainer.config import RunConfig, WindowConfig, load_config
 from trainer.data import load_candles
 from trainer.data.features import compute_features
-from trainer.data.windows import Preprocessing, Scaler, framing, make_windows
+from trainer.data.scalers import Scaler
+from trainer.data.windows import Preprocessing, framing, make_windows
 from trainer.errors import JobError, UserError
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
@@ -117,7 +119,7 @@ def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_p
 
 
 @FRAMINGS
-@pytest.mark.parametrize("kind", ["standard", "minmax"])
+@pytest.mark.parametrize("kind", list(Scaler.kinds))
 @pytest.mark.parametrize("lookback, horizon", [(24, 3), (5, 1)])
 def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind, relative_to, lookback, horizon):
     """The proof that computing the scalers from the rows changes nothing: on real candles and V8-stable's 15
@@ -141,21 +143,21 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
     last_close = values[train - 1, columns.index("close")][:, None, None]
     inputs = np.stack([values[row - lookback:row] for row in train])  # (n, lookback, F), as the model sees them
     relative = relative_to is not None
-    assert_same_scaler(prep.scaler, Scaler.fit(kind, columns, framed_values(inputs, last_close, columns, relative)))
+    assert_same_scaler(prep.scaler, Scaler.of(kind).fit(columns, framed_values(inputs, last_close, columns, relative)))
     if kind == "minmax":  # exactly what fitting the windows framed by trainer.data.windows' own framing gives
         rows = prep.framing.encode(values.copy(), frame.index)
         encoded = np.stack([rows[row - lookback:row] for row in train])
         anchor = rows[train - 1, prep.framing.anchor_column][:, None, None]
         materialised = prep.framing.apply(encoded, anchor)
         np.testing.assert_array_equal(prep.framing.frame(encoded.copy(), anchor), materialised)  # host == device
-        fit = Scaler.fit(kind, columns, materialised)
+        fit = Scaler.of(kind).fit(columns, materialised)
         assert np.array_equal(prep.scaler.offset, fit.offset) and np.array_equal(prep.scaler.scale, fit.scale)
         assert windows.train.x.min() >= -1e-6 and windows.train.x.max() <= 1 + 1e-6
     for head, target in zip(heads, prep.heads, strict=True):
         positions = [columns.index(c) for c in head.columns]
         ahead = np.stack([values[row:row + horizon, positions] for row in train])
-        assert_same_scaler(target.scaler, Scaler.fit(
-            kind, head.columns, framed_values(ahead, last_close, head.columns, relative),
+        assert_same_scaler(target.scaler, Scaler.of(kind).fit(
+            head.columns, framed_values(ahead, last_close, head.columns, relative),
             anchored=[relative and framing(c) == "level" for c in head.columns], shared=head.candle))
 
 
@@ -273,11 +275,11 @@ def test_a_price_level_that_is_not_positive_fails_the_job_when_framed_relative(t
     windows_of(frame, tiny_cfg(tmp_path, relative_to=None))  # absolute levels may be anything finite
 
 
-@pytest.mark.parametrize("kind", ["standard", "minmax"])
+@pytest.mark.parametrize("kind", list(Scaler.kinds))
 def test_scaler_round_trips_exactly_through_json(kind):
     frame = feature_frame(100)
     frame["constant"] = 3.0
-    scaler = Scaler.fit(kind, list(frame.columns), frame.to_numpy())
+    scaler = Scaler.of(kind).fit(list(frame.columns), frame.to_numpy())
     assert scaler.scale[-1] == 1.0  # zero spread would divide by zero
     restored = Scaler.from_dict(json.loads(json.dumps(scaler.to_dict())))
     assert (restored.kind, restored.columns) == (scaler.kind, scaler.columns)
@@ -335,7 +337,7 @@ def test_the_scaled_targets_invert_to_the_actual_prices(tmp_path, relative_to):
 
 def test_a_preprocessing_file_of_an_earlier_version_reads_as_absolute_levels():
     """Run directories made before framing existed: one scaler for inputs and targets, no relative_to."""
-    scaler = Scaler.fit("standard", ["open", "high", "low", "close", "rsi"], feature_frame(100)[
+    scaler = Scaler.of("standard").fit(["open", "high", "low", "close", "rsi"], feature_frame(100)[
         ["open", "high", "low", "close", "rsi"]].to_numpy())
     old = {"input_columns": list(scaler.columns), "scaler": scaler.to_dict(), "lookback": 16, "horizon": 3,
            "heads": [{"name": "close", "columns": ["close"], "target_shape": [3, 1]}], "splits": {}}
@@ -374,3 +376,33 @@ def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
         unshrunk["ohlc"][..., 0], unshrunk["ohlc"][..., 3])), atol=1e-12)
     saved = Preprocessing.from_dict(json.loads(json.dumps(prep.to_dict())))
     assert [h.shrink for h in saved.heads] == [factor, factor]
+
+
+def test_a_new_scaler_kind_is_one_class_that_fits_and_is_saved_and_read_back(monkeypatch):
+    """The config accepts every kind of trainer.data.scalers and nothing else; a kind defined anywhere is known by
+    its name, fits, and is read back from a preprocessing file as the kind it is, with nothing else to change."""
+    assert get_args(WindowConfig.model_fields["scaler"].annotation) == tuple(Scaler.kinds) == ("standard", "minmax")
+    monkeypatch.setattr(Scaler, "kinds", dict(Scaler.kinds))  # the test's kind is gone after it
+
+    class MaxAbsScaler(Scaler):
+        kind = "maxabs"
+
+        @classmethod
+        def statistics(cls, values):
+            return np.zeros(values.shape[1]), np.abs(values).max(axis=0)
+
+        @classmethod
+        def affine(cls, zero, largest):
+            return zero, largest, largest
+
+        @classmethod
+        def pooled(cls, from_zero):
+            return from_zero.max()
+
+    frame = feature_frame(100)[["open", "close", "rsi"]]
+    scaler = Scaler.of("maxabs").fit(list(frame.columns), frame.to_numpy())
+    np.testing.assert_array_equal(scaler.scale, frame.abs().max().to_numpy())
+    restored = Scaler.from_dict(json.loads(json.dumps(scaler.to_dict())))
+    assert type(restored) is MaxAbsScaler and restored.to_dict() == scaler.to_dict()
+    with pytest.raises(ValueError, match="unknown scaler 'robust' \\(standard or minmax or maxabs\\)"):
+        Scaler.of("robust")

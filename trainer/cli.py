@@ -328,11 +328,11 @@ def doctor(as_json):
     """
     _import_tensorflow()
     from .model.device import diagnose
-    from .report.console import doctor_problems, print_doctor
+    from .report.console import print_doctor
 
     diagnosis = diagnose()
     print_doctor(diagnosis, as_json=as_json)
-    sys.exit(1 if doctor_problems(diagnosis) else 0)  # no GPU is a notice, not a problem
+    sys.exit(1 if diagnosis.problems else 0)  # no GPU is a notice, not a problem
 
 
 @main.command()

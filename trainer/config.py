@@ -25,6 +25,7 @@ from pydantic import (
 )
 
 from .data.indicators import OHLCV, Indicator
+from .data.scalers import Scaler
 from .data.sources import (
     BinanceSource,
     FilePattern,
@@ -42,6 +43,7 @@ from .model.layers import Layer
 from .specs import Strict, listed
 
 INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/data/indicators.py
+SCALERS = tuple(Scaler.kinds)  # window.scaler: a class each in trainer/data/scalers.py
 
 TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
 
@@ -142,7 +144,7 @@ class WindowConfig(Strict):
     lookback: int = Field(gt=0)
     horizon: int = Field(gt=0)
     split: Split = Split()
-    scaler: Literal["standard", "minmax"] = "standard"
+    scaler: Literal[SCALERS] = "standard"
     # last_close: every window is seen relative to its last close (price levels as log ratios to it, price
     # differences divided by it; targets are log returns from it), so an all-zero output is "no change".
     # null: absolute price levels, as the old scripts did (their models cannot reach prices outside the

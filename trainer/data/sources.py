@@ -2,8 +2,8 @@
 data.hf, ...) that knows how to give a job's candles, whether `cryptotrain data download` fetches them, and
 which file on this machine holds them. `data.source` names the one a run uses (DataConfig.chosen).
 
-A new source is one class here (a subclass of Source with its `name`, its settings as fields and `file` or
-`candles`) and its section in config.DataConfig.
+A new source is one class here (a subclass of Source with its `name`, its settings as fields, `file` or
+`candles`, and `describe`) and its section in config.DataConfig.
 """
 from __future__ import annotations
 
@@ -65,11 +65,31 @@ class Source(Strict):
     name: ClassVar[str]
     synthetic: ClassVar[bool] = False  # generated candles, labelled so wherever they are shown
     downloads: ClassVar[bool] = False  # fetched over the network: `cryptotrain data download` has work to do
+    # Its candles are the user's own files: where a label of them is shown to others (a model card), the file's
+    # name alone, not the directories of the machine that read them.
+    private_files: ClassVar[bool] = False
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
         Source.kinds[cls.name] = cls
+
+    def describe(self) -> str:
+        """Where the run's candles come from, in words (the run report's header)."""
+        raise NotImplementedError(f"source {self.name} has no describe()")
+
+    @property
+    def dataset(self) -> str | None:
+        """The Hugging Face dataset the candles come from, if they do (a model card names it)."""
+        return None
+
+    @staticmethod
+    def public_label(label: str) -> str:
+        """A label of a job's candles (`candles`) as others may see it: the source that wrote it keeps its files'
+        directories to itself (private_files)."""
+        name, _, where = label.partition(":")
+        source = Source.kinds.get(name)
+        return f"{name}:{Path(where).name}" if source is not None and source.private_files else label
 
     def candles(self, symbol: str, timeframe: str, cache: Path) -> tuple[pd.DataFrame, str]:
         """The job's validated candles, every row the source has, and where they came from (a label such as
@@ -102,8 +122,12 @@ class Source(Strict):
 class LocalSource(Source):
     """A directory of CSV / CSV.gz / Parquet files, one per symbol and timeframe."""
     name: ClassVar[str] = "local"
+    private_files: ClassVar[bool] = True
     path: Path = BUNDLED_CANDLES
     pattern: FilePattern = "{symbol}_{timeframe}.csv.gz"
+
+    def describe(self) -> str:
+        return f"local files {self.path}/{self.pattern}"
 
     def directory(self) -> Path:
         """`path`, relative to the cwd. The default, data/ohlcv, where the cwd has no such directory (cryptotrain
@@ -142,6 +166,13 @@ class HfSource(Source):
     revision: str = "main"
     pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
 
+    def describe(self) -> str:
+        return f"Hugging Face {self.repo_type} {self.repo_id}@{self.revision}"
+
+    @property
+    def dataset(self) -> str:
+        return self.repo_id
+
     def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
         return hf.hf_file(self, symbol, timeframe), hf.hf_label(self, symbol, timeframe)
 
@@ -159,6 +190,9 @@ class BinanceSource(Source):
         if self.end is not None and _utc(self.start) >= _utc(self.end):
             raise ValueError(f"start {self.start} is not before end {self.end}")
         return self
+
+    def describe(self) -> str:
+        return f"Binance klines from {self.start} to {self.end or 'the time of download'}"
 
     def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
         path = self.stored_file(symbol, timeframe, cache)
@@ -185,6 +219,9 @@ class SyntheticSource(Source):
     seed: int = 7
     rows: int = Field(3000, gt=0)
 
+    def describe(self) -> str:
+        return f"SYNTHETIC candles (seed {self.seed}, {self.rows} rows)"
+
     def candles(self, symbol: str, timeframe: str, cache: Path) -> tuple[pd.DataFrame, str]:
         return synthetic_candles(symbol, timeframe, self.seed, self.rows), f"synthetic(seed={self.seed})"
 
@@ -193,7 +230,11 @@ class FreqtradeSource(Source):
     """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
     (trainer/data/freqtrade.py)."""
     name: ClassVar[str] = "freqtrade"
+    private_files: ClassVar[bool] = True
     path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
+
+    def describe(self) -> str:
+        return f"freqtrade data directory {self.path}"
 
     def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
         path = freqtrade.job_file(self, symbol, timeframe).resolve()

@@ -21,10 +21,12 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import keras
 import numpy as np
 import tensorflow as tf
+from pydantic import BaseModel, ConfigDict
 
 from ..config import RunConfig, TrainConfig
 from ..errors import UserError
@@ -191,10 +193,34 @@ def cudnn_report(cfg: RunConfig) -> list[LayerEligibility]:
 CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8, 64, 10
 
 
-def diagnose() -> dict:
-    """`cryptotrain doctor`: what TensorFlow uses and how well, as a JSON-ready dict: {"versions", "devices",
-    "driver", "precision_auto", "train_steps", "findings", "verdict"}. No GPU is a notice, not a problem: the
-    CPU path is still checked. Printing it (and the exit code) is the command line's (report.console.print_doctor)."""
+class Finding(BaseModel):
+    """One thing doctor found: a problem (doctor exits 1) or a notice, and its fix."""
+    model_config = ConfigDict(frozen=True)
+    severity: Literal["problem", "notice"]
+    message: str
+    fix: str
+
+
+class Diagnosis(BaseModel):
+    """What `cryptotrain doctor` found; `--json` prints its model_dump."""
+    model_config = ConfigDict(frozen=True)
+    versions: dict  # python, tensorflow, keras, cuda_build, cuda, cudnn
+    devices: list[dict]  # the CPU (kind, memory_bytes, threads), then each GPU (kind, compute_capability, ...)
+    driver: dict  # nvidia_driver()
+    precision_auto: str
+    train_steps: list[dict]  # time_train_step() on the CPU, then on each GPU
+    findings: list[Finding]
+    verdict: str
+
+    @property
+    def problems(self) -> int:
+        """How many findings are problems (notices are not)."""
+        return sum(f.severity == "problem" for f in self.findings)
+
+
+def diagnose() -> Diagnosis:
+    """`cryptotrain doctor`: what TensorFlow uses and how well. No GPU is a notice, not a problem: the CPU path is
+    still checked. Printing it (and the exit code) is the command line's (report.console.print_doctor)."""
     configured = setup(TrainConfig(precision="auto"))
     build = tf.sysconfig.get_build_info()
     driver = nvidia_driver()
@@ -208,18 +234,18 @@ def diagnose() -> dict:
     steps = [time_train_step("CPU:0", "float32")]
     steps += [time_train_step(f"GPU:{i}", configured["precision"]) for i in range(len(gpus))]
     findings = _findings(build, gpus, driver, configured, steps)
-    problems = sum(f["severity"] == "problem" for f in findings)
-    return {
-        "versions": {"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
-                     "cuda_build": bool(build.get("is_cuda_build")), "cuda": build.get("cuda_version"),
-                     "cudnn": build.get("cudnn_version")},
-        "devices": devices,
-        "driver": driver,
-        "precision_auto": configured["precision"],
-        "train_steps": steps,
-        "findings": findings,
-        "verdict": f"{problems} problem(s) found" if problems else "no problems found",
-    }
+    problems = sum(f.severity == "problem" for f in findings)
+    return Diagnosis(
+        versions={"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
+                  "cuda_build": bool(build.get("is_cuda_build")), "cuda": build.get("cuda_version"),
+                  "cudnn": build.get("cudnn_version")},
+        devices=devices,
+        driver=driver,
+        precision_auto=configured["precision"],
+        train_steps=steps,
+        findings=findings,
+        verdict=f"{problems} problem(s) found" if problems else "no problems found",
+    )
 
 
 def time_train_step(device: str, precision: str) -> dict:
@@ -286,12 +312,12 @@ def nvidia_driver() -> dict:
     return {"found": True, "gpus": gpus, "error": None}
 
 
-def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: list[dict]) -> list[dict]:
+def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: list[dict]) -> list[Finding]:
     """Each problem or notice, with its fix."""
     findings = []
 
     def add(severity: str, message: str, fix: str) -> None:
-        findings.append({"severity": severity, "message": message, "fix": fix})
+        findings.append(Finding(severity=severity, message=message, fix=fix))
 
     if driver["error"]:
         add("problem", f"the NVIDIA driver does not answer: {driver['error']}",

@@ -20,6 +20,7 @@ import pandas as pd
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
+from ..config import validate_config
 from ..data.sources import Source
 from ..data.windows import Preprocessing
 from ..evaluation.baselines import VOLATILITY_NAMES
@@ -43,7 +44,7 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
     symbol, timeframe, data = metrics.symbol, metrics.timeframe, _public_data(metrics.data)
     test_range = [_iso(t) for t in metrics.test_range]
     config = yaml.safe_load((job_dir / "config.yaml").read_text())  # as the job's run recorded it
-    dataset = _hub_dataset(config)
+    dataset = validate_config(config, job_dir / "config.yaml").data.chosen.dataset
     metadata = ModelCardData(
         library_name="keras",
         pipeline_tag=PIPELINE_TAG,
@@ -130,9 +131,8 @@ def written_by_cryptotrain(card: str) -> bool:
 
 def _public_data(data: DataInfo) -> dict:
     """The data description without the directories of the machine that trained the model."""
-    kind, _, where = data.source.partition(":")
-    source = f"{kind}:{Path(where).name}" if kind in ("local", "freqtrade") else data.source
-    return {"source": source, **data.model_dump(include={"synthetic", "first", "last", "rows"})}
+    return {"source": Source.public_label(data.source),
+            **data.model_dump(include={"synthetic", "first", "last", "rows"})}
 
 
 def _public_config(config: dict) -> str:
@@ -252,12 +252,6 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         "scaled by each head's own scaler (log returns from the last close for prices). "
         "`trainer.data.windows.Preprocessing` does both ways."
     )
-
-
-def _hub_dataset(config: dict) -> str | None:
-    """The Hub dataset the job's candles came from, if they came from one."""
-    data = config.get("data", {})
-    return data.get("hf", {}).get("repo_id") if data.get("source") == "hf" else None
 
 
 def _eval_results(metrics: JobMetrics, dataset: str | None) -> list[EvalResult]:

@@ -42,6 +42,7 @@ from ..run.ledger import STATUSES, Ledger
 if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
     from ..data import DownloadOutcome
     from ..data.features import FeatureOutcome
+    from ..model.device import Diagnosis
     from ..publish.predict import Prediction, TrackRecord
     from ..run.planning import Plan
     from ..run.rundir import RunDir
@@ -446,18 +447,13 @@ def track_record_text(record: TrackRecord) -> str:
 
 
 # ----------------------------------------------------------------------------- doctor
-def doctor_problems(report: dict) -> int:
-    """How many of device.diagnose()'s findings are problems (notices are not)."""
-    return sum(f["severity"] == "problem" for f in report["findings"])
-
-
-def print_doctor(report: dict, out: Console | None = None, as_json: bool = False) -> None:
+def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool = False) -> None:
     """`cryptotrain doctor`: device.diagnose()'s report as tables and findings with their fixes, or as JSON."""
     if as_json:
-        print(json.dumps(report, indent=2))
+        print(json.dumps(diagnosis.model_dump(mode="json"), indent=2))
         return
     out = out or Console()
-    v = report["versions"]
+    v = diagnosis.versions
     cuda = f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if v["cuda_build"] else "CPU-only build"
     out.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, TensorFlow {v['tensorflow']} ({cuda}), "
               f"Keras {v['keras']}")
@@ -465,17 +461,17 @@ def print_doctor(report: dict, out: Console | None = None, as_json: bool = False
     devices = Table(title="devices TensorFlow sees")
     for column in ("device", "kind", "memory", "compute capability", "memory growth"):
         devices.add_column(column)
-    for d in report["devices"]:
+    for d in diagnosis.devices:
         if d["name"] == "CPU":
             devices.add_row("CPU", d["kind"], f"{_size(d['memory_bytes'])} RAM", "", "n/a")
         else:
             devices.add_row(d["name"], d["kind"], "nvidia-smi below", d["compute_capability"],
                             "on" if d["memory_growth"] else "[red]off[/]")
     out.print(devices)
-    threads = report["devices"][0]["threads"]
+    threads = diagnosis.devices[0]["threads"]
     out.print(f"CPU threads: {threads['usable_cpus']} usable CPUs; TensorFlow intra-op {threads['intra_op']}, "
               f"inter-op {threads['inter_op']}")
-    driver = report["driver"]
+    driver = diagnosis.driver
     if driver["gpus"]:
         out.print("driver (nvidia-smi): " + "; ".join(
             escape(f"GPU {g['index']} {g['name']}, {_size(g['memory_total_bytes'])} "
@@ -484,22 +480,21 @@ def print_doctor(report: dict, out: Console | None = None, as_json: bool = False
         why = escape(driver["error"]) if driver["error"] else "lists none" if driver["found"] else "not found"
         out.print(f"driver (nvidia-smi): [yellow]no GPU visible[/] ({why})")
 
-    steps = Table(title=f"one training step of a small model ({report['train_steps'][0]['model']})")
+    steps = Table(title=f"one training step of a small model ({diagnosis.train_steps[0]['model']})")
     for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):
         steps.add_column(column)
-    for s in report["train_steps"]:
+    for s in diagnosis.train_steps:
         on_gpu = s["device"].startswith("GPU")
         steps.add_row(s["device"], s["precision"], f"{s['step_ms']:.1f}", f"{s['samples_per_s']:.0f}",
                       _size(s["peak_memory_bytes"]) if on_gpu else "n/a (CPU)",
                       ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
     out.print(steps)
-    out.print(f"precision 'auto' resolves to: {report['precision_auto']}")
+    out.print(f"precision 'auto' resolves to: {diagnosis.precision_auto}")
 
-    for f in report["findings"]:
-        style = "red" if f["severity"] == "problem" else "yellow"
-        out.print(f"[{style}]{f['severity']}[/]: {escape(f['message'])}\n  fix: {escape(f['fix'])}")
-    ok = not doctor_problems(report)
-    out.print(f"verdict: [{'green' if ok else 'red'}]{report['verdict']}[/]")
+    for f in diagnosis.findings:
+        style = "red" if f.severity == "problem" else "yellow"
+        out.print(f"[{style}]{f.severity}[/]: {escape(f.message)}\n  fix: {escape(f.fix)}")
+    out.print(f"verdict: [{'green' if not diagnosis.problems else 'red'}]{diagnosis.verdict}[/]")
 
 
 def _size(n_bytes: int) -> str:

@@ -3,8 +3,8 @@
 The page: a header (config, data, a SYNTHETIC label, totals, wall time), a symbol x timeframe heatmap of
 the headline test skill against persistence, a sortable table of every job, and per job (collapsible) its
 loss curves, its predicted vs actual close on the test split beside persistence, and its error. Charts are
-inline SVG (charts.py, which draws the job's plot.png too); nothing is fetched from anywhere, so the file opens
-from disk offline. No TensorFlow,
+inline SVG (charts.py, which draws the job's plot.png too), and the page's CSS and JS (static/) are put inline;
+nothing is fetched from anywhere, so the file opens from disk offline. No TensorFlow,
 no Keras: the page is written at once, for a run that is finished, failed, or still going.
 
 Every number comes from the run's own files (ledger.sqlite, config.yaml, jobs/NAME/*); a job whose files
@@ -19,12 +19,14 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from importlib.resources import files
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from .. import __version__
+from ..config import DataConfig, RunConfig
 from ..data.windows import Preprocessing
 from ..errors import UserError
 from ..evaluation.results import CloseScores, Headline, JobMetrics
@@ -43,10 +45,8 @@ ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and
 
 def write_report(run: RunDir, out: Path | None = None) -> Path:
     """Write the run's HTML report (default RUN_DIR/report.html, atomically) and return its path."""
-    # The page reads the config as the plain values config.yaml holds; a run without one still gets its page.
-    config = run.config.model_dump(mode="json") if run.config is not None else {}
-    jobs = [_load_job(run.path, record, config) for record in run.ledger.jobs()]
-    page = _page(run.path, config, run.config_problem, jobs)
+    jobs = [_load_job(run.path, record, run.config) for record in run.ledger.jobs()]
+    page = _page(run.path, run.config, run.config_problem, jobs)
     out = Path(out) if out is not None else run.path / REPORT
     try:
         atomic_write(out, lambda tmp: tmp.write_text(page, encoding="utf-8"))
@@ -86,7 +86,7 @@ class _Job:
         return self.record.summary is not None and self.record.summary.synthetic
 
 
-def _load_job(run_dir: Path, record: JobRecord, config: dict) -> _Job:
+def _load_job(run_dir: Path, record: JobRecord, config: RunConfig | None) -> _Job:
     named = Job.from_name(record.name)
     job = _Job(record, named.symbol, named.timeframe)
     if record.status != "done":
@@ -126,7 +126,7 @@ def _read(path: Path, parse, notes: list[str]):
     return None
 
 
-def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: dict) -> dict:
+def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: RunConfig | None) -> dict:
     """The first forecast step of the headline head's close on the test split: target times, predicted,
     actual and persistence (the last input close), all from predictions.npz (keys HEAD, actual_close and
     persistence_close)."""
@@ -148,15 +148,15 @@ def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: dict) 
             "persistence": persistence.astype(float), "source": "predictions.npz"}
 
 
-def _head_columns(job_dir: Path, config: dict, head: str) -> list[str]:
+def _head_columns(job_dir: Path, config: RunConfig | None, head: str) -> list[str]:
     """The head's columns, from the job's preprocessing.json, else the run's config."""
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
         for head_target in Preprocessing.from_file(job_dir / "preprocessing.json").heads:
             if head_target.name == head:
                 return list(head_target.columns)
-    for spec in config.get("heads") or []:
-        if isinstance(spec, dict) and spec.get("name") == head:
-            return list(spec.get("columns", []))
+    for spec in config.heads if config is not None else ():
+        if spec.name == head:
+            return list(spec.columns)
     raise charts.NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
 
 
@@ -166,13 +166,15 @@ def _first_step(values: np.ndarray, n: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- the page
-def _page(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]) -> str:
-    name = config.get("name") or run_dir.name
+def _page(run_dir: Path, config: RunConfig | None, config_note: str | None, jobs: list[_Job]) -> str:
+    """The page; without a config (config_note says why) it shows what the run's files alone say."""
+    name = config.name if config is not None else run_dir.name
+    data = config.data if config is not None else None
     body = [f"<h1>{_e(name)} <span class=sub>run report</span></h1>", _header(run_dir, config, config_note, jobs)]
     if not jobs:
         body.append("<p class=note>The ledger lists no jobs yet.</p>")
     else:
-        body += [*_heatmaps(config, jobs),
+        body += [*_heatmaps(data, jobs),
                  "<h2>Jobs</h2>", _table(jobs),
                  "<h2>Per job</h2>",
                  "<p class=hint><button type=button id=open-all>expand all</button> "
@@ -180,20 +182,23 @@ def _page(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]
                  *(_details(job) for job in jobs)]
     return (f"<!DOCTYPE html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
             f"<meta name=viewport content=\"width=device-width, initial-scale=1\">\n"
-            f"<title>{_e(name)}: cryptotrain run report</title>\n<style>{_CSS}</style>\n</head>\n<body>\n"
-            + "\n".join(body) + f"\n<script>{_JS}</script>\n</body>\n</html>\n")
+            f"<title>{_e(name)}: cryptotrain run report</title>\n<style>\n{_static('report.css')}</style>\n"
+            "</head>\n<body>\n" + "\n".join(body) + f"\n<script>\n{_static('report.js')}</script>\n</body>\n</html>\n")
 
 
-def _header(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Job]) -> str:
+def _static(name: str) -> str:
+    """A file of trainer/report/static (package data), put inline: the page fetches nothing."""
+    return (files(__package__) / "static" / name).read_text(encoding="utf-8")
+
+
+def _header(run_dir: Path, config: RunConfig | None, config_note: str | None, jobs: list[_Job]) -> str:
     counts = Counter(job.status for job in jobs)
     seconds = sum(job.record.seconds or 0.0 for job in jobs)
-    data = config.get("data") or {}
-    window = config.get("window") or {}
-    train = config.get("train") or {}
+    data = config.data if config is not None else None
     facts = [("run directory", _e(str(run_dir.resolve()))),
-             ("data", _e(_source_text(data))),
-             ("symbols", _e(", ".join(data.get("symbols") or sorted({j.symbol for j in jobs})))),
-             ("timeframes", _e(", ".join(data.get("timeframes") or sorted({j.timeframe for j in jobs}))))]
+             ("data", _e(data.chosen.describe() if data else "unknown (no config.yaml)")),
+             ("symbols", _e(", ".join(data.symbols if data else sorted({j.symbol for j in jobs})))),
+             ("timeframes", _e(", ".join(data.timeframes if data else sorted({j.timeframe for j in jobs}))))]
     firsts, lasts, tests = [], [], []
     for job in jobs:
         if job.metrics:
@@ -203,45 +208,25 @@ def _header(run_dir: Path, config: dict, config_note: str | None, jobs: list[_Jo
     firsts, lasts, tests = [x for x in firsts if x], [x for x in lasts if x], [x for x in tests if x]
     if firsts and lasts:
         facts.append(("candles", f"{_e(_when(min(firsts)))} to {_e(_when(max(lasts)))} UTC"
-                                 + (f" (at most {data['max_rows']:,} rows a job)" if data.get("max_rows") else "")))
+                                 + (f" (at most {data.max_rows:,} rows a job)" if data and data.max_rows else "")))
     if tests:
         facts.append(("test split", f"{_e(_when(min(tests)))} to {_e(_when(max(tests)))} UTC (target times)"))
-    if window:
-        heads = ", ".join(str(h.get("name")) for h in config.get("heads") or [] if isinstance(h, dict))
-        facts.append(("model", _e(f"lookback {window.get('lookback')}, horizon {window.get('horizon')}; "
-                                  f"heads {heads or '-'}; up to {train.get('epochs', '-')} epochs")))
+    if config is not None:
+        facts.append(("model", _e(f"lookback {config.window.lookback}, horizon {config.window.horizon}; heads "
+                                  f"{', '.join(h.name for h in config.heads)}; up to {config.train.epochs} epochs")))
     shown = [s for s in ("done", "failed", "pending", "running") if counts[s] or s != "running"]
     facts.append(("jobs", _e(f"{len(jobs)}: " + ", ".join(f"{counts[s]} {s}" for s in shown))))
     facts.append(("wall time", _e(f"{_duration(seconds)} (the sum of the jobs' seconds)")))
     facts.append(("report", _e(f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by cryptotrain "
                                f"{__version__}")))
     out = []
-    if any(job.synthetic for job in jobs) or data.get("source") == "synthetic":
+    if any(job.synthetic for job in jobs) or (data and data.chosen.synthetic):
         out.append("<p class=synthetic>SYNTHETIC candles: these jobs were trained on generated data. The numbers "
                    "show the pipeline works, not what a model is worth on a market.</p>")
     if config_note:
         out.append(f"<p class=note>{_e(config_note)}</p>")
     out.append("<dl class=facts>" + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>")
     return "\n".join(out)
-
-
-def _source_text(data: dict) -> str:
-    source = data.get("source")
-    if source == "local":
-        local = data.get("local") or {}
-        return f"local files {local.get('path', '?')}/{local.get('pattern', '')}"
-    if source == "hf":
-        hf = data.get("hf") or {}
-        return f"Hugging Face {hf.get('repo_type', 'dataset')} {hf.get('repo_id', '?')}@{hf.get('revision', 'main')}"
-    if source == "binance":
-        binance = data.get("binance") or {}
-        return f"Binance klines from {binance.get('start')} to {binance.get('end') or 'the time of download'}"
-    if source == "freqtrade":
-        return f"freqtrade data directory {(data.get('freqtrade') or {}).get('path', '?')}"
-    if source == "synthetic":
-        synthetic = data.get("synthetic") or {}
-        return f"SYNTHETIC candles (seed {synthetic.get('seed')}, {synthetic.get('rows')} rows)"
-    return str(source or "unknown (no config.yaml)")
 
 
 # ----------------------------------------------------------------------------- heatmap
@@ -281,26 +266,26 @@ CANDLES_HINT = (
     "validation, held it (green: within 3 points of 80 %; red: further off). Click a cell for the job's details.")
 
 
-def _heatmaps(config: dict, jobs: list[_Job]) -> list[str]:
+def _heatmaps(data: DataConfig | None, jobs: list[_Job]) -> list[str]:
     """The close's skill; with a candle head, the next candle's high, low and range vs HAR (one colour scale)
     and the interval's coverage, side by side."""
-    out = ["<h2>Test skill against persistence</h2>", _heatmap(config, jobs, CLOSE_SKILL)]
+    out = ["<h2>Test skill against persistence</h2>", _heatmap(data, jobs, CLOSE_SKILL)]
     if any(_coverage(job) is not None for job in jobs):
         measures = [_candle_skill(q) for q in ("high", "low", "range")]
         extent = [abs(v) for m in measures for v in map(m.value, jobs) if v is not None]
         scale = _nice_ceiling(max([*extent, 0.01]))
         out += ["<h2>The next candle against HAR + time of day</h2><div class=heatwrap>",
-                *(_heatmap(config, jobs, m, scale) for m in measures), _heatmap(config, jobs, COVERAGE),
+                *(_heatmap(data, jobs, m, scale) for m in measures), _heatmap(data, jobs, COVERAGE),
                 f"</div><div class=scale><span>skill vs HAR</span><span>{-scale:+.3g}</span><span class=bar></span>"
                 f"<span>{scale:+.3g}</span></div><p class=hint>{_e(CANDLES_HINT)}</p>"]
     return out
 
 
-def _heatmap(config: dict, jobs: list[_Job], measure: _Measure, scale: float | None = None) -> str:
-    """One measure's symbol x timeframe table; with its own colour scale and hint unless `scale` is given."""
-    data = config.get("data") or {}
-    symbols = list(dict.fromkeys([*(data.get("symbols") or []), *(j.symbol for j in jobs)]))
-    timeframes = list(dict.fromkeys([*(data.get("timeframes") or []), *(j.timeframe for j in jobs)]))
+def _heatmap(data: DataConfig | None, jobs: list[_Job], measure: _Measure, scale: float | None = None) -> str:
+    """One measure's symbol x timeframe table (the config's symbols and timeframes, then any other job's); with
+    its own colour scale and hint unless `scale` is given."""
+    symbols = list(dict.fromkeys([*(data.symbols if data else []), *(j.symbol for j in jobs)]))
+    timeframes = list(dict.fromkeys([*(data.timeframes if data else []), *(j.timeframe for j in jobs)]))
     by_cell = {(j.symbol, j.timeframe): j for j in jobs}
     values = {j.name: measure.value(j) for j in jobs}
     extent = [abs(measure.goodness(v)) for v in values.values() if v is not None]
@@ -539,106 +524,5 @@ def _duration(seconds: float) -> str:
     hours, minutes = divmod(minutes, 60)
     return f"{hours} h {minutes:02d} min {secs:02d} s" if hours else f"{minutes} min {secs:02d} s"
 
-
-_CSS = """
-:root { --ink: #1b1f24; --muted: #5b6470; --line: #d0d7de; --bg: #f6f8fa; }
-* { box-sizing: border-box; }
-body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
-       color: var(--ink); margin: 24px auto; max-width: 1480px; padding: 0 20px; }
-h1 { margin: 0 0 12px; font-size: 26px; } h1 .sub { color: var(--muted); font-weight: normal; font-size: 18px; }
-h2 { margin: 28px 0 10px; font-size: 19px; border-bottom: 1px solid var(--line); padding-bottom: 4px; }
-a { color: inherit; }
-.synthetic { background: #fff1c2; border: 2px solid #d4a000; color: #6b4e00; font-weight: bold; padding: 8px 12px;
-             border-radius: 4px; font-size: 15px; }
-.note { color: #8a4b00; background: #fff7e6; border-left: 3px solid #e69500; padding: 4px 10px; margin: 6px 0; }
-.hint { color: var(--muted); font-size: 12.5px; margin: 6px 0; }
-dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 2px 16px; margin: 8px 0; }
-dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; }
-.heatwrap { display: flex; flex-wrap: wrap; align-items: flex-start; gap: 6px 24px; }
-.heatmap { border-collapse: separate; border-spacing: 3px; }
-.heatmap th { font-weight: 600; padding: 4px 10px; text-align: center; }
-.heatmap th[scope=row] { text-align: right; }
-.heatmap td { width: 104px; height: 46px; text-align: center; font: 600 15px ui-monospace, SFMono-Regular, Menlo,
-              Consolas, monospace; border: 1px solid var(--line); border-radius: 3px; }
-.heatmap td a { text-decoration: none; display: block; }
-.heatmap td.failed { background: repeating-linear-gradient(45deg, #f3d3d0, #f3d3d0 6px, #fff 6px, #fff 12px);
-                     color: #a1160a; font: 600 13px system-ui, sans-serif; }
-.heatmap td.pending, .heatmap td.running, .heatmap td.absent {
-  background: repeating-linear-gradient(45deg, #eceff2, #eceff2 6px, #fff 6px, #fff 12px);
-  color: var(--muted); font: 13px system-ui, sans-serif; }
-.heatmap td.absent { font-size: 11px; }
-.scale { display: flex; align-items: center; gap: 6px; font: 12px ui-monospace, monospace; margin-top: 8px; }
-.scale .bar { display: inline-block; width: 220px; height: 12px; border: 1px solid var(--line);
-              background: linear-gradient(90deg, rgb(215,48,39), #fff 50%, rgb(26,152,80)); }
-.heatwrap .hint { max-width: 520px; }
-.scroll { overflow-x: auto; }
-table.jobs { border-collapse: collapse; font-size: 12px; white-space: nowrap; }
-table.jobs th, table.jobs td { border: 1px solid var(--line); padding: 3px 5px; }
-table.jobs thead th { background: var(--bg); position: sticky; top: 0; }
-table.jobs th[data-col] { cursor: pointer; user-select: none; }
-table.jobs th[data-col]:hover { background: #e7ecf0; }
-table.jobs th[data-dir=asc]::after { content: " \\25B2"; font-size: 9px; }
-table.jobs th[data-dir=desc]::after { content: " \\25BC"; font-size: 9px; }
-table.jobs th.group { text-align: center; font-weight: 600; }
-table.jobs td.num { text-align: right; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-table.jobs td.none { color: #a0a7b0; }
-table.jobs td.err { white-space: normal; color: #a1160a; font-size: 11.5px; }
-table.jobs td.err .clamp { width: 220px; display: -webkit-box; -webkit-line-clamp: 3; -webkit-box-orient: vertical;
-                           overflow: hidden; overflow-wrap: anywhere; }
-table.jobs tbody tr:nth-child(even) { background: #fafbfc; }
-td.done, .badge.done { color: #1a7f37; } td.failed, .badge.failed { color: #cf222e; font-weight: 600; }
-td.pending, .badge.pending, td.running, .badge.running { color: var(--muted); }
-.pos { color: #1a7f37; } .neg { color: #cf222e; }
-details { border: 1px solid var(--line); border-radius: 4px; margin: 6px 0; }
-details > summary { cursor: pointer; padding: 6px 10px; background: var(--bg); }
-details[open] > summary { border-bottom: 1px solid var(--line); }
-details .body { padding: 4px 12px 10px; }
-.jobname { font-weight: 600; font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; }
-.badge { font-size: 12px; border: 1px solid currentColor; border-radius: 10px; padding: 0 7px; }
-summary .err { color: #cf222e; font-size: 12.5px; }
-pre.error { white-space: pre-wrap; word-break: break-word; background: #fff5f5; border: 1px solid #f1b8b3;
-            color: #82071e; padding: 8px 10px; border-radius: 4px; font-size: 12.5px; }
-.charts { display: grid; grid-template-columns: 440px minmax(0, 1fr); gap: 8px 24px; align-items: start; }
-@media (max-width: 1100px) { .charts { grid-template-columns: minmax(0, 1fr); } }
-figure { margin: 6px 0 10px; }
-figcaption { color: var(--muted); font-size: 12px; }
-svg { max-width: 100%; height: auto; font-family: system-ui, sans-serif; }
-svg .plot { fill: #fff; stroke: #9aa4ae; } svg .grid { stroke: #e6e9ec; }
-svg .tick { font-size: 11px; fill: #3d444d; } svg .axis { font-size: 12px; fill: #1b1f24; }
-svg .legend { font-size: 12px; fill: #1b1f24; }
-button { font: inherit; font-size: 12px; }
-"""
-
-_JS = """
-document.querySelectorAll('table.sortable').forEach(function (table) {
-  var heads = table.querySelectorAll('th[data-col]');
-  heads.forEach(function (th) {
-    th.addEventListener('click', function () {
-      var col = +th.dataset.col, asc = th.dataset.dir !== 'asc', body = table.tBodies[0];
-      heads.forEach(function (h) { delete h.dataset.dir; });
-      th.dataset.dir = asc ? 'asc' : 'desc';
-      var rows = Array.prototype.slice.call(body.rows);
-      rows.sort(function (a, b) {
-        var x = a.cells[col].dataset.v, y = b.cells[col].dataset.v;
-        if (x === '' || y === '') return (x === '') - (y === '');  /* no value: last either way */
-        var nx = Number(x), ny = Number(y);
-        var c = isNaN(nx) || isNaN(ny) ? x.localeCompare(y) : nx - ny;
-        return asc ? c : -c;
-      });
-      rows.forEach(function (r) { body.appendChild(r); });
-    });
-  });
-});
-function openFromHash() {
-  var d = location.hash && document.getElementById(decodeURIComponent(location.hash.slice(1)));
-  if (d && d.tagName === 'DETAILS') { d.open = true; d.scrollIntoView(); }
-}
-window.addEventListener('hashchange', openFromHash); openFromHash();
-function setAll(open) { document.querySelectorAll('details').forEach(function (d) { d.open = open; }); }
-document.getElementById('open-all') && document.getElementById('open-all').addEventListener('click',
-  function () { setAll(true); });
-document.getElementById('close-all') && document.getElementById('close-all').addEventListener('click',
-  function () { setAll(false); });
-"""
 
 __all__ = ["write_report"]
