@@ -30,9 +30,15 @@ def _through_kill_points(point: str, marker: Path, epoch_log: Path, config: Path
             "run", "--config", str(config)]
 
 
+def _sigint_at_its_default() -> None:
+    """As a command typed at a terminal starts. A job started in the background (`make test &`, a CI runner with
+    no terminal) inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start_paused(point: str, marker: Path, epoch_log: Path, config: Path) -> subprocess.Popen:
     return subprocess.Popen(_through_kill_points(point, marker, epoch_log, config), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_sigint_at_its_default)
 
 
 def _rerun(tmp_path: Path, config: Path) -> dict[str, list[int]]:
