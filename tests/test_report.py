@@ -19,8 +19,8 @@ import yaml
 from tests.conftest import REPO, tiny_config_dict
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline, JobMetrics
-from trainer.publish import artifacts
 from trainer.report.html import write_report
+from trainer.run import artifacts
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
