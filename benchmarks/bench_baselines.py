@@ -39,8 +39,8 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
-from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
+from trainer.data.settings import CANDLE, HeadConfig, WindowConfig
 from trainer.data.validate import timeframe_delta
 from trainer.data.windows import make_windows
 from trainer.evaluation import baselines as bl

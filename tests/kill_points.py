@@ -22,8 +22,7 @@ from pathlib import Path
 from trainer import files
 from trainer.cli import main
 from trainer.model import resume, training
-from trainer.publish import artifacts
-from trainer.run import executors, pipeline
+from trainer.run import artifacts, executors, pipeline
 
 
 def pause_once(original, marker: Path, when=lambda *a, **k: True):

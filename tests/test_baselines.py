@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from tests.conftest import CANDLES_DIR
-from trainer.config import CANDLE, HeadConfig, WindowConfig
 from trainer.data import read_candles_file
+from trainer.data.settings import CANDLE, HeadConfig, WindowConfig
 from trainer.data.windows import Windows, make_windows
 from trainer.errors import JobError
 from trainer.evaluation import baselines as bl

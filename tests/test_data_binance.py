@@ -16,8 +16,9 @@ from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.cli import main
-from trainer.config import OHLCV, RunConfig
+from trainer.config import RunConfig
 from trainer.data import binance, load_candles, read_candles_file
+from trainer.data.validate import OHLCV
 from trainer.errors import JobError
 
 HOUR_MS = 3_600_000

@@ -17,9 +17,10 @@ from click.testing import CliRunner
 
 from tests.conftest import FREQTRADE_DIR, tiny_config_dict
 from trainer.cli import main
-from trainer.config import OHLCV, RunConfig
+from trainer.config import RunConfig
 from trainer.data import input_digest, load_candles
 from trainer.data.freqtrade import candidates, split_symbol
+from trainer.data.validate import OHLCV
 from trainer.errors import JobError
 from trainer.publish.cards import job_card
 

@@ -17,9 +17,10 @@ from huggingface_hub import constants
 
 from tests.conftest import CANDLES_DIR, tiny_config_dict
 from trainer.cli import main
-from trainer.config import OHLCV, RunConfig
+from trainer.config import RunConfig
 from trainer.data import hf as hf_source
 from trainer.data import load_candles, read_candles_file
+from trainer.data.validate import OHLCV
 from trainer.errors import JobError
 
 REPO_ID, TOKEN, COMMIT = "someone/cpb-models", "hf_test_token", "c0ffee" * 6 + "c0ff"

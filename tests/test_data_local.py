@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 
 from tests.conftest import CANDLES_DIR, REPO, tiny_config_dict
-from trainer.config import OHLCV, RunConfig, load_config
+from trainer.config import RunConfig, load_config
 from trainer.data import load_candles, read_candles_file
+from trainer.data.validate import OHLCV
 from trainer.errors import JobError
 
 BTC_1H = CANDLES_DIR / "BTCUSDT_1h.csv.gz"

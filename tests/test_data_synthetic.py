@@ -5,9 +5,9 @@ import numpy as np
 import pandas as pd
 
 from tests.conftest import tiny_config_dict
-from trainer.config import OHLCV, RunConfig
+from trainer.config import RunConfig
 from trainer.data import load_candles
-from trainer.data.validate import validate
+from trainer.data.validate import OHLCV, validate
 
 
 def synthetic_cfg(tmp_path, seed: int = 7, rows: int = 3000, max_rows: int | None = None) -> RunConfig:

@@ -115,7 +115,7 @@ def test_cgroup_cpu_quota(tmp_path, cpu_max, v1_quota, expected):
 
 # ----------------------------------------------------------------------------- cuDNN eligibility
 def test_default_recurrent_layers_are_eligible(tmp_path):
-    report = device.cudnn_report(tiny(tmp_path))
+    report = device.cudnn_report(tiny(tmp_path).model)
     assert [(r.index, r.kind) for r in report] == [(0, "bilstm"), (2, "lstm"), (4, "lstm")]  # layernorm skipped
     assert all(r.eligible and r.blockers == [] for r in report)
 
@@ -131,7 +131,7 @@ def test_default_recurrent_layers_are_eligible(tmp_path):
 def test_each_blocking_setting_is_named(tmp_path, kind, setting, value, blocker):
     layers = [{"kind": kind, "units": 4, "return_sequences": True, "dropout": 0.3, setting: value},
               {"kind": "lstm", "units": 4}]
-    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}))
+    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
     assert report[0] == device.LayerEligibility(0, kind, False, [blocker])
     assert report[1].eligible  # input dropout alone does not block the fused kernel
 
@@ -152,13 +152,13 @@ def test_report_agrees_with_keras_own_rule(tmp_path, kind, setting, value):
                 use_bias=cell.use_bias)
     keras_rule = (_do_lstm_arguments_support_cudnn(**args) if kind == "lstm"
                   else _do_gru_arguments_support_cudnn(**args, reset_after=cell.reset_after))
-    [report] = device.cudnn_report(cfg)
+    [report] = device.cudnn_report(cfg.model)
     assert report.eligible == (keras_rule and not cell.recurrent_dropout)
 
 
 def test_all_blockers_of_a_layer_are_listed(tmp_path):
     layers = [{"kind": "lstm", "units": 4, "recurrent_dropout": 0.1, "unroll": True}]
-    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}))
+    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
     assert report[0].blockers == ["recurrent_dropout=0.1 (needs 0)", "unroll=True (needs False)"]
 
 

@@ -11,10 +11,11 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ta.volatility import AverageTrueRange
 
 from tests.conftest import CANDLES_DIR, tiny_config_dict
-from trainer.config import INDICATORS, OHLCV, FeaturesConfig, RunConfig
+from trainer.config import INDICATORS, FeaturesConfig, RunConfig
 from trainer.data import read_candles_file
 from trainer.data.features import collinear_columns, compute_features
 from trainer.data.indicators import Candles, Indicator
+from trainer.data.validate import OHLCV
 from trainer.data.windows import make_windows
 from trainer.errors import JobError
 

@@ -1,6 +1,6 @@
 """Pushing to and downloading from the Hub: the real huggingface_hub client against tests/hub_server.py.
 
-Job directories are fabricated with trainer.publish.artifacts (the same writer the runner uses), holding small
+Job directories are fabricated with trainer.run.artifacts (the same writer the runner uses), holding small
 files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML, a PNG and an .npz.
 """
 from __future__ import annotations
@@ -29,9 +29,9 @@ from trainer.cli import main
 from trainer.config import HubConfig
 from trainer.errors import JobError, UserError
 from trainer.files import write_json
-from trainer.publish.artifacts import commit, jobs_dir, staging_dir
 from trainer.publish.hub import download_job, push_jobs, push_run
 from trainer.run import runner
+from trainer.run.artifacts import commit, jobs_dir, staging_dir
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 

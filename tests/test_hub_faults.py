@@ -14,8 +14,8 @@ from hub_server import record_sleeps, serve_hub
 
 import trainer.publish.hub as hub_module
 from trainer.cli import main
-from trainer.publish.artifacts import jobs_dir
 from trainer.publish.hub import download_job
+from trainer.run.artifacts import jobs_dir
 
 TOKEN = "hf_FaUlTyHuBtOkEn0123456789abcdef"
 REPO = "tester/cpb-quickstart"

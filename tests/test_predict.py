@@ -21,9 +21,9 @@ from trainer.data.features import compute_features
 from trainer.data.scalers import Scaler
 from trainer.errors import UserError
 from trainer.evaluation.baselines import Har
-from trainer.publish import artifacts
 from trainer.publish.hub import push_run
 from trainer.publish.predict import JobConfig, predict_job, predict_next
+from trainer.run import artifacts
 from trainer.run.jobs import make_jobs
 from trainer.run.rundir import RunDir
 from trainer.run.runner import run_config

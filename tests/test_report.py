@@ -23,8 +23,8 @@ from trainer.config import load_config
 from trainer.data.sources import Source
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline, JobMetrics
-from trainer.publish import artifacts
 from trainer.report.html import write_report
+from trainer.run import artifacts
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 

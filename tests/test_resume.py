@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, REPO
 from trainer.cli import main
-from trainer.publish import artifacts
+from trainer.run import artifacts
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 

@@ -30,8 +30,8 @@ from trainer.data.features import compute_features
 from trainer.data.windows import Preprocessing
 from trainer.evaluation.results import non_finite
 from trainer.files import write_json
-from trainer.publish import artifacts
 from trainer.report.console import JobProgress, summary_line
+from trainer.run import artifacts
 from trainer.run.jobs import Job
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",

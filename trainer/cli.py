@@ -168,14 +168,30 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
              "gpus_per_worker": gpus_per_worker}
     on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
+    publish = None
+    if push:  # the Hub's client, imported for a run that pushes
+        from .publish.hub import push_pending as publish
     try:
-        outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries, push=push,
-                             retry_failed=retry_failed, executor=on)
+        outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries,
+                             push=publish, retry_failed=retry_failed, executor=on)
     except Interrupted as stop:
         print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)
         sys.exit(stop.exit_code)
-    print_run_end(outcome)
+    print_run_end(outcome, _write_report(outcome.run_dir))
     sys.exit(0 if outcome.complete else 1)
+
+
+def _write_report(run_dir: Path) -> Path | None:
+    """The run's report.html, at its end; a report that cannot be written never fails the run."""
+    try:
+        from .report.html import write_report
+        from .run.rundir import RunDir
+
+        with RunDir.open(run_dir) as run:
+            return write_report(run)
+    except Exception as exc:
+        logging.getLogger(__name__).warning("report.html not written: %s", exc)
+        return None
 
 
 def _terminated(signum, frame):

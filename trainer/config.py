@@ -2,15 +2,14 @@
 
 Everything a run does is decided here, as data. The three model families differ only in
 their YAML; a new family needs no code. Unknown keys are errors everywhere (extra="forbid").
+RunConfig assembles the sections each stage reads, declared beside it (data/settings.py, model/settings.py),
+with where jobs train and where they are published.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import re
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -24,35 +23,18 @@ from pydantic import (
     model_validator,
 )
 
-from .data.indicators import OHLCV, Indicator
-from .data.scalers import Scaler
-from .data.sources import (
-    BinanceSource,
-    FilePattern,
-    FreqtradeSource,
-    HfSource,
-    LocalSource,
-    Source,
-    SyntheticSource,
-    check_file_pattern,
-    check_repo_id,
-)
-from .errors import UserError
+from .data.indicators import Indicator
+from .data.settings import DataConfig, FeaturesConfig, HeadConfig, WindowConfig
+from .data.sources import FilePattern, check_file_pattern, check_repo_id
+from .errors import ConfigError
 from .files import beside_package
-from .model.layers import Layer
-from .specs import Strict, listed
+from .model.settings import BUDGET_KEYS, ModelConfig, NetworkSpec, TrainConfig
+from .specs import Strict, no_duplicates
 
 INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/data/indicators.py
-SCALERS = tuple(Scaler.kinds)  # window.scaler: a class each in trainer/data/scalers.py
-
-TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
 
 
-class ConfigError(UserError):
-    """A bad config or override: the message is one line naming the file and the key path."""
-
-
-# ----------------------------------------------------------------------------- data
+# ----------------------------------------------------------------------------- publishing
 def _repo_template(template: str) -> str:
     repo_id = check_file_pattern(template).format(symbol="BTCUSDT", timeframe="1h")
     if "/" not in repo_id:  # the Hub takes a bare name too, but a push should say whose repo it is
@@ -62,200 +44,6 @@ def _repo_template(template: str) -> str:
 
 
 RepoTemplate = Annotated[str, AfterValidator(_repo_template)]  # a repo id, or one per symbol and timeframe
-SOURCES = tuple(Source.kinds)  # data.source: a section of DataConfig each
-
-
-class DataConfig(Strict):
-    source: Literal[SOURCES]
-    symbols: list[str]
-    timeframes: list[str]
-    max_rows: int | None = Field(None, gt=0)
-    local: LocalSource = LocalSource()
-    hf: HfSource = HfSource()
-    binance: BinanceSource = BinanceSource()
-    synthetic: SyntheticSource = SyntheticSource()
-    freqtrade: FreqtradeSource = FreqtradeSource()
-
-    @property
-    def chosen(self) -> Source:
-        """The section that data.source names: where the run's candles come from."""
-        return getattr(self, self.source)
-
-    @field_validator("symbols")
-    @classmethod
-    def _symbols(cls, symbols: list[str]) -> list[str]:
-        if not symbols:
-            raise ValueError("must list at least one symbol")
-        for s in symbols:
-            if not re.fullmatch(r"[A-Z0-9]{2,20}", s):
-                raise ValueError(f"'{s}' is not a symbol like BTCUSDT (upper-case letters and digits)")
-        _no_duplicates(symbols, "symbols")
-        return symbols
-
-    @field_validator("timeframes")
-    @classmethod
-    def _timeframes(cls, timeframes: list[str]) -> list[str]:
-        if not timeframes:
-            raise ValueError("must list at least one timeframe")
-        for tf in timeframes:
-            if tf not in TIMEFRAMES:
-                raise ValueError(f"unknown timeframe '{tf}' (one of {', '.join(TIMEFRAMES)})")
-        _no_duplicates(timeframes, "timeframes")
-        return timeframes
-
-
-def _no_duplicates(items: list[str], what: str) -> None:
-    dupes = sorted({x for x in items if items.count(x) > 1})
-    if dupes:
-        raise ValueError(f"duplicate {what}: {', '.join(dupes)}")
-
-
-# ----------------------------------------------------------------------------- features
-class FeaturesConfig(Strict):
-    base: list[Literal[OHLCV]] = ["open", "high", "low", "close"]
-    indicators: list[listed(Indicator)] = []
-
-    @model_validator(mode="after")
-    def _unique_columns(self) -> FeaturesConfig:
-        _no_duplicates(self.columns, "feature columns")
-        return self
-
-    @property
-    def columns(self) -> list[str]:
-        """Model input columns, in order: the base OHLC(V) columns, then the indicators."""
-        return list(self.base) + [ind.name for ind in self.indicators]
-
-
-# ----------------------------------------------------------------------------- window, heads
-class Split(Strict):
-    train: float = Field(0.7, gt=0, lt=1)
-    val: float = Field(0.15, gt=0, lt=1)
-    test: float = Field(0.15, gt=0, lt=1)
-
-    @model_validator(mode="after")
-    def _sums_to_one(self) -> Split:
-        total = self.train + self.val + self.test
-        if abs(total - 1.0) > 1e-6:
-            raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
-        return self
-
-
-class WindowConfig(Strict):
-    lookback: int = Field(gt=0)
-    horizon: int = Field(gt=0)
-    split: Split = Split()
-    scaler: Literal[SCALERS] = "standard"
-    # last_close: every window is seen relative to its last close (price levels as log ratios to it, price
-    # differences divided by it; targets are log returns from it), so an all-zero output is "no change".
-    # null: absolute price levels, as the old scripts did (their models cannot reach prices outside the
-    # train split's range).
-    relative_to: Literal["last_close"] | None = "last_close"
-    # Relative framing only: each head's forecast deviation from "no change" is weighted by a factor in
-    # [0, 1] chosen on the validation split (forecast combination with the no-change forecast), so that a
-    # model's noise is not shipped where validation finds no signal. false: the network's output as it is.
-    shrink: bool = True
-
-
-CANDLE = ("open", "high", "low", "close")
-
-
-class HeadConfig(Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    columns: list[str] = Field(min_length=1)
-    loss: Literal["mse", "mae", "huber"] = "mse"
-    weight: float = Field(1.0, gt=0)
-    # A candle-shaped head over open, high, low, close: high >= max(open, close) >= min(open, close) >= low
-    # by construction (open and close, plus two non-negative wicks).
-    candle: bool = False
-    # A quantile head: these quantiles of each column (e.g. [0.1, 0.5, 0.9]), ordered by construction (the
-    # lowest plus non-negative gaps) and trained with the pinball loss; its point forecast is the median (0.5,
-    # else the middle quantile).
-    quantiles: list[float] = []
-
-    @model_validator(mode="after")
-    def _candle_columns(self) -> HeadConfig:
-        if self.candle and sorted(self.columns) != sorted(CANDLE):
-            raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
-                             f"(got {', '.join(self.columns)})")
-        return self
-
-    @model_validator(mode="after")
-    def _quantile_levels(self) -> HeadConfig:
-        if not self.quantiles:
-            return self
-        if len(self.quantiles) < 2 or not all(0 < q < 1 for q in self.quantiles) \
-                or any(b <= a for a, b in zip(self.quantiles, self.quantiles[1:])):
-            raise ValueError(f"quantiles: at least two levels, increasing, each between 0 and 1 (got "
-                             f"{self.quantiles}), e.g. [0.1, 0.5, 0.9]")
-        if self.candle:
-            raise ValueError("quantiles: a candle head forecasts one candle; put the quantiles on a head of its own")
-        if "loss" in self.model_fields_set:
-            raise ValueError(f"loss: {self.loss}: a quantile head is trained with the pinball loss; drop the loss")
-        return self
-
-
-# ----------------------------------------------------------------------------- model layers
-# Field names are Keras's own argument names, so each spec maps straight onto its layer class.
-class ModelConfig(Strict):
-    """The trunk, in order. Each head becomes a linear Dense on top (per time step if the trunk
-    ends in a sequence)."""
-    layers: list[listed(Layer)] = Field(min_length=1)
-
-
-@dataclass(frozen=True, eq=False)
-class NetworkSpec:
-    """What a network is built from, and nothing else of the run's config (cf. nanoGPT's GPTConfig): the trunk
-    (the model section), the heads, the window's shape and the input columns (RunConfig.network)."""
-    name: str  # the Keras model's
-    model: ModelConfig
-    heads: tuple[HeadConfig, ...]
-    lookback: int
-    horizon: int
-    relative: bool  # framed relative to the last close (window.relative_to): the heads start at "no change"
-    columns: tuple[str, ...]  # the input features, in order
-    error: Callable[[str], ConfigError] = ConfigError  # a spec Keras cannot chain: names the config's file
-
-    @property
-    def n_features(self) -> int:
-        return len(self.columns)
-
-
-# ----------------------------------------------------------------------------- training
-class EarlyStoppingConfig(Strict):
-    monitor: str = "val_loss"
-    patience: int = Field(20, ge=0)
-    min_delta: float = Field(0.0, ge=0)
-    restore_best_weights: bool = True
-
-
-class ReduceLrConfig(Strict):
-    monitor: str = "val_loss"
-    factor: float = Field(0.5, gt=0, lt=1)
-    patience: int = Field(8, ge=0)
-    min_lr: float = Field(1e-6, ge=0)
-
-
-class TrainConfig(Strict):
-    optimizer: Literal["adam", "adamw", "rmsprop", "sgd"] = "adam"
-    learning_rate: float = Field(1e-3, gt=0)
-    clipvalue: float | None = Field(None, gt=0)
-    clipnorm: float | None = Field(None, gt=0)
-    batch_size: int = Field(32, gt=0)
-    epochs: int = Field(100, gt=0)
-    early_stopping: EarlyStoppingConfig | None = EarlyStoppingConfig()
-    reduce_lr: ReduceLrConfig | None = ReduceLrConfig()
-    seed: int = 42
-    precision: Literal["float32", "mixed_float16", "mixed_bfloat16", "auto"] = "float32"
-    steps_per_execution: int = Field(1, gt=0)
-    # Epoch-level logs per job under RUN/tensorboard/JOB (Keras's TensorBoard callback):
-    # `tensorboard --logdir runs/NAME/tensorboard` compares every job of the run.
-    tensorboard: bool = False
-
-    @model_validator(mode="after")
-    def _one_kind_of_clipping(self) -> TrainConfig:
-        if self.clipvalue is not None and self.clipnorm is not None:
-            raise ValueError("set clipvalue or clipnorm, not both")
-        return self
 
 
 class ExecutorConfig(Strict):
@@ -303,7 +91,7 @@ class RunConfig(Strict):
     @field_validator("heads")
     @classmethod
     def _unique_heads(cls, heads: list[HeadConfig]) -> list[HeadConfig]:
-        _no_duplicates([h.name for h in heads], "head names")
+        no_duplicates([h.name for h in heads], "head names")
         return heads
 
     @model_validator(mode="after")
@@ -356,9 +144,6 @@ class RunConfig(Strict):
         return self.model_dump(mode="json", exclude={"output_dir", "cache_dir", "hub", "executor"})
 
 
-# How long a job may train. Changing them on an existing run extends or shortens its jobs' training instead of
-# making it another run (runner.budget_plan decides, job by job).
-BUDGET_KEYS = ("train.epochs", "train.early_stopping.patience")
 # What may change on an existing run without making it another run.
 FREE_KEYS = (*BUDGET_KEYS, "train.tensorboard")
 

@@ -14,6 +14,10 @@ class UserError(Exception):
     exit_code = 2
 
 
+class ConfigError(UserError):
+    """A bad config or override: the message is one line naming the file and the key path."""
+
+
 class JobError(Exception):
     exit_code = 1
 

@@ -34,6 +34,12 @@ class Kind(Strict):
             cls.kinds[values[0]] = cls
 
 
+def no_duplicates(items: list[str], what: str) -> None:
+    dupes = sorted({x for x in items if items.count(x) > 1})
+    if dupes:
+        raise ValueError(f"duplicate {what}: {', '.join(dupes)}")
+
+
 def listed(family: type[Kind]) -> Any:
     """The type of one item of a config list of `family`'s kinds: a mapping is validated by the class its tag
     names (an unknown tag is one error naming the known ones); an instance of a kind is taken as it is. Dumped

@@ -24,13 +24,29 @@ from .files import candles_from_bytes, read_bytes
 from .validate import count_gaps
 
 if TYPE_CHECKING:
-    from ..config import RunConfig
-    from ..run.jobs import Job
+    from .settings import RunSettings
 
 log = logging.getLogger(__name__)
 
 
-def load_candles(cfg: RunConfig, symbol: str, timeframe: str) -> pd.DataFrame:
+@dataclass(frozen=True, order=True)
+class Job:
+    """One series to train on: a symbol at a timeframe (the job matrix is run.jobs.make_jobs)."""
+    symbol: str
+    timeframe: str
+
+    @property
+    def name(self) -> str:
+        return f"{self.symbol}_{self.timeframe}"
+
+    @classmethod
+    def from_name(cls, name: str) -> Job:
+        """The job named SYMBOL_TIMEFRAME (as the ledger, the run directory and the Hub name it)."""
+        symbol, _, timeframe = name.rpartition("_")
+        return cls(symbol, timeframe)
+
+
+def load_candles(cfg: RunSettings, symbol: str, timeframe: str) -> pd.DataFrame:
     """The job's candles: tz-aware UTC "timestamp" index (candle open time), sorted and unique,
     float64 open/high/low/close/volume, validated, the `data.max_rows` most recent rows.
     attrs: source (e.g. "local:/abs/BTCUSDT_1h.csv.gz", "freqtrade:/abs/BTC_USDT-1h.feather",
@@ -67,7 +83,7 @@ class DownloadOutcome:
         return self.error is not None
 
 
-def download(cfg: RunConfig, jobs: list[Job],
+def download(cfg: RunSettings, jobs: list[Job],
              on_job: Callable[[DownloadOutcome], None] | None = None) -> list[DownloadOutcome]:
     """`cryptotrain data download`: fetch every job's candles into the cache; a job that fails is reported in
     its outcome and the others go on. `on_job` is called with each job's outcome as soon as it is known.
@@ -92,7 +108,7 @@ def download(cfg: RunConfig, jobs: list[Job],
     return outcomes
 
 
-def input_digest(cfg: RunConfig, symbol: str, timeframe: str) -> str:
+def input_digest(cfg: RunSettings, symbol: str, timeframe: str) -> str:
     """What a job is given, as a digest: the run config, and the bytes of its candle file where that is a file
     on this machine (a local or freqtrade file; Binance candles stored earlier). A failed job whose digest has
     changed since (the file fixed or added) is worth another try."""

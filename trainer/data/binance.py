@@ -22,20 +22,20 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 import numpy as np
 import pandas as pd
+from pydantic import model_validator
 
 from ..errors import JobError
 from ..files import atomic_write
 from ..retries import retry_wait
 from .files import candles_from_bytes, read_bytes
+from .sources import IsoDate, Source
 from .validate import OHLCV, timeframe_delta
-
-if TYPE_CHECKING:
-    from .sources import BinanceSource
 
 PAGE_LIMIT = 1000
 WEIGHT_LIMIT_1M = 6000  # Binance spot request weight per minute and IP
@@ -52,6 +52,41 @@ Sleep = Callable[[float], None]
 # Hosts that could not be reached after MAX_ATTEMPTS (~15 s of retries): the rest of the process fails
 # their downloads at once, instead of every job of a run without network waiting as long to fail.
 _unreachable_hosts: set[str] = set()
+
+
+class BinanceSource(Source):
+    """Public spot klines (no API key), downloaded once into the cache."""
+    name: ClassVar[str] = "binance"
+    downloads: ClassVar[bool] = True
+    base_url: str = "https://api.binance.com"
+    start: IsoDate = "2024-01-01"
+    end: IsoDate | None = None  # None: up to now
+
+    @model_validator(mode="after")
+    def _start_before_end(self) -> BinanceSource:
+        if self.end is not None and _utc(self.start) >= _utc(self.end):
+            raise ValueError(f"start {self.start} is not before end {self.end}")
+        return self
+
+    def describe(self) -> str:
+        return f"Binance klines from {self.start} to {self.end or 'the time of download'}"
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        path = self.stored_file(symbol, timeframe, cache)
+        if load_stored(path, timeframe) is None:  # none yet, or damaged (removed): download them
+            update(self, cache, symbol, timeframe)
+        return path, f"binance:{path}"
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path:
+        return stored_path(self, cache, symbol, timeframe)
+
+    def download(self, symbol: str, timeframe: str, cache: Path) -> int:
+        return update(self, cache, symbol, timeframe)
+
+
+def _utc(date: str) -> datetime:
+    stamp = datetime.fromisoformat(date)
+    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
 
 
 def stored_path(source: BinanceSource, cache: Path, symbol: str, timeframe: str) -> Path:

@@ -16,11 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..config import OHLCV, FeaturesConfig, RunConfig
 from ..errors import JobError
 from ..files import remove_abandoned_temp_files
-from ..run.jobs import Job
-from . import indicators, load_candles, store
+from . import Job, indicators, load_candles, store
+from .settings import FeaturesConfig, RunSettings
+from .validate import OHLCV
 
 # What an entry depends on besides the candles and the spec: this code, the entry format and the libraries.
 FEATURE_VERSION = store.make_key(
@@ -115,7 +115,7 @@ class FeatureOutcome:
         return self.error is not None
 
 
-def precompute(cfg: RunConfig, jobs: list[Job],
+def precompute(cfg: RunSettings, jobs: list[Job],
                on_job: Callable[[FeatureOutcome], None] | None = None) -> list[FeatureOutcome]:
     """`cryptotrain features`: compute and cache every job's features; a job that fails is reported in its
     outcome and the others go on. `on_job` is called with each job's outcome as soon as it is known."""

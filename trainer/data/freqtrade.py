@@ -22,18 +22,36 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar
 
 from ..errors import JobError
-
-if TYPE_CHECKING:
-    from .sources import FreqtradeSource
+from .sources import Source
 
 FORMATS = ("feather", "parquet", "json", "json.gz")  # freqtrade's file extensions, in its default's order
 # Quote assets a symbol may end with, longest first where one ends another (FDUSD before USD): only used to
 # name the expected file in the message for a missing one.
 QUOTES = ("FDUSD", "USDT", "USDC", "BUSD", "TUSD", "USDP", "DAI", "USD", "EUR", "GBP", "TRY", "BRL", "JPY",
           "BTC", "ETH", "BNB")
+
+
+class FreqtradeSource(Source):
+    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
+    (this module)."""
+    name: ClassVar[str] = "freqtrade"
+    private_files: ClassVar[bool] = True
+    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
+
+    def describe(self) -> str:
+        return f"freqtrade data directory {self.path}"
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        path = job_file(self, symbol, timeframe).resolve()
+        return path, f"freqtrade:{path}"
+
+    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path | None:
+        """The job's one file; none (absent, or several: which is unknown) is None."""
+        found = candidates(self.path, symbol, timeframe)
+        return found[0] if len(found) == 1 else None
 
 
 def job_file(source: FreqtradeSource, symbol: str, timeframe: str) -> Path:

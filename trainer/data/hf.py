@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal
 
 from huggingface_hub import constants, hf_hub_download
 from huggingface_hub.errors import (
@@ -27,11 +27,29 @@ from huggingface_hub.errors import (
 
 from ..errors import JobError
 from .files import job_filename
-
-if TYPE_CHECKING:
-    from .sources import HfSource
+from .sources import FilePattern, RepoId, Source
 
 _unreachable_endpoints: set[str] = set()  # endpoints this process could not reach
+
+
+class HfSource(Source):
+    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
+    name: ClassVar[str] = "hf"
+    downloads: ClassVar[bool] = True
+    repo_id: RepoId = "zongowo111/cpb-models"
+    repo_type: Literal["dataset", "model"] = "dataset"
+    revision: str = "main"
+    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
+
+    def describe(self) -> str:
+        return f"Hugging Face {self.repo_type} {self.repo_id}@{self.revision}"
+
+    @property
+    def dataset(self) -> str:
+        return self.repo_id
+
+    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
+        return hf_file(self, symbol, timeframe), hf_label(self, symbol, timeframe)
 
 
 def hf_label(source: HfSource, symbol: str, timeframe: str) -> str:

@@ -10,15 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 import pandas as pd
 
 from ..errors import UserError
 
-if TYPE_CHECKING:
-    from .windows import Framing
+
+class Framing(Protocol):
+    """What fit_windows reads of a window's framing (windows.Framing, which imports this module): its columns and
+    which of them are framed as levels and as differences."""
+    columns: tuple[str, ...]
+
+    def masks(self, columns: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def float32(values: np.ndarray) -> np.ndarray:

@@ -2,23 +2,24 @@
 data.hf, ...) that knows how to give a job's candles, whether `cryptotrain data download` fetches them, and
 which file on this machine holds them. `data.source` names the one a run uses (DataConfig.chosen).
 
-A new source is one class here (a subclass of Source with its `name`, its settings as fields, `file` or
-`candles`, and `describe`) and its section in config.DataConfig.
+A new source is one class (a subclass of Source with its `name`, its settings as fields, `file` or
+`candles`, and `describe`): here, or beside the code that fetches its candles (binance.py, hf.py,
+freqtrade.py); and its section in settings.DataConfig.
 """
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar
 
 import pandas as pd
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field
 
 from ..errors import JobError
 from ..files import beside_package
 from ..specs import Strict
-from . import binance, files, freqtrade, hf, store, validate
+from . import files, store, validate
 from .synthetic import synthetic_candles
 
 # What a parsed entry depends on besides the file's bytes: the parsing code and the libraries.
@@ -60,7 +61,7 @@ IsoDate = Annotated[str, AfterValidator(_date)]
 
 
 class Source(Strict):
-    """One source of candles. `kinds`: every source by its name, in the order they are defined."""
+    """One source of candles. `kinds`: every source by its name."""
     kinds: ClassVar[dict[str, type[Source]]] = {}
     name: ClassVar[str]
     synthetic: ClassVar[bool] = False  # generated candles, labelled so wherever they are shown
@@ -157,61 +158,6 @@ class LocalSource(Source):
         return f"{directory} has {timeframe} candles for {', '.join(symbols) or 'no symbol'}"
 
 
-class HfSource(Source):
-    """A Hugging Face dataset repo laid out like zongowo111/cpb-models."""
-    name: ClassVar[str] = "hf"
-    downloads: ClassVar[bool] = True
-    repo_id: RepoId = "zongowo111/cpb-models"
-    repo_type: Literal["dataset", "model"] = "dataset"
-    revision: str = "main"
-    pattern: FilePattern = "klines_binance_us/{symbol}/{symbol}_{timeframe}_binance_us.csv"
-
-    def describe(self) -> str:
-        return f"Hugging Face {self.repo_type} {self.repo_id}@{self.revision}"
-
-    @property
-    def dataset(self) -> str:
-        return self.repo_id
-
-    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
-        return hf.hf_file(self, symbol, timeframe), hf.hf_label(self, symbol, timeframe)
-
-
-class BinanceSource(Source):
-    """Public spot klines (no API key), downloaded once into the cache."""
-    name: ClassVar[str] = "binance"
-    downloads: ClassVar[bool] = True
-    base_url: str = "https://api.binance.com"
-    start: IsoDate = "2024-01-01"
-    end: IsoDate | None = None  # None: up to now
-
-    @model_validator(mode="after")
-    def _start_before_end(self) -> BinanceSource:
-        if self.end is not None and _utc(self.start) >= _utc(self.end):
-            raise ValueError(f"start {self.start} is not before end {self.end}")
-        return self
-
-    def describe(self) -> str:
-        return f"Binance klines from {self.start} to {self.end or 'the time of download'}"
-
-    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
-        path = self.stored_file(symbol, timeframe, cache)
-        if binance.load_stored(path, timeframe) is None:  # none yet, or damaged (removed): download them
-            binance.update(self, cache, symbol, timeframe)
-        return path, f"binance:{path}"
-
-    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path:
-        return binance.stored_path(self, cache, symbol, timeframe)
-
-    def download(self, symbol: str, timeframe: str, cache: Path) -> int:
-        return binance.update(self, cache, symbol, timeframe)
-
-
-def _utc(date: str) -> datetime:
-    stamp = datetime.fromisoformat(date)
-    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
-
-
 class SyntheticSource(Source):
     """Deterministic generated candles, for demos and tests only (always labelled synthetic)."""
     name: ClassVar[str] = "synthetic"
@@ -224,23 +170,3 @@ class SyntheticSource(Source):
 
     def candles(self, symbol: str, timeframe: str, cache: Path) -> tuple[pd.DataFrame, str]:
         return synthetic_candles(symbol, timeframe, self.seed, self.rows), f"synthetic(seed={self.seed})"
-
-
-class FreqtradeSource(Source):
-    """A freqtrade data directory as it is: <BASE>_<QUOTE>-<timeframe>.feather / .parquet / .json / .json.gz
-    (trainer/data/freqtrade.py)."""
-    name: ClassVar[str] = "freqtrade"
-    private_files: ClassVar[bool] = True
-    path: Path = Path("user_data/data/binance")  # freqtrade's datadir for the exchange; relative to the cwd
-
-    def describe(self) -> str:
-        return f"freqtrade data directory {self.path}"
-
-    def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
-        path = freqtrade.job_file(self, symbol, timeframe).resolve()
-        return path, f"freqtrade:{path}"
-
-    def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path | None:
-        """The job's one file; none (absent, or several: which is unknown) is None."""
-        found = freqtrade.candidates(self.path, symbol, timeframe)
-        return found[0] if len(found) == 1 else None

@@ -34,12 +34,11 @@ import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
-from ..config import CANDLE, Split, WindowConfig
-from ..config import HeadConfig as HeadSpec
 from ..errors import JobError, UserError
 from ..files import write_json
 from .indicators import Indicator
 from .scalers import Scaler, float32
+from .settings import CANDLE, HeadConfig, Split, WindowConfig
 
 SPLITS = ("train", "val", "test")
 
@@ -356,7 +355,7 @@ class Windows:
     rows: np.ndarray  # (T, F) float32: every encoded row, which the training device gathers windows from
 
 
-def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadSpec],
+def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadConfig],
                  target_shapes: dict[str, tuple[int, ...]]) -> Windows:
     """Split, frame, scale and window a feature frame; each head's targets get exactly `target_shapes[head]`
     (the model's output shape without the batch axis)."""
@@ -410,7 +409,7 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
     return Windows(**splits, preprocessing=prep, rows=float32(encoded))
 
 
-def _head_shapes(heads: Sequence[HeadSpec], horizon: int,
+def _head_shapes(heads: Sequence[HeadConfig], horizon: int,
                  target_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Each head's target shape: (horizon, C) per step, or (C,) when horizon is 1; nothing else fits."""
     shapes = {}

@@ -13,9 +13,10 @@ from dataclasses import replace
 import keras
 import numpy as np
 
-from ..config import CANDLE
+from ..data.settings import CANDLE
 from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
+from ..model.training import INFERENCE_BATCH_SIZE
 from . import baselines
 from .baselines import Baselines
 from .results import (
@@ -30,10 +31,6 @@ from .results import (
     QuantityScores,
     Scores,
 )
-
-# Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
-# memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
-INFERENCE_BATCH_SIZE = 1024
 
 
 def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,

@@ -28,9 +28,9 @@ import numpy as np
 import tensorflow as tf
 from pydantic import BaseModel, ConfigDict
 
-from ..config import RunConfig, TrainConfig
 from ..errors import UserError
 from ..files import native_stderr_silenced
+from .settings import ModelConfig, TrainConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 MIXED_FLOAT16_MIN_CAPABILITY = (7, 0)  # tensor cores: float16 is faster from Volta on
@@ -164,7 +164,7 @@ def _gpu_name(gpu) -> str:
 # ----------------------------------------------------------------------------- cuDNN eligibility
 @dataclass(frozen=True)
 class LayerEligibility:
-    index: int  # position in cfg.model.layers
+    index: int  # position in the config's model.layers
     kind: str
     eligible: bool
     blockers: list[str]  # each setting that keeps it off the fused kernel: "recurrent_dropout=0.2 (needs 0)"
@@ -176,10 +176,10 @@ _CUDNN_NEEDS = {"activation": "tanh", "recurrent_activation": "sigmoid", "recurr
                 "unroll": False, "use_bias": True}
 
 
-def cudnn_report(cfg: RunConfig) -> list[LayerEligibility]:
+def cudnn_report(model: ModelConfig) -> list[LayerEligibility]:
     """For every recurrent layer of the config, whether a GPU can run it on the fused cuDNN kernel."""
     report = []
-    for index, layer in enumerate(cfg.model.layers):
+    for index, layer in enumerate(model.layers):
         if not layer.recurrent:
             continue
         blockers = [f"{setting}={getattr(layer, setting)} (needs {needed})"

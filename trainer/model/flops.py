@@ -13,7 +13,7 @@ the weight gradients, per forward matmul).
 """
 from __future__ import annotations
 
-from ..config import NetworkSpec
+from .settings import NetworkSpec
 
 TRAINING_MULTIPLIER = 3
 

@@ -6,7 +6,8 @@ from collections.abc import Sequence
 
 import keras
 
-from ..config import HeadConfig, NetworkSpec, TrainConfig
+from ..data.settings import HeadConfig
+from .settings import NetworkSpec, TrainConfig
 
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,

@@ -27,9 +27,9 @@ import pandas as pd
 import yaml
 from pydantic import BaseModel, TypeAdapter
 
-from ..config import BUDGET_KEYS, TrainConfig
 from ..errors import first_line
 from ..files import atomic_write
+from .settings import BUDGET_KEYS, TrainConfig
 
 log = logging.getLogger(__name__)
 

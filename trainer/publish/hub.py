@@ -37,7 +37,7 @@ import subprocess
 import time
 import urllib.parse
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,7 +51,7 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
 )
 from huggingface_hub.hf_api import RepoFile
-from huggingface_hub.utils import set_client_factory
+from huggingface_hub.utils import disable_progress_bars, set_client_factory
 from huggingface_hub.utils._http import hf_request_event_hook
 from huggingface_hub.utils.sha import git_hash
 from pydantic import ValidationError
@@ -59,9 +59,9 @@ from pydantic import ValidationError
 from ..config import HubConfig
 from ..errors import JobError, UserError
 from ..retries import retry_wait
+from ..run.artifacts import MANIFEST, jobs_dir, verify
 from ..run.jobs import Job, make_jobs
 from ..run.rundir import RunDir
-from .artifacts import MANIFEST, jobs_dir, verify
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
 
 PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
@@ -96,6 +96,27 @@ def push_run(run: RunDir, repo_id: str | None, private: bool | None, overwrite_c
     if not finished:
         raise UserError(f"{run.path}: no finished job to push{' matching ' + ' '.join(only) if only else ''}")
     return push_jobs(run, finished, hub, overwrite_cards)
+
+
+def push_pending(run: RunDir, names: list[str], note: Callable[..., None]) -> int:
+    """`run --push` (runner.Push): the done jobs among `names` whose artifacts are not yet on the Hub, in the repo
+    the config now names, pushed. A failed push is said through `note` (a line, a style), never raised: it never
+    ends the training run. Returns how many of them are still not on the Hub."""
+    if unpushed := _unpushed(run, names):
+        disable_progress_bars()  # tqdm bars would tear through the rich progress display
+        try:
+            push_jobs(run, unpushed, run.config.hub)
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, (UserError, JobError)) else f"{type(exc).__name__}: {scrub(str(exc))}"
+            note(f"push failed for {', '.join(unpushed)}: {reason} (retry with: cryptotrain push {run.path})",
+                 style="red")
+    return len(_unpushed(run, names))
+
+
+def _unpushed(run: RunDir, names: list[str]) -> list[str]:
+    """Done jobs whose artifacts are not yet on the Hub, in the repo the config now names."""
+    return [r.name for r in run.ledger.jobs() if r.name in names and r.status == "done"
+            and not (r.pushed_commit and r.pushed_repo == repo_of(run.config.hub, r.name))]
 
 
 def push_jobs(run: RunDir, job_names: list[str], hub: HubConfig, overwrite_cards: bool = False) -> dict:

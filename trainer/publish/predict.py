@@ -26,7 +26,7 @@ from ..evaluation.baselines import HAR_FILE, Har, quantities
 from ..evaluation.evaluate import COMBINED
 from ..evaluation.results import JobMetrics
 from ..model.device import setup
-from .artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
+from ..run.artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
 
 PREPROCESSING = "preprocessing.json"
 CONFIG = "config.yaml"

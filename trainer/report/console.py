@@ -5,8 +5,6 @@ download, predict). The library never prints; cli.py calls these."""
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import json
 import os
 import sys
@@ -34,10 +32,9 @@ from rich.text import Text
 
 from ..errors import UserError
 from ..evaluation.results import JobSummary
-from ..files import atomic_write
 from ..formatting import number
 from ..run.jobs import Job, selected
-from ..run.ledger import STATUSES, Ledger
+from ..run.ledger import STATUSES
 
 if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; status must answer at once
     from ..data import DownloadOutcome
@@ -94,6 +91,9 @@ class JobProgress:
                 self.progress.advance(self.jobs_task)
         self.note(f"{job.name}: {'failed: ' if failed else ''}{line}", style="red" if failed else None)
 
+    def job_done(self, job: Job, summary: JobSummary) -> None:
+        self.finish_job(job, summary_line(summary))
+
     def training_started(self, job: str, epochs: int, done: int = 0) -> None:
         """`done`: epochs an interrupted run of this job had finished, which training goes on after."""
         self._epochs[job] = epochs
@@ -149,24 +149,6 @@ class NativeStderr:
 
 
 # ----------------------------------------------------------------------------- summary and status
-SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
-                   "shrink", "direction_accuracy", "majority_rate", "high_skill_har", "low_skill_har",
-                   "range_skill_har", "network_weight", "interval_coverage", "seconds", "train_step_seconds", "rss_mb",
-                   "synthetic"]
-
-
-def write_summary(run_dir: Path, ledger: Ledger) -> None:
-    # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
-    rows = [{**j.summary.model_dump(), "seconds": round(j.seconds, 2)}
-            for j in ledger.jobs() if j.status == "done" and j.summary]
-    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1, allow_nan=False)))
-    table = io.StringIO()
-    writer = csv.DictWriter(table, SUMMARY_COLUMNS, extrasaction="ignore", lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows)  # a value a job has none of (None, or absent) is an empty field
-    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text(table.getvalue()))
-
-
 def summary_line(summary: JobSummary) -> str:
     return (f"done in {summary.epochs} epochs, test MAE ({summary.head}) {summary.test_mae:.4g} vs "
             f"persistence {summary.persistence_mae:.4g}: skill {skill_text(summary.skill)}{verdict(summary.skill)}"
@@ -240,8 +222,9 @@ def print_summary_table(records) -> None:
             out.print(f"{record.name} failed: {record.error}", markup=False, soft_wrap=True)
 
 
-def print_run_end(outcome) -> None:
-    """After a run (runner.Outcome): the summary table, the totals with where to look, how to retry."""
+def print_run_end(outcome, report: Path | None) -> None:
+    """After a run (runner.Outcome, and its report.html: None where it could not be written): the summary table,
+    the totals with where to look, how to retry."""
     records = outcome.records
     print_summary_table(records)
     notes = [f"{outcome.count('pending')} pending"] if outcome.count("pending") else []
@@ -249,7 +232,7 @@ def print_run_end(outcome) -> None:
     notes += [f"{outcome.not_pushed} not pushed to the Hub"] if outcome.not_pushed else []
     console.print(f"{outcome.count('done')}/{len(records)} jobs done, {outcome.count('failed')} failed"
                   + "".join(f", {note}" for note in notes) + f"; run directory: {outcome.run_dir}"
-                  + (f"; report: {outcome.report}" if outcome.report else ""), soft_wrap=True, markup=False,
+                  + (f"; report: {report}" if report else ""), soft_wrap=True, markup=False,
                   highlight=False)
     if outcome.count("failed"):
         console.print("Failed jobs whose candles you fix are retried when you run the same command again; to retry "

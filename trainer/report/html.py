@@ -29,14 +29,14 @@ from .. import __version__
 from ..config import DataConfig, RunConfig
 from ..data.windows import Preprocessing
 from ..errors import UserError
+from ..evaluation import charts
 from ..evaluation.results import CloseScores, Headline, JobMetrics
 from ..files import atomic_write
 from ..formatting import number
-from ..publish.artifacts import MANIFEST, jobs_dir, verify
+from ..run.artifacts import MANIFEST, jobs_dir, verify
 from ..run.jobs import Job
 from ..run.ledger import JobRecord
 from ..run.rundir import RunDir
-from . import charts
 from .console import verdict
 
 REPORT = "report.html"

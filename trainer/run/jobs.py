@@ -1,26 +1,11 @@
-"""The job matrix: one job per symbol x timeframe, filtered by --only / --timeframes."""
+"""The job matrix: one job (data.Job) per symbol x timeframe, filtered by --only / --timeframes."""
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
 
-from ..config import ConfigError, RunConfig
-
-
-@dataclass(frozen=True, order=True)
-class Job:
-    symbol: str
-    timeframe: str
-
-    @property
-    def name(self) -> str:
-        return f"{self.symbol}_{self.timeframe}"
-
-    @classmethod
-    def from_name(cls, name: str) -> Job:
-        """The job named SYMBOL_TIMEFRAME (as the ledger, the run directory and the Hub name it)."""
-        symbol, _, timeframe = name.rpartition("_")
-        return cls(symbol, timeframe)
+from ..config import RunConfig
+from ..data import Job
+from ..errors import ConfigError
 
 
 def make_jobs(cfg: RunConfig, only: tuple[str, ...] = (), timeframes: tuple[str, ...] = ()) -> list[Job]:

@@ -34,7 +34,7 @@ from ..evaluation.results import DataInfo, JobMetrics
 from ..files import write_json
 from ..model.models import output_shapes
 from ..model.training import Diverged, ModelCache, ReportProgress, fit
-from ..publish import artifacts
+from . import artifacts
 from .jobs import Job
 
 

@@ -30,4 +30,4 @@ def make_plan(cfg: RunConfig, jobs: list[Job]) -> Plan:
 
     network = cfg.network
     return Plan(cfg, list(jobs), network.n_features, count_params(network), flops_per_sample(network),
-                cudnn_report(cfg))
+                cudnn_report(cfg.model))

@@ -8,30 +8,32 @@ done and resumes what was interrupted.
 from __future__ import annotations
 
 import contextlib
+import csv
 import errno
 import gc
+import io
+import json
 import logging
 import math
 import shutil
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
-from ..config import FREE_KEYS, ExecutorConfig, HubConfig, RunConfig
+from ..config import FREE_KEYS, ExecutorConfig, RunConfig
 from ..data import input_digest
 from ..data.features import collinear_columns
 from ..errors import Interrupted, JobError, RunStopped, UserError, first_line
-from ..evaluation.results import JobMetrics
+from ..evaluation.results import JobMetrics, JobSummary
 from ..files import atomic_write, remove_abandoned_temp_files
 from ..model.device import cudnn_report, setup
 from ..model.resume import budget_plan
-from ..publish import artifacts
-from ..report.console import summary_line, write_summary
+from . import artifacts
 from .executors import Executor, open_executor
 from .jobs import Job, make_jobs
 from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
@@ -40,6 +42,9 @@ from .rundir import CONFIG, RunDir
 
 log = logging.getLogger(__name__)
 
+# `run --push`: the done jobs among the names not on the Hub yet pushed, a failure said through the note (never
+# raised); returns how many are still not there.
+Push = Callable[[RunDir, list[str], Callable[..., None]], int]
 # `run --push` commits at most once a minute (jobs finished meanwhile go in the next commit): fast jobs
 # would otherwise approach the Hub's limit of about 128 commits per hour per repo.
 PUSH_EVERY_S = 60.0
@@ -52,7 +57,6 @@ BACKUPS = ".backup"
 class Outcome:
     run_dir: Path
     records: list[JobRecord]  # the ledger's records of the jobs asked for, after the run
-    report: Path | None  # the run's report.html (None: it could not be written)
     retries: int
     not_pushed: int  # with --push: finished jobs still not on the Hub at the end
 
@@ -66,13 +70,14 @@ class Outcome:
 
 
 def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, new_run: bool = False,
-               retries: int = 1, push: bool = False, retry_failed: bool = False,
+               retries: int = 1, push: Push | None = None, retry_failed: bool = False,
                executor: ExecutorConfig | None = None) -> Outcome:
     """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
     either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
-    report.console.JobProgress; by default nowhere). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
+    report.console.JobProgress; by default nowhere). `push` (`run --push`: publish.hub.push_pending) publishes the
+    jobs done, every PUSH_EVERY_S and at the end. Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
     the jobs under way are released to resume."""
-    if push and not cfg.hub.repo_id:
+    if push is not None and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
     device = setup(cfg.train)
@@ -107,12 +112,10 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
                     driver.release_all()
                     raise
 
-        if push and (unpushed := _unpushed(ledger.jobs(), names, cfg.hub)):
-            _push(run, unpushed, cfg, display)
+        not_pushed = push(run, names, display.note) if push else 0
         write_summary(run_dir, ledger)
         records = [j for j in ledger.jobs() if j.name in by_name]
-        return Outcome(run_dir=run_dir, records=records, report=_write_report(run), retries=retries,
-                       not_pushed=len(_unpushed(records, names, cfg.hub)) if push else 0)
+        return Outcome(run_dir=run_dir, records=records, retries=retries, not_pushed=not_pushed)
 
 
 class Display:
@@ -126,6 +129,8 @@ class Display:
 
     def finish_job(self, job: Job, line: str, failed: bool = False) -> None: ...
 
+    def job_done(self, job: Job, summary: JobSummary) -> None: ...
+
     def training_started(self, job: str, epochs: int, done: int) -> None: ...
 
     def epoch_ended(self, job: str, epoch: int, logs: dict) -> None: ...
@@ -137,7 +142,7 @@ class _Driver:
     """The jobs this process has claimed and handed to the workers, and what becomes of each: its artifacts
     committed and the ledger told, or its failure recorded."""
 
-    def __init__(self, run: RunDir, names: list[str], progress: Display, push: bool) -> None:
+    def __init__(self, run: RunDir, names: list[str], progress: Display, push: Push | None) -> None:
         self.run, self.names, self.progress, self.push = run, names, progress, push
         self.cfg, self.ledger, self.run_dir = run.config, run.ledger, run.path
         self.in_flight: dict[str, tuple[float, Heartbeat]] = {}
@@ -194,10 +199,10 @@ class _Driver:
             self.ledger.mark_failed(name, error, seconds, inputs=input_digest(self.cfg, job.symbol, job.timeframe))
             self.progress.finish_job(job, error, failed=True)
             return
-        self.progress.finish_job(job, summary_line(summary))
+        self.progress.job_done(job, summary)
         write_summary(self.run_dir, self.ledger)
         if self.push and time.monotonic() - self.last_push >= PUSH_EVERY_S:
-            _push(self.run, _unpushed(self.ledger.jobs(), self.names, self.cfg.hub), self.cfg, self.progress)
+            self.push(self.run, self.names, self.progress.note)
             self.last_push = time.monotonic()
 
     def release_all(self) -> None:
@@ -242,17 +247,6 @@ def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
     for a, b, corr in collinear_columns(frame, cfg.features.columns):
         log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
                     a, b, corr)
-
-
-def _write_report(run: RunDir) -> Path | None:
-    """The run's report.html; a report that cannot be written never fails the run."""
-    try:
-        from ..report.html import write_report
-
-        return write_report(run)
-    except Exception as exc:
-        log.warning("report.html not written: %s", exc)
-        return None
 
 
 def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> RunDir:
@@ -321,7 +315,7 @@ def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_
 
 
 def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
-    blocked = [layer for layer in cudnn_report(cfg) if not layer.eligible]
+    blocked = [layer for layer in cudnn_report(cfg.model) if not layer.eligible]
     for layer in blocked:
         log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
                     layer.index, layer.kind, "; ".join(layer.blockers))
@@ -359,27 +353,24 @@ def _full_disk(name: str, exc: OSError) -> RunStopped:
                       "command again (finished epochs are kept)")
 
 
-def _unpushed(records: list[JobRecord], names: list[str], hub: HubConfig) -> list[str]:
-    """Done jobs whose artifacts are not yet on the Hub, in the repo the config now names."""
-    from ..publish.hub import repo_of
-
-    return [r.name for r in records if r.name in names and r.status == "done"
-            and not (r.pushed_commit and r.pushed_repo == repo_of(hub, r.name))]
-
-
-def _push(run: RunDir, names: list[str], cfg: RunConfig, display: Display) -> None:
-    from huggingface_hub.utils import disable_progress_bars
-
-    from ..publish.hub import push_jobs, scrub
-
-    disable_progress_bars()  # tqdm bars would tear through the rich progress display
-    try:
-        push_jobs(run, names, cfg.hub)
-    except Exception as exc:  # whatever went wrong, a failed push never ends the training run
-        reason = str(exc) if isinstance(exc, (UserError, JobError)) else f"{type(exc).__name__}: {scrub(str(exc))}"
-        display.note(f"push failed for {', '.join(names)}: {reason} (retry with: cryptotrain push {run.path})",
-                     style="red")
-
-
 def _count(ledger: Ledger, names: list[str], status: str) -> int:
     return sum(1 for j in ledger.jobs() if j.name in names and j.status == status)
+
+
+# ----------------------------------------------------------------------------- summary.json, summary.csv
+SUMMARY_COLUMNS = ["job", "epochs", "best_epoch", "best_val_loss", "head", "test_mae", "persistence_mae", "skill",
+                   "shrink", "direction_accuracy", "majority_rate", "high_skill_har", "low_skill_har",
+                   "range_skill_har", "network_weight", "interval_coverage", "seconds", "train_step_seconds", "rss_mb",
+                   "synthetic"]
+
+
+def write_summary(run_dir: Path, ledger: Ledger) -> None:
+    # The ledger's seconds cover the whole job, artifacts included (metrics.json's stop before them).
+    rows = [{**j.summary.model_dump(), "seconds": round(j.seconds, 2)}
+            for j in ledger.jobs() if j.status == "done" and j.summary]
+    atomic_write(run_dir / "summary.json", lambda tmp: tmp.write_text(json.dumps(rows, indent=1, allow_nan=False)))
+    table = io.StringIO()
+    writer = csv.DictWriter(table, SUMMARY_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)  # a value a job has none of (None, or absent) is an empty field
+    atomic_write(run_dir / "summary.csv", lambda tmp: tmp.write_text(table.getvalue()))

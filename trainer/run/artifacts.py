@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from ..evaluation import charts
 from ..evaluation.results import Headline
 from ..files import fsync, pid_alive, sha256_file
 from ..formatting import number
-from ..report import charts
 
 MANIFEST = "manifest.json"
 STAGING_PREFIX = ".staging-"

@@ -1,0 +1,166 @@
+"""The sections of a run's config that the data stage reads: where the candles come from (DataConfig, a section per
+source), the features (FeaturesConfig), the windows and the heads they are cut for (WindowConfig, HeadConfig).
+config.RunConfig assembles them with the model's (model/settings.py); this package cannot import it, and what it
+reads of the whole config is RunSettings.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Literal, Protocol
+
+from pydantic import Field, field_validator, model_validator
+
+from ..specs import Strict, listed, no_duplicates
+from .binance import BinanceSource
+from .freqtrade import FreqtradeSource
+from .hf import HfSource
+from .indicators import OHLCV, Indicator
+from .scalers import Scaler
+from .sources import LocalSource, Source, SyntheticSource
+
+TIMEFRAMES = ("1m", "3m", "5m", "15m", "30m", "1h", "2h", "4h", "6h", "8h", "12h", "1d")
+# data.source: a section of DataConfig each, in this order
+SOURCES = tuple(source.name for source in (LocalSource, HfSource, BinanceSource, SyntheticSource, FreqtradeSource))
+SCALERS = tuple(Scaler.kinds)  # window.scaler: a class each in trainer/data/scalers.py
+
+
+# ----------------------------------------------------------------------------- data
+class DataConfig(Strict):
+    source: Literal[SOURCES]
+    symbols: list[str]
+    timeframes: list[str]
+    max_rows: int | None = Field(None, gt=0)
+    local: LocalSource = LocalSource()
+    hf: HfSource = HfSource()
+    binance: BinanceSource = BinanceSource()
+    synthetic: SyntheticSource = SyntheticSource()
+    freqtrade: FreqtradeSource = FreqtradeSource()
+
+    @property
+    def chosen(self) -> Source:
+        """The section that data.source names: where the run's candles come from."""
+        return getattr(self, self.source)
+
+    @field_validator("symbols")
+    @classmethod
+    def _symbols(cls, symbols: list[str]) -> list[str]:
+        if not symbols:
+            raise ValueError("must list at least one symbol")
+        for s in symbols:
+            if not re.fullmatch(r"[A-Z0-9]{2,20}", s):
+                raise ValueError(f"'{s}' is not a symbol like BTCUSDT (upper-case letters and digits)")
+        no_duplicates(symbols, "symbols")
+        return symbols
+
+    @field_validator("timeframes")
+    @classmethod
+    def _timeframes(cls, timeframes: list[str]) -> list[str]:
+        if not timeframes:
+            raise ValueError("must list at least one timeframe")
+        for tf in timeframes:
+            if tf not in TIMEFRAMES:
+                raise ValueError(f"unknown timeframe '{tf}' (one of {', '.join(TIMEFRAMES)})")
+        no_duplicates(timeframes, "timeframes")
+        return timeframes
+
+
+# ----------------------------------------------------------------------------- features
+class FeaturesConfig(Strict):
+    base: list[Literal[OHLCV]] = ["open", "high", "low", "close"]
+    indicators: list[listed(Indicator)] = []
+
+    @model_validator(mode="after")
+    def _unique_columns(self) -> FeaturesConfig:
+        no_duplicates(self.columns, "feature columns")
+        return self
+
+    @property
+    def columns(self) -> list[str]:
+        """Model input columns, in order: the base OHLC(V) columns, then the indicators."""
+        return list(self.base) + [ind.name for ind in self.indicators]
+
+
+# ----------------------------------------------------------------------------- window, heads
+class Split(Strict):
+    train: float = Field(0.7, gt=0, lt=1)
+    val: float = Field(0.15, gt=0, lt=1)
+    test: float = Field(0.15, gt=0, lt=1)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> Split:
+        total = self.train + self.val + self.test
+        if abs(total - 1.0) > 1e-6:
+            raise ValueError(f"train + val + test must sum to 1 (got {total:g})")
+        return self
+
+
+class WindowConfig(Strict):
+    lookback: int = Field(gt=0)
+    horizon: int = Field(gt=0)
+    split: Split = Split()
+    scaler: Literal[SCALERS] = "standard"
+    # last_close: every window is seen relative to its last close (price levels as log ratios to it, price
+    # differences divided by it; targets are log returns from it), so an all-zero output is "no change".
+    # null: absolute price levels, as the old scripts did (their models cannot reach prices outside the
+    # train split's range).
+    relative_to: Literal["last_close"] | None = "last_close"
+    # Relative framing only: each head's forecast deviation from "no change" is weighted by a factor in
+    # [0, 1] chosen on the validation split (forecast combination with the no-change forecast), so that a
+    # model's noise is not shipped where validation finds no signal. false: the network's output as it is.
+    shrink: bool = True
+
+
+CANDLE = ("open", "high", "low", "close")
+
+
+class HeadConfig(Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    columns: list[str] = Field(min_length=1)
+    loss: Literal["mse", "mae", "huber"] = "mse"
+    weight: float = Field(1.0, gt=0)
+    # A candle-shaped head over open, high, low, close: high >= max(open, close) >= min(open, close) >= low
+    # by construction (open and close, plus two non-negative wicks).
+    candle: bool = False
+    # A quantile head: these quantiles of each column (e.g. [0.1, 0.5, 0.9]), ordered by construction (the
+    # lowest plus non-negative gaps) and trained with the pinball loss; its point forecast is the median (0.5,
+    # else the middle quantile).
+    quantiles: list[float] = []
+
+    @model_validator(mode="after")
+    def _candle_columns(self) -> HeadConfig:
+        if self.candle and sorted(self.columns) != sorted(CANDLE):
+            raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
+                             f"(got {', '.join(self.columns)})")
+        return self
+
+    @model_validator(mode="after")
+    def _quantile_levels(self) -> HeadConfig:
+        if not self.quantiles:
+            return self
+        if len(self.quantiles) < 2 or not all(0 < q < 1 for q in self.quantiles) \
+                or any(b <= a for a, b in zip(self.quantiles, self.quantiles[1:])):
+            raise ValueError(f"quantiles: at least two levels, increasing, each between 0 and 1 (got "
+                             f"{self.quantiles}), e.g. [0.1, 0.5, 0.9]")
+        if self.candle:
+            raise ValueError("quantiles: a candle head forecasts one candle; put the quantiles on a head of its own")
+        if "loss" in self.model_fields_set:
+            raise ValueError(f"loss: {self.loss}: a quantile head is trained with the pinball loss; drop the loss")
+        return self
+
+
+# ----------------------------------------------------------------------------- the whole config
+class RunSettings(Protocol):
+    """What the data stage reads of a run's whole config (config.RunConfig is one): its sections, where the cache
+    is, and the fingerprint that names the run (data.input_digest)."""
+
+    @property
+    def data(self) -> DataConfig: ...
+
+    @property
+    def features(self) -> FeaturesConfig: ...
+
+    @property
+    def cache_path(self) -> Path: ...
+
+    def fingerprint(self) -> str: ...
