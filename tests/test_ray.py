@@ -188,7 +188,7 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address, "--workers", "2",
-            "--cpus-per-worker", "1"]
+            "--cpus-per-worker", "1", "--set", "executor.gcs_patience_s=2"]  # noticed well before the jobs end
     backups = tmp_path / "run" / ".backup"
     try:
         driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.PIPE,

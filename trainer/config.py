@@ -56,6 +56,9 @@ class ExecutorConfig(Strict):
     workers: int = Field(2, gt=0)
     cpus_per_worker: float = Field(1.0, gt=0)  # Ray resources, and the TensorFlow thread pools of each worker
     gpus_per_worker: float = Field(0.0, ge=0)
+    # A cluster's GCS may restart (GCS fault tolerance; Ray's own drivers wait 60 s for it): the run stops, in one
+    # line, once the GCS has not answered for this many seconds (the jobs left to resume).
+    gcs_patience_s: float = Field(10.0, gt=0)
 
 
 class HubConfig(Strict):

@@ -51,9 +51,6 @@ except ImportError:  # a local run never gets here; `--executor ray` says how to
 log = logging.getLogger(__name__)
 
 MAX_WORKER_DEATHS = 3  # per job: a job that kills its worker every time (out of memory, say) fails after these
-# A cluster's GCS may restart (GCS fault tolerance) and Ray waits 60 s for it before it ends the driver itself:
-# the run stops, in one line, when the GCS has not answered for this long.
-GCS_PATIENCE_S = 10.0
 MAILBOX_WAIT_S = 10.0  # for the mailbox's answer; a call not answered by then is asked again at the next round
 RESUME = "run the same command again to resume (finished epochs are kept)"
 
@@ -272,7 +269,7 @@ class RayExecutor:
 
     def _check_ray(self) -> None:
         """RunStopped when the Ray this run uses is gone: this node's raylet not answering (its object store went
-        with it, and Ray would end this process at its next use), or the cluster's GCS silent GCS_PATIENCE_S."""
+        with it, and Ray would end this process at its next use), or the cluster's GCS silent executor.gcs_patience_s."""
         if self._gcs is None:
             return
         try:
@@ -284,9 +281,9 @@ class RayExecutor:
             _reachable(self._gcs, timeout=2.0)
         except OSError as exc:
             self._gcs_silent_since = self._gcs_silent_since or time.monotonic()
-            if time.monotonic() - self._gcs_silent_since > GCS_PATIENCE_S:
+            if time.monotonic() - self._gcs_silent_since > self.options.gcs_patience_s:
                 raise RunStopped(f"stopped: the Ray cluster at {self._gcs} has not answered for "
-                                 f"{GCS_PATIENCE_S:.0f} s ({_first_line(exc)}); {RESUME}") from None
+                                 f"{self.options.gcs_patience_s:g} s ({_first_line(exc)}); {RESUME}") from None
         else:
             self._gcs_silent_since = None
 
