@@ -24,7 +24,7 @@ from trainer.data.sources import Source
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline
 from trainer.report.html import write_report
-from trainer.run.jobdir import JobDir, TestCloses, draw_plot
+from trainer.run.jobdir import CloseSeries, JobDir, draw_plot
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
@@ -303,7 +303,7 @@ def test_the_job_plot_states_its_scores_persistence_and_synthetic_data(tmp_path)
     times = np.arange("2024-01-01T00", "2024-01-03T00", dtype="datetime64[h]").astype("datetime64[ns]")
     actual = 100 + np.cumsum(np.random.default_rng(0).normal(size=len(times)))
     scores = Headline(head="ohlc", column="close", mae=1.5, persistence_mae=1.4, skill=-0.0714)
-    closes = TestCloses(times, actual + 0.1, actual, np.roll(actual, 1))
+    closes = CloseSeries(times, actual + 0.1, actual, np.roll(actual, 1))
     both = draw_plot(history, closes, "BTCUSDT_1h", scores=scores, synthetic=True)
     losses = draw_plot(history, None, "BTCUSDT_1h")  # a job whose head forecasts no close: its losses alone
     for png, height in ((both, 468), (losses, 252)):

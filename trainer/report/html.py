@@ -33,7 +33,7 @@ from ..evaluation.results import CloseScores, Headline, JobMetrics
 from ..files import atomic_write
 from ..formatting import number
 from ..run.artifacts import jobs_dir
-from ..run.jobdir import METRICS, PREDICTIONS, PREPROCESSING, JobDir, JobFileError, MissingJobFile, TestCloses
+from ..run.jobdir import METRICS, PREDICTIONS, PREPROCESSING, CloseSeries, JobDir, JobFileError, MissingJobFile
 from ..run.jobs import Job
 from ..run.ledger import JobRecord
 from ..run.rundir import CONFIG, RunDir
@@ -65,7 +65,7 @@ class _Job:
     metrics: JobMetrics | None = None
     line: Headline | None = None  # the headline: metrics.json's, else the ledger's summary
     history: pd.DataFrame | None = None
-    prices: TestCloses | None = None  # the headline head's close, first forecast step
+    prices: CloseSeries | None = None  # the headline head's close, first forecast step
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -457,7 +457,7 @@ def _loss_chart(history: pd.DataFrame) -> str:
     return _figure(charts.svg(chart, width=440, height=300), "training and validation loss")
 
 
-def _price_charts(prices: TestCloses) -> str:
+def _price_charts(prices: CloseSeries) -> str:
     closes = prices.times, prices.actual, prices.predicted, prices.persistence
     caption = (f"the close on the test split, first forecast step (next bar), price units; actual and persistence "
                f"from {PREDICTIONS}")

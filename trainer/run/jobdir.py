@@ -94,7 +94,7 @@ UPGRADES: dict[int, dict[str, Callable[[dict], dict]]] = {1: {METRICS: _metrics_
 
 # ----------------------------------------------------------------------------- the directory
 @dataclass(frozen=True)
-class TestCloses:
+class CloseSeries:
     """A head's close on the test split at the first forecast step, per sample: what the price chart shows."""
     times: np.ndarray  # datetime64[ns]
     predicted: np.ndarray
@@ -212,13 +212,13 @@ class JobDir:
                 return JobConfig(saved, features, train, None, str(exc))
         return self._read(CONFIG, _yaml, parse)
 
-    def test_closes(self, head: str, columns: list[str]) -> TestCloses:
+    def test_closes(self, head: str, columns: list[str]) -> CloseSeries:
         """`head`'s close (one of `columns`, its columns) on the test split at the first forecast step, from
         predictions.npz; charts.NoChart where the file does not hold it."""
         if "close" not in columns:
             raise charts.NoChart(f"head {head} predicts no close")
 
-        def load(path: Path) -> TestCloses:
+        def load(path: Path) -> CloseSeries:
             with np.load(path) as saved:
                 if head not in saved or "target_times" not in saved:
                     raise charts.NoChart(f"{PREDICTIONS} holds no {head} predictions")
@@ -228,7 +228,7 @@ class JobDir:
                 times = saved["target_times"].astype("datetime64[ns]")
                 forecasts = saved[head]
                 first_step = forecasts[:, 0, :] if forecasts.ndim == 3 else forecasts.reshape(len(times), -1)
-                return TestCloses(times, first_step[:, columns.index("close")].astype(float),
+                return CloseSeries(times, first_step[:, columns.index("close")].astype(float),
                                   saved["actual_close"].reshape(len(times), -1)[:, 0].astype(float),
                                   saved["persistence_close"].reshape(len(times)).astype(float))
         return self._read(PREDICTIONS, load)
@@ -314,7 +314,7 @@ def _code_holders(config: object, holder: str = "the model") -> list[str]:
     return _code_holders(list(config.values()), holder)
 
 
-def draw_plot(history: pd.DataFrame, closes: TestCloses | None, title: str, scores: Headline | None = None,
+def draw_plot(history: pd.DataFrame, closes: CloseSeries | None, title: str, scores: Headline | None = None,
               synthetic: bool = False) -> bytes:
     """The report's two charts of a job (charts.py) in one PNG: its loss curves, and the predicted vs actual close
     of the first forecast step on the test split beside persistence's (dashed); without `closes`, the losses alone.
