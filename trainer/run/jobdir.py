@@ -115,6 +115,8 @@ class JobConfig:
 
 @dataclass(frozen=True)
 class JobDir:
+    """A job's directory: a finished one (RUN/jobs/NAME, a Hub download), or the staging directory it is written
+    into."""
     path: Path
 
     # ------------------------------------------------------------------------- what it is
