@@ -39,6 +39,8 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.evaluation.results import JobMetrics
+from trainer.run.artifacts import jobs_dir
+from trainer.run.jobdir import JobDir
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -91,9 +93,9 @@ def train(family: str, series: list[str], epochs: int, scratch: Path,
     seconds = time.perf_counter() - started
     found = {}
     for name in series:
-        path = run_dir / "jobs" / name / "metrics.json"
-        if path.is_file():
-            found[name] = JobMetrics.from_file(path)
+        job = JobDir(jobs_dir(run_dir) / name)
+        if job.is_job():
+            found[name] = job.metrics()
     return found, seconds
 
 

@@ -2,6 +2,7 @@
 config that runs every code path fast. Nothing here needs ../shared: a clone runs the suite on its own."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -88,6 +89,14 @@ def job_summary(job: str = "BTCUSDT_1h", **fields) -> JobSummary:
     """A done job's summary row with made-up figures; fields replace them."""
     return JobSummary(**{"job": job, "epochs": 2, "best_epoch": 2, "best_val_loss": 0.1, "head": "ohlc.close",
                          "test_mae": 0.5, "persistence_mae": 0.6, "skill": 1 - 0.5 / 0.6, "seconds": 1.0, **fields})
+
+
+def as_format_1(job_dir: Path) -> None:
+    """A committed job directory made one of format 1, as cryptotrain wrote them before format 2: its manifest
+    without a format (its files are what the test wrote)."""
+    manifest = json.loads((job_dir / "manifest.json").read_text())
+    del manifest["format"]
+    (job_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import CANDLES_DIR, tiny_config_dict
+from conftest import CANDLES_DIR, as_format_1, tiny_config_dict
 from hub_server import record_sleeps, serve_hub
 from huggingface_hub import constants
 
@@ -85,7 +85,8 @@ def model_file(seed: int) -> bytes:
 
 
 def make_job(run, name, cfg, seed, headline=None):
-    """A finished job's files; `headline`: metrics.json's (jobs of earlier versions have none)."""
+    """A finished job's files, laid out as cryptotrain wrote them before format 2 (format 1: with its plot.png,
+    preprocessing.json without framing); `headline`: metrics.json's (jobs of earlier versions have none)."""
     symbol, timeframe = name.split("_")
     rng = np.random.default_rng(seed)
     stage = staging_dir(run, name)
@@ -110,6 +111,7 @@ def make_job(run, name, cfg, seed, headline=None):
         "heads": {"ohlc": {"model": scores, "persistence": {**scores, "mae": 120.0}, "skill": 0.154}},
         **({"headline": headline} if headline else {})})
     commit(stage, jobs_dir(run) / name)
+    as_format_1(jobs_dir(run) / name)
 
 
 def local_files(run, name):

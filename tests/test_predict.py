@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import keras
 import numpy as np
@@ -11,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import CANDLES_DIR, tiny_config_dict
+from conftest import CANDLES_DIR, as_format_1, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer.cli import main
@@ -22,8 +23,10 @@ from trainer.data.scalers import Scaler
 from trainer.errors import UserError
 from trainer.evaluation.baselines import Har
 from trainer.publish.hub import push_run
-from trainer.publish.predict import JobConfig, predict_job, predict_next
+from trainer.publish.predict import predict_job, predict_next
+from trainer.report.html import write_report
 from trainer.run import artifacts
+from trainer.run.jobdir import MANIFEST, JobDir
 from trainer.run.jobs import make_jobs
 from trainer.run.rundir import RunDir
 from trainer.run.runner import run_config
@@ -58,7 +61,7 @@ def predict_cli(*args: str) -> str:
 
 def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
     candles = load_candles(run, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
+    forecast = predict_next(job_dir, candles, JobDir(job_dir).config())
 
     last = candles.index[-1]
     assert list(forecast.index) == [last + pd.Timedelta(hours=k) for k in (1, 2, 3)]
@@ -91,7 +94,7 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
         copy = tmp_path / f"w{weight}" / "jobs" / "BTCUSDT_1h"
         shutil.copytree(job_dir, copy)
         recommit(copy, _network_weight(weight))
-        forecast = predict_next(copy, candles, JobConfig.read(copy))
+        forecast = predict_next(copy, candles, JobDir(copy).config())
         if weight == 0:  # HAR + time of day alone
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
@@ -108,7 +111,7 @@ def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
     saved = np.load(job_dir / "predictions.npz")
     first_target = saved["target_times"][-1]
     candles = load_candles(run, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles[candles.index.values < first_target], JobConfig.read(job_dir))
+    forecast = predict_next(job_dir, candles[candles.index.values < first_target], JobDir(job_dir).config())
 
     assert forecast.index[0].to_datetime64() == first_target
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
@@ -226,7 +229,7 @@ def recommit(job_dir, change) -> None:
     """Change a finished job's files (change(stage_dir)), then commit them with a new manifest."""
     stage = artifacts.staging_dir(job_dir.parent.parent, job_dir.name)
     for path in job_dir.iterdir():
-        if path.name != artifacts.MANIFEST:
+        if path.name != MANIFEST:
             shutil.copy(path, stage)
     change(stage)
     artifacts.commit(stage, job_dir)
@@ -249,7 +252,7 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
     candles = load_candles(run, "BTCUSDT", "1h")
     last_close = candles["close"].iloc[-1]
 
-    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
+    forecast = predict_next(job_dir, candles, JobDir(job_dir).config())
     for column in ("open", "close", "bb_upper", "bb_lower"):
         np.testing.assert_array_equal(forecast[column], np.full(3, last_close))
     assert (forecast["high"] > last_close).all() and (forecast["low"] < last_close).all()  # wicks, never inside
@@ -260,6 +263,22 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
         remote = predict_job("hf://tester/zero/BTCUSDT/1h", symbol=None, timeframe=None, data_path=DATA_FILE,
                              config_path=None).as_dict()
     assert [row["close"] for row in remote["forecast"]] == [pd.read_csv(DATA_FILE)["close"].iloc[-1]] * 3
+
+
+def test_a_push_uploads_a_plot_drawn_from_the_jobs_files(run, job_dir, monkeypatch, tmp_path):
+    """plot.png is no longer in a job directory (format 2): a push draws it from history.csv and predictions.npz,
+    the same bytes each time (a second push adds nothing)."""
+    run_dir = Path(shutil.copytree(run.run_dir, tmp_path / "run"))  # a push records itself in the ledger
+    assert not (job_dir / "plot.png").exists()
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache") as hub:
+        for _ in range(2):
+            with RunDir.open(run_dir, config_required=True) as opened:
+                push_run(opened, repo_id="tester/plot", private=True, overwrite_cards=False, only=())
+        remote = hub.files("tester/plot")["BTCUSDT/1h/plot.png"]
+        assert len(hub.commits("tester/plot")) == 1
+    assert remote == JobDir(job_dir).plot()
+    width, height = int.from_bytes(remote[16:20], "big"), int.from_bytes(remote[20:24], "big")
+    assert remote[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (792, 468)  # both charts: losses, closes
 
 
 def _headline_skill(value: float):
@@ -284,9 +303,9 @@ def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir
     assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
 
 
-def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predicts(tmp_path):
-    """Run directories made before framing: no relative_to, targets scaled with the inputs' scaler, no
-    headline in metrics.json, no candle heads in config.yaml."""
+def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_predicts_and_reports(tmp_path):
+    """Run directories made before framing, of format 1 (no format in the manifest): no relative_to, targets
+    scaled with the inputs' scaler, no headline in metrics.json, no candle heads in config.yaml."""
     raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
     raw["data"]["symbols"] = ["BTCUSDT"]
     raw["window"]["relative_to"] = None
@@ -312,9 +331,10 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
             del head["candle"]
         (stage / "config.yaml").write_text(yaml.safe_dump(config))
     recommit(job_dir, as_before)
+    as_format_1(job_dir)
 
     candles = load_candles(cfg, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles, JobConfig.read(job_dir))
+    forecast = predict_next(job_dir, candles, JobDir(job_dir).config())
     prep = json.loads((job_dir / "preprocessing.json").read_text())
     scaler = Scaler.from_dict(prep["scaler"])  # the old way, spelled out: one scaler, absolute levels
     frame = compute_features(candles, cfg.features).iloc[-16:]
@@ -325,6 +345,11 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_and_predic
                                rtol=1e-6)
     assert "expected_high" not in forecast.columns
     assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
+
+    with RunDir.open(cfg.run_dir) as opened:  # the report reads it too: its derived headline, its charts
+        page = write_report(opened, tmp_path / "report.html").read_text()
+    assert "from the run ledger" not in page and "unreadable" not in page and "no price chart" not in page
+    assert f"{JobDir(job_dir).metrics().headline.skill:+.3f}" in page
 
 
 def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(job_dir):
@@ -361,7 +386,7 @@ def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_
     assert scores["quantiles"]["levels"] == [0.1, 0.5, 0.9] and scores["quantiles"]["nominal"] == pytest.approx(0.8)
     assert 0 < scores["quantiles"]["coverage"] <= 1 and all(p > 0 for p in scores["quantiles"]["pinball"])
     assert scores["quantiles"]["below"] == sorted(scores["quantiles"]["below"])
-    forecast = predict_next(job_dir, load_candles(cfg, "BTCUSDT", "1h"), JobConfig.read(job_dir))
+    forecast = predict_next(job_dir, load_candles(cfg, "BTCUSDT", "1h"), JobDir(job_dir).config())
     low, median, high = (forecast[f"close_q.close_q{q}"] for q in (10, 50, 90))
     assert (low <= median).all() and (median <= high).all() and (low < high).all()
     np.testing.assert_allclose(forecast["close_q.close"], median)  # the point forecast is the median

@@ -1,6 +1,6 @@
 """`report.write_report`: the HTML page of a real run (two jobs done, two failed, two pending), checked as
 HTML: every job present, heatmap cells equal to metrics.json, nothing fetched from elsewhere, errors and
-missing files shown, charts drawn from the run's own files; and the per-job plot.png."""
+missing files shown, charts drawn from the run's own files; and the per-job plot.png a push draws."""
 from __future__ import annotations
 
 import json
@@ -22,9 +22,9 @@ from tests.conftest import REPO, tiny_config_dict
 from trainer.config import load_config
 from trainer.data.sources import Source
 from trainer.errors import UserError
-from trainer.evaluation.results import Headline, JobMetrics
+from trainer.evaluation.results import Headline
 from trainer.report.html import write_report
-from trainer.run import artifacts
+from trainer.run.jobdir import CloseSeries, JobDir, draw_plot
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
@@ -200,18 +200,15 @@ def test_each_done_job_has_its_loss_curves_and_its_test_close_against_persistenc
 
 def test_the_actual_and_persistence_closes_agree_with_the_jobs_own_metrics(run_dir):
     """The chart's series give back the first step's skill of metrics.json: they are the test split's closes."""
-    from trainer.report.html import _price_series
-
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
     for job in DONE:
-        job_dir = run_dir / "jobs" / job
+        job_dir = JobDir(run_dir / "jobs" / job)
         metrics = _metrics(run_dir, job)
-        prices = _price_series(job_dir / "predictions.npz", job_dir, JobMetrics.from_file(job_dir / "metrics.json"),
-                               config)
-        first_step = 1 - np.mean(np.abs(prices["predicted"] - prices["actual"])) / np.mean(
-            np.abs(prices["persistence"] - prices["actual"]))
+        [head] = [h for h in job_dir.preprocessing().heads if h.name == metrics["headline"]["head"]]
+        prices = job_dir.test_closes(head.name, list(head.columns))
+        first_step = 1 - np.mean(np.abs(prices.predicted - prices.actual)) / np.mean(
+            np.abs(prices.persistence - prices.actual))
         assert first_step == pytest.approx(metrics["heads"]["ohlc"]["close"]["skill_by_step"][0], abs=1e-9)
-        np.testing.assert_array_equal(prices["persistence"][1:], prices["actual"][:-1])  # consecutive bars
+        np.testing.assert_array_equal(prices.persistence[1:], prices.actual[:-1])  # consecutive bars
 
 
 def test_missing_or_damaged_job_files_are_noted_not_fatal(run_copy):
@@ -306,8 +303,8 @@ def test_the_job_plot_states_its_scores_persistence_and_synthetic_data(tmp_path)
     times = np.arange("2024-01-01T00", "2024-01-03T00", dtype="datetime64[h]").astype("datetime64[ns]")
     actual = 100 + np.cumsum(np.random.default_rng(0).normal(size=len(times)))
     scores = Headline(head="ohlc", column="close", mae=1.5, persistence_mae=1.4, skill=-0.0714)
-    artifacts.plot(tmp_path / "new.png", history, times, actual + 0.1, actual, "BTCUSDT_1h",
-                   persistence_close=np.roll(actual, 1), scores=scores, synthetic=True)
-    artifacts.plot(tmp_path / "old.png", history, times, actual + 0.1, actual, "BTCUSDT_1h")  # the former call
-    for name in ("new.png", "old.png"):
-        assert (tmp_path / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    closes = CloseSeries(times, actual + 0.1, actual, np.roll(actual, 1))
+    both = draw_plot(history, closes, "BTCUSDT_1h", scores=scores, synthetic=True)
+    losses = draw_plot(history, None, "BTCUSDT_1h")  # a job whose head forecasts no close: its losses alone
+    for png, height in ((both, 468), (losses, 252)):
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and int.from_bytes(png[20:24], "big") == height

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR, REPO
 from trainer.cli import main
-from trainer.run import artifacts
+from trainer.run.jobdir import JobDir
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 
@@ -145,7 +145,7 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
     assert statuses == {job: "done" for job in JOBS}
     assert done_attempts == {job: 1 for job in JOBS}
     for job in JOBS:
-        assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]
+        assert JobDir(run_dir / "jobs" / job).verify() == manifests[job]
         history = pd.read_csv(run_dir / "jobs" / job / "history.csv")
         assert history["epoch"].tolist() == list(range(1, len(history) + 1))  # no epoch lost or repeated
     leftovers = [p for p in run_dir.rglob("*") if p.is_file() and (p.name.startswith("tmp") or ".staging-" in str(p))]
@@ -170,7 +170,7 @@ def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twi
     assert sorted(job for job, _, _ in attempts) == JOBS and {outcome for _, _, outcome in attempts} == {"done"}
     assert len({pid for _, pid, _ in attempts}) == 2  # both took part
     for job in JOBS:
-        assert artifacts.verify(run_dir / "jobs" / job) == manifests[job]
+        assert JobDir(run_dir / "jobs" / job).verify() == manifests[job]
 
 
 def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny_config, tmp_path):

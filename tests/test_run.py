@@ -31,11 +31,11 @@ from trainer.data.windows import Preprocessing
 from trainer.evaluation.results import non_finite
 from trainer.files import write_json
 from trainer.report.console import JobProgress, summary_line
-from trainer.run import artifacts
+from trainer.run.jobdir import FORMAT, JobDir
 from trainer.run.jobs import Job
 
-JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
-             "predictions.npz", "har.json", "manifest.json"}
+JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "predictions.npz",
+             "har.json", "manifest.json"}  # plot.png is drawn when a job is pushed (jobdir.JobDir.plot)
 
 
 def _run(*args: str):
@@ -62,7 +62,7 @@ def test_every_job_writes_complete_verified_artifacts(finished_run):
     for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
         job_dir = run_dir / "jobs" / job
         assert {p.name for p in job_dir.iterdir()} == JOB_FILES
-        assert artifacts.verify(job_dir) is not None
+        assert JobDir(job_dir).verify() is not None and JobDir(job_dir).format == FORMAT
         metrics = json.loads((job_dir / "metrics.json").read_text())
         assert metrics["data"]["synthetic"] is False and metrics["data"]["source"].endswith(f"{job}.csv.gz")
         for head in ("ohlc", "bb"):

@@ -335,19 +335,6 @@ def test_the_scaled_targets_invert_to_the_actual_prices(tmp_path, relative_to):
         np.testing.assert_allclose(prices[name], test.y_raw[name], rtol=1e-6)  # the targets are float32
 
 
-def test_a_preprocessing_file_of_an_earlier_version_reads_as_absolute_levels():
-    """Run directories made before framing existed: one scaler for inputs and targets, no relative_to."""
-    scaler = Scaler.of("standard").fit(["open", "high", "low", "close", "rsi"], feature_frame(100)[
-        ["open", "high", "low", "close", "rsi"]].to_numpy())
-    old = {"input_columns": list(scaler.columns), "scaler": scaler.to_dict(), "lookback": 16, "horizon": 3,
-           "heads": [{"name": "close", "columns": ["close"], "target_shape": [3, 1]}], "splits": {}}
-    prep = Preprocessing.from_dict(old)
-    assert prep.relative_to is None and not prep.heads[0].candle
-    outputs = np.random.default_rng(0).normal(size=(5, 3, 1))
-    np.testing.assert_allclose(prep.to_prices({"close": outputs}, np.ones(5))["close"],
-                               scaler.inverse(outputs, ["close"]), rtol=1e-15)
-
-
 @pytest.mark.parametrize("factor", [0.0, 0.35, 1.0])
 def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
     """A candle head's body (open, close) is weighted toward "no change", its wicks kept: random outputs stay

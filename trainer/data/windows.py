@@ -24,18 +24,15 @@ from the rows (Scaler.fit_windows), and training frames its batches on the devic
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import JobError, UserError
-from ..files import write_json
 from .indicators import Indicator
 from .scalers import Scaler, float32
 from .settings import CANDLE, HeadConfig, Split, WindowConfig
@@ -147,7 +144,7 @@ class HeadTarget:
 @dataclass(frozen=True, eq=False)
 class Preprocessing:
     """Everything needed to turn raw feature rows into model inputs, and model outputs into prices.
-    Saved as the job's preprocessing.json (to_file / from_file, which also reads the files of earlier versions),
+    Saved as the job's preprocessing.json (to_dict / from_dict; run.jobdir writes and reads the file),
     with what it is for: the job's symbol and timeframe, and its indicators (config.Indicator dumps)."""
     input_columns: tuple[str, ...]
     lookback: int
@@ -245,36 +242,16 @@ class Preprocessing:
             "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
         }
 
-    def to_file(self, path: Path) -> None:
-        write_json(path, self.to_dict())
-
-    @classmethod
-    def from_file(cls, path: Path) -> Preprocessing:
-        """A job's preprocessing.json; ValueError (or KeyError, TypeError) when it is not one."""
-        saved = json.loads(path.read_text())
-        if not (isinstance(saved, dict) and saved.get("symbol") and saved.get("timeframe")):
-            raise ValueError("no symbol and timeframe")
-        return cls.from_dict(saved)
-
     @classmethod
     def from_dict(cls, d: dict) -> Preprocessing:
-        """Also the preprocessing.json of runs made before framing existed: absolute levels, and targets
-        scaled with the inputs' scaler."""
-        scaler = Scaler.from_dict(d["scaler"])
-        heads = []
-        for h in d["heads"]:
-            columns = tuple(h["columns"])
-            if "scaler" in h:
-                head_scaler = Scaler.from_dict(h["scaler"])
-            else:
-                positions = scaler._positions(columns)
-                head_scaler = type(scaler)(columns, scaler.offset[positions], scaler.scale[positions])
-            heads.append(HeadTarget(h["name"], columns, tuple(h["target_shape"]), head_scaler,
-                                    bool(h.get("candle", False)), float(h.get("shrink", 1.0)),
-                                    tuple(h.get("quantiles", ()))))
-        return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d.get("relative_to"), scaler,
-                   tuple(heads), d.get("splits", {}), d.get("symbol"), d.get("timeframe"),
-                   tuple(d.get("indicators", ())))
+        """What to_dict gives (a job's preprocessing.json, read by run.jobdir, which upgrades the files of earlier
+        versions)."""
+        heads = tuple(HeadTarget(h["name"], tuple(h["columns"]), tuple(h["target_shape"]),
+                                 Scaler.from_dict(h["scaler"]), bool(h["candle"]), float(h["shrink"]),
+                                 tuple(h["quantiles"])) for h in d["heads"])
+        return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d["relative_to"],
+                   Scaler.from_dict(d["scaler"]), heads, d["splits"], d["symbol"], d["timeframe"],
+                   tuple(d["indicators"]))
 
 
 @dataclass(frozen=True, eq=False)

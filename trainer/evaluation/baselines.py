@@ -60,7 +60,6 @@ LEVELS = (0.1, 0.5, 0.9)
 RISKMETRICS_ALPHA = 0.06  # of the EWMA of squared returns: RiskMetrics' lambda = 0.94
 DAY, WEEK = pd.Timedelta(days=1), pd.Timedelta(days=7)
 HAR_TERMS = ("intercept", "last", "day", "week", "time_of_day")
-HAR_FILE = "har.json"  # a job directory's Har
 VOLATILITY_NAMES = {"ewma": "the EWMA volatility (RiskMetrics)", "har": "HAR's volatility",
                     "har_ewma": "the geometric mean of HAR's and the EWMA volatility"}  # Baselines.volatility's
 
@@ -121,7 +120,7 @@ class Baselines:
 @dataclass(frozen=True)
 class Har:
     """HAR + time of day as fitted on a job's train split (Baselines.har): what `predict` needs to forecast the
-    range and the excursions of the candles after the last one it is given (har.json in a job directory)."""
+    range and the excursions of the candles after the last one it is given (a job directory's har.json)."""
     timeframe: str
     floor: float
     coefficients: np.ndarray  # (H, 5) of HAR_TERMS, per step, of ln range

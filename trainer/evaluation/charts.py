@@ -53,7 +53,7 @@ class Chart:
 def loss_chart(history: pd.DataFrame) -> Chart:
     """Train and validation loss by epoch (history.csv); on a log scale where they span 20 times or more."""
     if "epoch" not in history or "loss" not in history:
-        raise NoChart("history.csv has no epoch / loss columns")
+        raise NoChart("the history has no epoch / loss columns")
     epochs = history["epoch"].to_numpy(dtype=float)
     markers = len(epochs) <= MARKED_EPOCHS
     lines = [Line("train loss", epochs, history["loss"].to_numpy(dtype=float), "#1f77b4", markers=markers)]

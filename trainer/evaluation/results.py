@@ -1,19 +1,16 @@
 """A job's results as typed values: what its metrics.json holds (JobMetrics: where its candles came from, how
 it trained, its test scores per head next to persistence's, and the headline it is judged by).
 
-pipeline.train_one makes one; the Hub cards, predict and the report read one with JobMetrics.from_file, never a
-dict read back from disk. The file is strict JSON (files.write_json); metrics.json files of earlier versions load
-too (their headline is derived). Its JobSummary is the job's row in the ledger, which the driver's line, the
+pipeline.train_one makes one; the Hub cards, predict and the report read one back through run.jobdir (which
+writes the file as strict JSON, and derives the headline of metrics.json files of earlier versions), never a dict
+read back from disk. Its JobSummary is the job's row in the ledger, which the driver's line, the
 summary files, status and the run card show.
 """
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, model_validator
-
-from ..files import write_json
+from pydantic import BaseModel, ConfigDict
 
 
 class _Record(BaseModel):
@@ -176,24 +173,6 @@ class JobMetrics(_Record):
     candles: CandleScores | None = None  # a candle head's high, low and range; None without one (or before 0.2)
     n_test: int
     test_range: list[str]  # target times of the first and last test forecast
-
-    @model_validator(mode="before")
-    @classmethod
-    def _headline_of_earlier_versions(cls, values):
-        """metrics.json of versions before headlines: the first head's skill over its columns."""
-        if isinstance(values, dict) and "headline" not in values and values.get("heads"):
-            head, scores = next(iter(values["heads"].items()))
-            values = {**values, "headline": {"head": head, "skill": scores["skill"], "mae": scores["model"]["mae"],
-                                             "persistence_mae": scores["persistence"]["mae"]}}
-        return values
-
-    @classmethod
-    def from_file(cls, path: Path) -> JobMetrics:
-        """ValueError (pydantic's ValidationError) or OSError when the file is not a job's metrics."""
-        return cls.model_validate_json(path.read_bytes())
-
-    def to_file(self, path: Path) -> None:
-        write_json(path, self.model_dump(mode="json"))
 
     def non_finite(self) -> tuple[str, float] | None:
         """Its first number that is NaN or infinite (a score that means nothing), with its key path."""

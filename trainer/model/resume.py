@@ -18,13 +18,13 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import keras
 import numpy as np
 import pandas as pd
-import yaml
 from pydantic import BaseModel, TypeAdapter
 
 from ..errors import first_line
@@ -137,21 +137,22 @@ class BudgetPlan:
     reason: str
 
 
-def budget_plan(train: TrainConfig, job_dir: Path, backup: Path) -> BudgetPlan | None:
-    """What a finished job needs when the config's training budget (BUDGET_KEYS) is not the one it trained with;
-    None when it is. Its recorded epochs are replayed against the new budget (replay_budget):
+def budget_plan(train: TrainConfig, trained: TrainConfig, history: Callable[[], pd.DataFrame],
+                backup: Path) -> BudgetPlan | None:
+    """What a finished job needs when the config's training budget (BUDGET_KEYS) is not the one it `trained` with;
+    None when it is. Its recorded epochs (`history`, read when needed: its history.csv) are replayed against the
+    new budget (replay_budget):
     - the new budget would have stopped it before its last epoch: trained again from scratch (the weights of
       that epoch are not kept);
     - it would have stopped at the same epoch: kept as it is;
     - it would have gone on: training goes on from its last epoch's checkpoint, as if never stopped (from
       scratch when no checkpoint was kept)."""
-    trained = TrainConfig.model_validate(yaml.safe_load((job_dir / "config.yaml").read_text())["train"])
     changes = [f"{key} {old} -> {new}" for key, old, new in zip(BUDGET_KEYS, _budget(trained), _budget(train))
                if old != new]
     if not changes:
         return None
-    history = pd.read_csv(job_dir / "history.csv")
-    stop, ran = replay_budget(history, train), len(history)
+    epochs = history()
+    stop, ran = replay_budget(epochs, train), len(epochs)
     if stop == ran:
         return BudgetPlan("keep", f"{', '.join(changes)}: trains it the same ({ran} epochs)")
     if stop is None and any(path.exists() for path in checkpoint_paths(backup)):

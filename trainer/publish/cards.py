@@ -20,12 +20,12 @@ import pandas as pd
 import yaml
 from huggingface_hub import EvalResult, ModelCardData
 
-from ..config import validate_config
 from ..data.sources import Source
-from ..data.windows import Preprocessing
+from ..errors import ConfigError
 from ..evaluation.baselines import VOLATILITY_NAMES
 from ..evaluation.results import DataInfo, JobMetrics, JobSummary
 from ..formatting import number
+from ..run.jobdir import HISTORY, MODEL, PLOT, PREPROCESSING, JobDir
 
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
@@ -39,12 +39,13 @@ def hf_uri(repo_id: str, path_in_repo: str) -> str:
 
 def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit", install: str = "") -> str:
     """`install`: the line that installs cryptotrain (see hub.install_line)."""
-    metrics = JobMetrics.from_file(job_dir / "metrics.json")
-    prep = Preprocessing.from_file(job_dir / "preprocessing.json")
+    job = JobDir(job_dir)
+    metrics, prep, config = job.metrics(), job.preprocessing(), job.config()
     symbol, timeframe, data = metrics.symbol, metrics.timeframe, _public_data(metrics.data)
     test_range = [_iso(t) for t in metrics.test_range]
-    config = yaml.safe_load((job_dir / "config.yaml").read_text())  # as the job's run recorded it
-    dataset = validate_config(config, job_dir / "config.yaml").data.chosen.dataset
+    if config.run is None:
+        raise ConfigError(config.problem)
+    dataset = config.run.data.chosen.dataset
     metadata = ModelCardData(
         library_name="keras",
         pipeline_tag=PIPELINE_TAG,
@@ -72,7 +73,7 @@ def job_card(job_dir: Path, repo_id: str, path_in_repo: str, license: str = "mit
         "## Metrics\n\n" + _headline_text(metrics) + "\n\n" + _metrics_table(metrics) + _candles_text(metrics),
         "## Training\n\n" + _training_text(metrics),
         "## How to use\n\n" + _usage_text(repo_id, folder, hf_uri(repo_id, path_in_repo), install),
-        "## Config\n\n```yaml\n" + _public_config(config) + "```",
+        "## Config\n\n```yaml\n" + _public_config(config.saved) + "```",  # as the job's run recorded it
     ]
     return _card(metadata, sections)
 
@@ -85,7 +86,7 @@ class RunCardRow:
 
 
 def job_row(job_dir: Path, path_in_repo: str) -> RunCardRow:
-    return RunCardRow(JobMetrics.from_file(job_dir / "metrics.json").summary(), path_in_repo)
+    return RunCardRow(JobDir(job_dir).metrics().summary(), path_in_repo)
 
 
 def run_card(run_name: str, repo_id: str, rows: list[RunCardRow], license: str = "mit") -> str:
@@ -233,12 +234,12 @@ def _candles_text(metrics: JobMetrics) -> str:
 def _training_text(metrics: JobMetrics) -> str:
     return (f"{metrics.epochs_run} epoch(s) (best: epoch {metrics.best_epoch}, validation loss "
             f"{_num(metrics.best_val_loss)}), {metrics.seconds:.0f} s. Loss curves and the test-split "
-            "forecast are in `plot.png`, per-epoch losses in `history.csv`.")
+            f"forecast are in `{PLOT}`, per-epoch losses in `{HISTORY}`.")
 
 
 def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
     load = (f'keras.saving.load_model("hf://{repo_id}")' if not folder else
-            f'keras.saving.load_model(hf_hub_download("{repo_id}", "{folder}model.keras"))')
+            f'keras.saving.load_model(hf_hub_download("{repo_id}", "{folder}{MODEL}"))')
     return (
         "Forecast the next candles from the latest ones (a CSV/Parquet/Feather file of "
         "`timestamp,open,high,low,close,volume`):\n\n"
@@ -248,7 +249,7 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         f"\nmodel = {load}\n```\n\n"
         "Its inputs are the last `lookback` rows of `input_columns`, framed relative to the window's last close "
         "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
-        "scaled as `(x - offset) / scale` with `preprocessing.json`'s scaler; its outputs are a dict of heads, "
+        f"scaled as `(x - offset) / scale` with `{PREPROCESSING}`'s scaler; its outputs are a dict of heads, "
         "scaled by each head's own scaler (log returns from the last close for prices). "
         "`trainer.data.windows.Preprocessing` does both ways."
     )

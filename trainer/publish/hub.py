@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import fcntl
 import functools
-import json
 import logging
 import os
 import re
@@ -59,7 +58,8 @@ from pydantic import ValidationError
 from ..config import HubConfig
 from ..errors import JobError, UserError
 from ..retries import retry_wait
-from ..run.artifacts import MANIFEST, jobs_dir, verify
+from ..run.artifacts import jobs_dir
+from ..run.jobdir import MANIFEST, PLOT, JobDir
 from ..run.jobs import Job, make_jobs
 from ..run.rundir import RunDir
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
@@ -151,7 +151,7 @@ def _pushed_rows(run: RunDir, repo_id: str, hub: HubConfig) -> dict[str, RunCard
     for record in run.ledger.jobs():
         if record.pushed_repo == repo_id and record.pushed_commit:
             job_dir = jobs_dir(run.path) / record.name
-            if (job_dir / "metrics.json").is_file():
+            if JobDir(job_dir).is_job():
                 rows[record.name] = job_row(job_dir, _fill(hub.path_template, record.name).strip("/"))
     return rows
 
@@ -165,9 +165,12 @@ def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, h
     cards: dict[str, bytes] = {}
     install = install_line(hub)
     for t in targets:
-        for name in _artifact_names(t):
+        job = JobDir(t.job_dir)
+        for name in job.published():
             files[_join(t.path, name)] = t.job_dir / name
-        for name, content in _keras_folder(t.job_dir / "model.keras").items():
+        if not job.holds_plot():  # drawn here from the job's files (format 2): only the Hub shows it
+            files[_join(t.path, PLOT)] = job.plot()
+        for name, content in _keras_folder(job.model_file).items():
             files[_join(t.path, name)] = content
         cards[_join(t.path, CARD)] = job_card(t.job_dir, repo_id, t.path, hub.license, install).encode()
         rows[t.job] = job_row(t.job_dir, t.path)
@@ -217,17 +220,11 @@ def _read_remote_text(api: HfApi, repo_id: str, path: str) -> str:
     return Path(local).read_text(errors="replace")
 
 
-def _artifact_names(target: Target) -> list[str]:
-    """The files the job's manifest lists (checked by _target), and the manifest."""
-    files = json.loads((target.job_dir / MANIFEST).read_text())["files"]
-    return [*files, MANIFEST]
-
-
 def _target(run_dir: Path, job_name: str, hub: HubConfig) -> Target:
     job_dir = jobs_dir(run_dir) / job_name
     if not job_dir.is_dir():
         raise UserError(f"{job_name}: not a finished job of {run_dir} (no {job_dir})")
-    if verify(job_dir) is None:
+    if JobDir(job_dir).verify() is None:
         raise JobError(f"{job_name}: {job_dir} does not match its {MANIFEST}; run the job again before "
                        "pushing it")
     return Target(job_name, job_dir, repo_of(hub, job_name), _fill(hub.path_template, job_name).strip("/"))
@@ -268,10 +265,10 @@ def download_job(uri: str) -> Path:
     with _hub_errors(repo_id, token, "download from"):
         local = api.snapshot_download(repo_id, allow_patterns=[f"{path}/*"] if path else None)
     job_dir = Path(local) / path
-    if not (job_dir / MANIFEST).is_file():
+    if not JobDir(job_dir).has_manifest():
         raise UserError(f"{uri}: no job there (no {MANIFEST} in {repo_id}/{path or '(root)'}); expected "
                         "hf://NS/NAME/SYMBOL/TIMEFRAME")
-    if verify(job_dir) is None:
+    if JobDir(job_dir).verify() is None:
         raise JobError(f"{uri}: the downloaded files do not match their {MANIFEST}")
     return job_dir
 

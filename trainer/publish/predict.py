@@ -5,31 +5,26 @@ how to scale them and which columns each head predicts. The forecast follows the
 """
 from __future__ import annotations
 
-import json
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import keras
 import numpy as np
 import pandas as pd
-import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
-from ..config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, load_config, validate_config
+from ..config import load_config
 from ..data import load_candles, read_candles_file
 from ..data.features import compute_features
 from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
-from ..errors import UserError, first_line
-from ..evaluation.baselines import HAR_FILE, Har, quantities
+from ..errors import UserError
+from ..evaluation.baselines import Har, quantities
 from ..evaluation.evaluate import COMBINED
-from ..evaluation.results import JobMetrics
+from ..evaluation.results import CandleScores
 from ..model.device import setup
-from ..run.artifacts import MANIFEST, STAGING_PREFIX, jobs_dir, verify
-
-PREPROCESSING = "preprocessing.json"
-CONFIG = "config.yaml"
+from ..run.artifacts import STAGING_PREFIX, jobs_dir
+from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
+from ..run.rundir import CONFIG
 
 
 class CandleRecord(BaseModel):
@@ -79,29 +74,6 @@ class Prediction:
         }
 
 
-@dataclass(frozen=True)
-class JobConfig:
-    """A job's config.yaml, read once: the sections forecasting needs, which a job saved by an earlier version
-    still passes, and the whole run config where this version reads it (for the job's own candles)."""
-    features: FeaturesConfig
-    train: TrainConfig
-    run: RunConfig | None
-    problem: str | None = None  # why `run` is None: the config error, one line
-
-    @classmethod
-    def read(cls, job_dir: Path) -> JobConfig:
-        return _job_file(job_dir, CONFIG, cls._from_file)
-
-    @classmethod
-    def _from_file(cls, path: Path) -> JobConfig:
-        saved = yaml.safe_load(path.read_text())
-        features, train = FeaturesConfig.model_validate(saved["features"]), TrainConfig.model_validate(saved["train"])
-        try:
-            return cls(features, train, validate_config(saved, path))
-        except ConfigError as exc:
-            return cls(features, train, None, str(exc))
-
-
 def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_path: Path | None,
                 config_path: str | None) -> Prediction:
     """`cryptotrain predict`: the forecast of a job (a job directory, a run directory with symbol and
@@ -110,13 +82,14 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
     if _is_hub_repo(model_ref) and symbol and timeframe:
         model_ref = f"{model_ref.rstrip('/')}/{symbol}/{timeframe}"
     job_dir = resolve_job_dir(model_ref, symbol, timeframe)
-    if verify(job_dir) is None:
+    job = JobDir(job_dir)
+    if job.verify() is None:
         raise UserError(f"{model_ref}: its files do not match {MANIFEST} (incomplete or changed); train the job again")
-    prep = _job_file(job_dir, PREPROCESSING, Preprocessing.from_file)
+    prep = job.preprocessing()
     for given, own, option in ((symbol, prep.symbol, "--symbol"), (timeframe, prep.timeframe, "--timeframe")):
         if given is not None and given != own:
             raise UserError(f"{option} {given}: the model {model_ref} is for {prep.symbol} {prep.timeframe}")
-    config = JobConfig.read(job_dir)
+    config = job.config()
     candles = _candles(config, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles, config)
     return Prediction(prep.symbol, prep.timeframe, model_ref, candles.attrs.get("source"),
@@ -125,7 +98,7 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
 
 def track_record(job_dir: Path) -> TrackRecord:
     """The job's TrackRecord, from its metrics.json."""
-    metrics = _job_file(job_dir, "metrics.json", JobMetrics.from_file)
+    metrics = JobDir(job_dir).metrics()
     line = metrics.headline
     candles = None if metrics.candles is None else CandleRecord.model_validate(
         metrics.summary().model_dump(include=set(CandleRecord.model_fields)))
@@ -137,10 +110,11 @@ def track_record(job_dir: Path) -> TrackRecord:
 def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's."""
-    prep = _job_file(job_dir, PREPROCESSING, Preprocessing.from_file)
+    job = JobDir(job_dir)
+    prep = job.preprocessing()
     x, last_close = prep.make_inputs(compute_features(candles, config.features))
     setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
-    model = _job_file(job_dir, "model.keras", _read_model)
+    model = job.model()
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
     prices = prep.to_prices(prep.point(outputs), last_close)
     horizon, heads = prep.horizon, prep.heads
@@ -156,22 +130,20 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.
             columns[name] = steps[:, i]
             for j, level in enumerate(head.quantiles):  # a quantile head: each level, e.g. close_q10
                 columns[f"{name}_q{level * 100:g}"] = quantiles[:, j, i]
-    if (job_dir / HAR_FILE).is_file():
-        columns |= _expected_candles(job_dir, prep, prices, candles)
+    if (har := job.har()) is not None:
+        columns |= _expected_candles(har, job.metrics().candles, prep, prices, candles)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
 
-def _expected_candles(job_dir: Path, prep: Preprocessing, prices: dict[str, np.ndarray],
+def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, prices: dict[str, np.ndarray],
                       candles: pd.DataFrame) -> dict[str, np.ndarray]:
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
     network's close widened by the validation margin x the volatility it was calibrated with): "expected_high",
     "expected_low", "expected_range_pct", "close_80_low", "close_80_high"."""
-    har = _job_file(job_dir, HAR_FILE, lambda path: Har.from_dict(json.loads(path.read_text())))
-    scores = _job_file(job_dir, "metrics.json", JobMetrics.from_file).candles
     head = next(h for h in prep.heads if h.name == scores.head)
     candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
@@ -197,13 +169,13 @@ def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -
 
         return download_job(model_ref)
     path = Path(model_ref)
-    if (path / PREPROCESSING).is_file():
+    if JobDir(path).is_job():
         return path
     if not (path / CONFIG).is_file():
         raise UserError(f"{model_ref}: not a job directory (no {PREPROCESSING}); pass a job directory, a run "
                         "directory with --symbol and --timeframe, or hf://NS/NAME/SYMBOL/TIMEFRAME")
     finished = sorted(d.name for d in jobs_dir(path).glob("*") if not d.name.startswith(STAGING_PREFIX)
-                      and (d / PREPROCESSING).is_file())
+                      and JobDir(d).is_job())
     listed = ", ".join(finished) or "none"
     if not (symbol and timeframe):
         raise UserError(f"{model_ref}: a run directory; pass --symbol and --timeframe (finished jobs: {listed})")
@@ -227,49 +199,3 @@ def _candles(config: JobConfig, prep: Preprocessing, data_path: Path | None, con
     if config.run is None:
         raise UserError(config.problem)
     return load_candles(config.run, symbol, timeframe)
-
-
-def _job_file(job_dir: Path, name: str, read):
-    """`read(job_dir / name)`; a file that is there but cannot be read as what it should be (garbage, a
-    truncated copy, a format this version does not know) is one line of bad input naming it."""
-    try:
-        return read(job_dir / name)
-    except UserError:  # read's own line
-        raise
-    except Exception as exc:  # json, yaml, zip, h5, pydantic, a missing key: whatever the garbage trips
-        if isinstance(exc, ValidationError):  # its first problem, not "14 validation errors for JobMetrics"
-            first = exc.errors()[0]
-            reason = f"{'.'.join(map(str, first['loc'])) or 'the file'}: {first['msg']}"
-        else:
-            reason = first_line(exc) or type(exc).__name__
-        raise UserError(f"{job_dir / name}: cannot be read ({type(exc).__name__}: {reason}); train the job "
-                        "again, or download it again") from None
-
-
-def _read_model(path: Path) -> keras.Model:
-    if not zipfile.is_zipfile(path):  # Keras would call it "File not found"
-        raise ValueError("not a .keras (zip) file")
-    with zipfile.ZipFile(path) as archive:
-        holders = _code_holders(json.loads(archive.read("config.json")))
-    if holders:  # Keras's safe mode would refuse it too, in a paragraph that says nothing of this file
-        raise UserError(f"{path}: holds Python code (in {', '.join(holders)}), which loading the model would run, "
-                        "so it is refused (Keras's safe mode); a model cryptotrain trains holds none: this one was "
-                        "made or changed elsewhere")
-    return keras.saving.load_model(path, compile=False)
-
-
-def _code_holders(config: object, holder: str = "the model") -> list[str]:
-    """What in a .keras file's config.json holds Python code (Keras writes a Python function's bytecode as a
-    "__lambda__" object), e.g. ["Lambda 'doubled'"]: each object with a name around such code, once."""
-    if isinstance(config, list):
-        return list(dict.fromkeys(found for item in config for found in _code_holders(item, holder)))
-    if not isinstance(config, dict):
-        return []
-    if config.get("class_name") == "__lambda__":
-        return [holder]
-    inner = config.get("config")
-    if "class_name" in config and isinstance(inner, dict) and "name" in inner:
-        holder = f"{config['class_name']} '{inner['name']}'"
-    return _code_holders(list(config.values()), holder)
-
-

@@ -21,25 +21,26 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib.resources import files
 from pathlib import Path
+from typing import TypeVar
 
-import numpy as np
 import pandas as pd
 
 from .. import __version__
 from ..config import DataConfig, RunConfig
-from ..data.windows import Preprocessing
 from ..errors import UserError
 from ..evaluation import charts
 from ..evaluation.results import CloseScores, Headline, JobMetrics
 from ..files import atomic_write
 from ..formatting import number
-from ..run.artifacts import MANIFEST, jobs_dir, verify
+from ..run.artifacts import jobs_dir
+from ..run.jobdir import METRICS, PREDICTIONS, PREPROCESSING, CloseSeries, JobDir, JobFileError, MissingJobFile
 from ..run.jobs import Job
 from ..run.ledger import JobRecord
-from ..run.rundir import RunDir
+from ..run.rundir import CONFIG, RunDir
 from .console import verdict
 
 REPORT = "report.html"
+T = TypeVar("T")
 ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart
 
 
@@ -64,7 +65,7 @@ class _Job:
     metrics: JobMetrics | None = None
     line: Headline | None = None  # the headline: metrics.json's, else the ledger's summary
     history: pd.DataFrame | None = None
-    prices: dict | None = None  # times, predicted, actual, persistence (first forecast step), source
+    prices: CloseSeries | None = None  # the headline head's close, first forecast step
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -91,18 +92,18 @@ def _load_job(run_dir: Path, record: JobRecord, config: RunConfig | None) -> _Jo
     job = _Job(record, named.symbol, named.timeframe)
     if record.status != "done":
         return job  # a failed, pending or running job has no files of its own worth showing
-    job_dir = jobs_dir(run_dir) / record.name
-    if not job_dir.is_dir():
-        job.notes.append(f"its directory {job_dir} is missing: no metrics, curves or predictions to show")
+    job_dir = JobDir(jobs_dir(run_dir) / record.name)
+    if not job_dir.path.is_dir():
+        job.notes.append(f"its directory {job_dir.path} is missing: no metrics, curves or predictions to show")
     else:
-        if not (job_dir / MANIFEST).is_file() or verify(job_dir) != record.manifest_sha256:
+        if not job_dir.has_manifest() or job_dir.verify() != record.manifest_sha256:
             job.notes.append("its files are missing or changed since the job finished (the manifest does not "
                              "verify); a rerun of the same command trains it again")
-        job.metrics = _read(job_dir / "metrics.json", JobMetrics.from_file, job.notes)
-        job.history = _read(job_dir / "history.csv", pd.read_csv, job.notes)
+        job.metrics = _read(job_dir.metrics, job.notes)
+        job.history = _read(job_dir.history, job.notes)
         if job.metrics is not None:
-            job.prices = _read(job_dir / "predictions.npz",
-                               lambda p: _price_series(p, job_dir, job.metrics, config), job.notes)
+            head = job.metrics.headline.head
+            job.prices = _read(lambda: job_dir.test_closes(head, _head_columns(job_dir, config, head)), job.notes)
     if job.metrics is not None:
         job.line = job.metrics.headline
     elif (s := record.summary) is not None:  # the ledger keeps the headline too (JobMetrics.summary)
@@ -112,57 +113,31 @@ def _load_job(run_dir: Path, record: JobRecord, config: RunConfig | None) -> _Jo
     return job
 
 
-def _read(path: Path, parse, notes: list[str]):
-    """`parse(path)`, or None with a note saying why the file could not be used."""
-    if not path.is_file():
-        notes.append(f"{path.name} is missing")
-        return None
+def _read(read: Callable[[], T], notes: list[str]) -> T | None:
+    """`read()` (one of a JobDir's readers), or None with a note saying why the file could not be used."""
     try:
-        return parse(path)
+        return read()
     except charts.NoChart as exc:
         notes.append(f"no price chart: {exc}")
-    except Exception as exc:  # a corrupt or foreign file: said, never a crash
-        notes.append(f"{path.name} is unreadable ({_one_line(exc)})")
+    except MissingJobFile as exc:
+        notes.append(f"{exc.path.name} is missing")
+    except JobFileError as exc:  # a corrupt or foreign file: said, never a crash
+        notes.append(f"{exc.path.name} is unreadable ({_one_line(exc.reason)})")
+    except UserError as exc:  # a job directory of a newer format
+        notes.append(_one_line(exc))
     return None
 
 
-def _price_series(path: Path, job_dir: Path, metrics: JobMetrics, config: RunConfig | None) -> dict:
-    """The first forecast step of the headline head's close on the test split: target times, predicted,
-    actual and persistence (the last input close), all from predictions.npz (keys HEAD, actual_close and
-    persistence_close)."""
-    head = metrics.headline.head
-    columns = _head_columns(job_dir, config, head)
-    if "close" not in columns:
-        raise charts.NoChart(f"head {head} predicts no close")
-    with np.load(path) as saved:
-        if head not in saved or "target_times" not in saved:
-            raise charts.NoChart(f"predictions.npz holds no {head} predictions")
-        if "actual_close" not in saved or "persistence_close" not in saved:
-            raise charts.NoChart("predictions.npz holds no actual close (runs of an earlier cryptotrain did not "
-                                 "keep it)")
-        times = saved["target_times"].astype("datetime64[ns]")
-        predicted = _first_step(saved[head], len(times))[:, columns.index("close")]
-        actual = saved["actual_close"].reshape(len(times), -1)[:, 0]
-        persistence = saved["persistence_close"].reshape(len(times))
-    return {"times": times, "predicted": predicted.astype(float), "actual": actual.astype(float),
-            "persistence": persistence.astype(float), "source": "predictions.npz"}
-
-
-def _head_columns(job_dir: Path, config: RunConfig | None, head: str) -> list[str]:
+def _head_columns(job_dir: JobDir, config: RunConfig | None, head: str) -> list[str]:
     """The head's columns, from the job's preprocessing.json, else the run's config."""
-    with contextlib.suppress(OSError, ValueError, KeyError, TypeError, AttributeError):
-        for head_target in Preprocessing.from_file(job_dir / "preprocessing.json").heads:
+    with contextlib.suppress(UserError):
+        for head_target in job_dir.preprocessing().heads:
             if head_target.name == head:
                 return list(head_target.columns)
     for spec in config.heads if config is not None else ():
         if spec.name == head:
             return list(spec.columns)
-    raise charts.NoChart(f"neither preprocessing.json nor config.yaml names the columns of head {head}")
-
-
-def _first_step(values: np.ndarray, n: int) -> np.ndarray:
-    """(N, horizon, C) or (N, C) -> (N, C): the first forecast step."""
-    return values[:, 0, :] if values.ndim == 3 else values.reshape(n, -1)
+    raise charts.NoChart(f"neither {PREPROCESSING} nor {CONFIG} names the columns of head {head}")
 
 
 # ----------------------------------------------------------------------------- the page
@@ -196,7 +171,7 @@ def _header(run_dir: Path, config: RunConfig | None, config_note: str | None, jo
     seconds = sum(job.record.seconds or 0.0 for job in jobs)
     data = config.data if config is not None else None
     facts = [("run directory", _e(str(run_dir.resolve()))),
-             ("data", _e(data.chosen.describe() if data else "unknown (no config.yaml)")),
+             ("data", _e(data.chosen.describe() if data else f"unknown (no {CONFIG})")),
              ("symbols", _e(", ".join(data.symbols if data else sorted({j.symbol for j in jobs})))),
              ("timeframes", _e(", ".join(data.timeframes if data else sorted({j.timeframe for j in jobs}))))]
     firsts, lasts, tests = [], [], []
@@ -242,7 +217,7 @@ class _Measure:
 
 CLOSE_SKILL = _Measure(
     "skill", lambda job: job.skill, lambda v: f"{v:+.3f}", lambda v: v,
-    "skill = 1 - MAE / persistence MAE of the close on the test split, every horizon step (metrics.json headline). "
+    f"skill = 1 - MAE / persistence MAE of the close on the test split, every horizon step ({METRICS} headline). "
     "Green: better than repeating the last close; red: worse; white: no better.")
 
 
@@ -482,12 +457,12 @@ def _loss_chart(history: pd.DataFrame) -> str:
     return _figure(charts.svg(chart, width=440, height=300), "training and validation loss")
 
 
-def _price_charts(prices: dict) -> str:
-    closes = prices["times"], prices["actual"], prices["predicted"], prices["persistence"]
+def _price_charts(prices: CloseSeries) -> str:
+    closes = prices.times, prices.actual, prices.predicted, prices.persistence
     caption = (f"the close on the test split, first forecast step (next bar), price units; actual and persistence "
-               f"from {prices['source']}")
+               f"from {PREDICTIONS}")
     out = [_figure(charts.svg(charts.price_chart(*closes), width=820, height=300), caption)]
-    if len(prices["times"]) > 2 * ZOOM_BARS:
+    if len(prices.times) > 2 * ZOOM_BARS:
         out.append(_figure(charts.svg(charts.price_chart(*closes, last=ZOOM_BARS), width=820, height=280),
                            f"the last {ZOOM_BARS} bars of the test split, close up"))
     return "".join(out)

@@ -28,13 +28,12 @@ from ..data import load_candles
 from ..data.features import implausible_jump, load_features
 from ..data.windows import Preprocessing, SplitWindows, make_windows
 from ..errors import JobError
-from ..evaluation.baselines import HAR_FILE, Har, fit_baselines
+from ..evaluation.baselines import Har, fit_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from ..evaluation.results import DataInfo, JobMetrics
-from ..files import write_json
 from ..model.models import output_shapes
 from ..model.training import Diverged, ModelCache, ReportProgress, fit
-from . import artifacts
+from .jobdir import JobDir
 from .jobs import Job
 
 
@@ -77,13 +76,6 @@ class JobResult:
     har: Har | None = None  # predict's expected high / low and interval after the latest candles
 
     def write(self, directory: Path) -> None:
-        self.model.save(directory / "model.keras")
-        if self.har is not None:
-            write_json(directory / HAR_FILE, self.har.to_dict())
-        self.preprocessing.to_file(directory / "preprocessing.json")
-        self.metrics.to_file(directory / "metrics.json")
-        artifacts.write_config(directory / "config.yaml", self.config)
-        self.history.to_csv(directory / "history.csv", index=False)
         test, predictions = self.test, self.predictions
         close_head = next((h for h in self.preprocessing.heads if "close" in h.columns), None)
         closes = {}
@@ -91,15 +83,9 @@ class JobResult:
             column = close_head.columns.index("close")
             closes = {"actual_close": test.y_raw[close_head.name][..., column],
                       "persistence_close": test.last_inputs[close_head.name][:, column]}
-        np.savez(directory / "predictions.npz", target_times=test.target_times.astype("datetime64[ns]"),
-                 **predictions, **closes)
-        if close_head is not None:
-            actual = test.y_raw[close_head.name]
-            first_step = (slice(None), 0, column) if actual.ndim == 3 else (slice(None), column)
-            artifacts.plot(directory / "plot.png", self.history, test.target_times,
-                           predictions[close_head.name][first_step], actual[first_step], self.metrics.job,
-                           persistence_close=closes["persistence_close"], scores=self.metrics.headline,
-                           synthetic=self.metrics.data.synthetic)
+        JobDir(directory).write(self.model, self.preprocessing, self.metrics, self.config, self.history,
+                                {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes},
+                                self.har)
 
 
 def tensorboard_dir(run_dir: Path, job_name: str) -> Path:

@@ -35,6 +35,7 @@ from ..model.device import cudnn_report, setup
 from ..model.resume import budget_plan
 from . import artifacts
 from .executors import Executor, open_executor
+from .jobdir import JobDir, JobFileError
 from .jobs import Job, make_jobs
 from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import JobOutput, prepare
@@ -224,17 +225,17 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     """(manifest sha256, metrics) of a job directory this config finished (a process that died before the
     ledger knew, or a ledger moved aside), unless the training budget now asks for more or less (budget_plan:
     its checkpoint is then kept to go on from, or cleared)."""
-    final = artifacts.jobs_dir(run_dir) / job.name
-    existing = artifacts.verify(final)
+    final = JobDir(artifacts.jobs_dir(run_dir) / job.name)
+    existing = final.verify()
     if not existing:
         return None
     try:
-        metrics = JobMetrics.from_file(final / "metrics.json")
-    except ValueError:  # not a metrics.json this version can read: trained again, not trusted
+        metrics = final.metrics()
+    except JobFileError:  # not a metrics.json this version can read: trained again, not trusted
         return None
     if metrics.fingerprint != cfg.fingerprint():
         return None
-    plan = budget_plan(cfg.train, final, backup)
+    plan = budget_plan(cfg.train, final.config().train, final.history, backup)
     if plan is None or plan.action == "keep":
         return existing, metrics
     progress.note(f"{job.name}: {plan.reason}")
@@ -298,11 +299,11 @@ def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_
     - a failed job that used up its retries, when asked to (--retry-failed) or when what it was given has
       changed since it failed (a fixed or added candle file)."""
     if record.status == "done":
-        job_dir = artifacts.jobs_dir(cfg.run_dir) / record.name
-        if artifacts.verify(job_dir) != record.manifest_sha256:
+        job_dir = JobDir(artifacts.jobs_dir(cfg.run_dir) / record.name)
+        if job_dir.verify() != record.manifest_sha256:
             log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
             return "artifacts failed verification"
-        plan = budget_plan(cfg.train, job_dir, cfg.run_dir / BACKUPS / record.name)
+        plan = budget_plan(cfg.train, job_dir.config().train, job_dir.history, cfg.run_dir / BACKUPS / record.name)
         return plan.reason if plan is not None and plan.action != "keep" else None
     if record.status != "failed" or record.attempts <= retries:
         return None

@@ -1,0 +1,345 @@
+"""A job's directory (RUN/jobs/SYMBOL_TF): the one module that knows the names of its files, writes them, reads
+them back as typed values, and knows the format they are laid out in.
+
+The format is manifest.json's "format" (FORMAT). A manifest without one is of format 1, as every cryptotrain
+before format 2 wrote it; format 2 no longer holds plot.png (drawn when a job is pushed: `plot`). Reading a
+directory of an earlier format is in one place, UPGRADES: each file read back passes through the upgrades from its
+directory's format to this one. A directory of a format newer than FORMAT is refused in one line.
+
+No TensorFlow, Keras or Matplotlib is imported here (the report reads job directories without them).
+"""
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import pandas as pd
+import yaml
+from pydantic import ValidationError
+
+from ..config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, validate_config
+from ..data.windows import Preprocessing
+from ..errors import UserError, first_line
+from ..evaluation import charts
+from ..evaluation.baselines import Har
+from ..evaluation.results import Headline, JobMetrics
+from ..files import sha256_file, write_json
+from ..formatting import number
+
+if TYPE_CHECKING:
+    import keras
+
+FORMAT = 2  # of the directories this version writes; see UPGRADES for what reads the earlier ones
+
+MANIFEST = "manifest.json"  # sha256 of every other file, and the format
+MODEL = "model.keras"
+PREPROCESSING = "preprocessing.json"  # Preprocessing: columns, scalers, lookback, horizon, heads, indicators
+METRICS = "metrics.json"  # JobMetrics
+HISTORY = "history.csv"  # one row per epoch
+CONFIG = "config.yaml"  # the run's config, as published with the model
+PREDICTIONS = "predictions.npz"  # the test split: each head's forecasts, the actual and persistence close
+HAR = "har.json"  # the fitted HAR + time of day, with a head that forecasts high, low and close
+PLOT = "plot.png"  # format 1 only: the report's two charts (drawn by `plot` since)
+
+T = TypeVar("T")
+
+
+class JobFileError(UserError):
+    """A file of a job directory that is missing, or there but not what it should be (garbage, a truncated copy, a
+    format this version does not know): one line naming it."""
+
+    def __init__(self, path: Path, reason: str) -> None:
+        super().__init__(f"{path}: cannot be read ({reason}); train the job again, or download it again")
+        self.path, self.reason = path, reason
+
+
+class MissingJobFile(JobFileError):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path, "it is missing")
+
+
+# ----------------------------------------------------------------------------- earlier formats
+def _metrics_1(values: dict) -> dict:
+    """Format 1's metrics.json from before headlines: the first head's skill over its columns."""
+    if "headline" not in values and values.get("heads"):
+        head, scores = next(iter(values["heads"].items()))
+        values = {**values, "headline": {"head": head, "skill": scores["skill"], "mae": scores["model"]["mae"],
+                                         "persistence_mae": scores["persistence"]["mae"]}}
+    return values
+
+
+def _preprocessing_1(values: dict) -> dict:
+    """Format 1's preprocessing.json from before framing, candle heads, shrinking and quantiles: absolute levels
+    (no relative_to), targets scaled with the inputs' scaler, every head a plain one, nothing shrunk."""
+    inputs = values["scaler"]
+    heads = [{"candle": False, "shrink": 1.0, "quantiles": [],
+              "scaler": {**inputs, "columns": head["columns"],
+                         **{key: [inputs[key][inputs["columns"].index(c)] for c in head["columns"]]
+                            for key in ("offset", "scale")}},
+              **head} for head in values["heads"]]
+    return {"relative_to": None, "splits": {}, "indicators": [], "symbol": None, "timeframe": None,
+            **values, "heads": heads}
+
+
+# format -> {file -> what makes its content (parsed) that of the next format}
+UPGRADES: dict[int, dict[str, Callable[[dict], dict]]] = {1: {METRICS: _metrics_1, PREPROCESSING: _preprocessing_1}}
+
+
+# ----------------------------------------------------------------------------- the directory
+@dataclass(frozen=True)
+class CloseSeries:
+    """A head's close on the test split at the first forecast step, per sample: what the price chart shows."""
+    times: np.ndarray  # datetime64[ns]
+    predicted: np.ndarray
+    actual: np.ndarray
+    persistence: np.ndarray  # each sample's last input close
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A job's config.yaml, read once: as its run saved it, the sections forecasting needs (which a job saved by
+    an earlier version still passes), and the whole run config where this version reads it."""
+    saved: dict
+    features: FeaturesConfig
+    train: TrainConfig  # what the job was trained with
+    run: RunConfig | None
+    problem: str | None = None  # why `run` is None: the config error, one line
+
+
+@dataclass(frozen=True)
+class JobDir:
+    """A job's directory: a finished one (RUN/jobs/NAME, a Hub download), or the staging directory it is written
+    into."""
+    path: Path
+
+    # ------------------------------------------------------------------------- what it is
+    def is_job(self) -> bool:
+        """A directory of a finished job (predict: a job directory rather than a run directory)."""
+        return (self.path / PREPROCESSING).is_file()
+
+    def has_manifest(self) -> bool:
+        return (self.path / MANIFEST).is_file()
+
+    @property
+    def model_file(self) -> Path:
+        return self.path / MODEL
+
+    @cached_property
+    def format(self) -> int:
+        """manifest.json's format (1 where it has none, or where there is no manifest to say); UserError for a
+        format newer than this version reads."""
+        try:
+            found = json.loads((self.path / MANIFEST).read_text()).get("format", 1)
+        except (OSError, ValueError, AttributeError):
+            return 1
+        if not isinstance(found, int) or found > FORMAT:
+            raise UserError(f"{self.path}: a job directory of format {found}, newer than this cryptotrain reads "
+                            f"(format {FORMAT} and earlier); upgrade cryptotrain to use it")
+        return found
+
+    def verify(self) -> str | None:
+        """The manifest's sha256 if every file it lists is present and intact, else None."""
+        try:
+            files = json.loads((self.path / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        for name, digest in files.items():
+            path = self.path / name
+            if not path.is_file() or sha256_file(path) != digest:
+                return None
+        return sha256_file(self.path / MANIFEST)
+
+    def published(self) -> list[str]:
+        """Every file the manifest lists (checked by verify), and the manifest: what a push uploads as it is."""
+        return [*json.loads((self.path / MANIFEST).read_text())["files"], MANIFEST]
+
+    def holds_plot(self) -> bool:
+        """A directory of format 1 holds its plot.png, which a push uploads as it is."""
+        return PLOT in self.published()
+
+    # ------------------------------------------------------------------------- writing
+    def write(self, model: keras.Model, preprocessing: Preprocessing, metrics: JobMetrics, config: dict,
+              history: pd.DataFrame, predictions: dict[str, np.ndarray], har: Har | None) -> None:
+        """Every file but the manifest (write_manifest, last) into this directory, a staging one
+        (artifacts.commit_job). `predictions`: target_times, each head's forecasts on the test split in prices, and
+        the actual and persistence close (actual_close, persistence_close) where a head forecasts the close."""
+        model.save(self.path / MODEL)
+        if har is not None:
+            write_json(self.path / HAR, har.to_dict())
+        write_json(self.path / PREPROCESSING, preprocessing.to_dict())
+        write_json(self.path / METRICS, metrics.model_dump(mode="json"))
+        (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
+        history.to_csv(self.path / HISTORY, index=False)
+        np.savez(self.path / PREDICTIONS, **predictions)
+
+    def write_manifest(self) -> str:
+        """The sha256 of every other file, and the format: written last, when every other file is there. Returns
+        the manifest's own sha256 (what verify gives while the files are intact)."""
+        files = {p.name: sha256_file(p) for p in sorted(self.path.iterdir()) if p.name != MANIFEST}
+        (self.path / MANIFEST).write_text(json.dumps({"format": FORMAT, "files": files}, indent=1))
+        return sha256_file(self.path / MANIFEST)
+
+    # ------------------------------------------------------------------------- reading
+    def metrics(self) -> JobMetrics:
+        return self._read(METRICS, _json, JobMetrics.model_validate)
+
+    def preprocessing(self) -> Preprocessing:
+        return self._read(PREPROCESSING, _json, _preprocessing)
+
+    def har(self) -> Har | None:
+        """The job's HAR + time of day; None for a job without a head that forecasts high, low and close."""
+        return self._read(HAR, _json, Har.from_dict) if (self.path / HAR).is_file() else None
+
+    def model(self) -> keras.Model:
+        """model.keras, loaded for inference; UserError where it holds Python code (Keras's safe mode)."""
+        return self._read(MODEL, _load_model)
+
+    def history(self) -> pd.DataFrame:
+        return self._read(HISTORY, pd.read_csv)
+
+    def config(self) -> JobConfig:
+        def parse(saved: dict) -> JobConfig:
+            features = FeaturesConfig.model_validate(saved["features"])
+            train = TrainConfig.model_validate(saved["train"])
+            try:
+                return JobConfig(saved, features, train, validate_config(saved, self.path / CONFIG))
+            except ConfigError as exc:
+                return JobConfig(saved, features, train, None, str(exc))
+        return self._read(CONFIG, _yaml, parse)
+
+    def test_closes(self, head: str, columns: list[str]) -> CloseSeries:
+        """`head`'s close (one of `columns`, its columns) on the test split at the first forecast step, from
+        predictions.npz; charts.NoChart where the file does not hold it."""
+        if "close" not in columns:
+            raise charts.NoChart(f"head {head} predicts no close")
+
+        def load(path: Path) -> CloseSeries:
+            with np.load(path) as saved:
+                if head not in saved or "target_times" not in saved:
+                    raise charts.NoChart(f"{PREDICTIONS} holds no {head} predictions")
+                if "actual_close" not in saved or "persistence_close" not in saved:
+                    raise charts.NoChart(f"{PREDICTIONS} holds no actual close (runs of an earlier cryptotrain did "
+                                         "not keep it)")
+                times = saved["target_times"].astype("datetime64[ns]")
+                forecasts = saved[head]
+                first_step = forecasts[:, 0, :] if forecasts.ndim == 3 else forecasts.reshape(len(times), -1)
+                return CloseSeries(times, first_step[:, columns.index("close")].astype(float),
+                                  saved["actual_close"].reshape(len(times), -1)[:, 0].astype(float),
+                                  saved["persistence_close"].reshape(len(times)).astype(float))
+        return self._read(PREDICTIONS, load)
+
+    def plot(self) -> bytes:
+        """plot.png: the one a directory of format 1 holds, else drawn from history.csv and predictions.npz (the
+        report's two charts: the losses, and the test split's close against persistence)."""
+        if self.holds_plot():
+            return (self.path / PLOT).read_bytes()
+        metrics, prep = self.metrics(), self.preprocessing()
+        head = next((h for h in prep.heads if "close" in h.columns), None)
+        closes = self.test_closes(head.name, list(head.columns)) if head is not None else None
+        return draw_plot(self.history(), closes, metrics.job, metrics.headline, metrics.data.synthetic)
+
+    def _read(self, name: str, load: Callable[[Path], object], parse: Callable[[object], T] | None = None) -> T:
+        """The file `name`: `load`ed, passed through the upgrades from the directory's format to this one
+        (UPGRADES), then `parse`d. JobFileError when it is missing or cannot be read as what it should be;
+        charts.NoChart and UserError (a newer format; load's own line) pass as they are."""
+        path = self.path / name
+        upgrades = [steps[name] for version, steps in sorted(UPGRADES.items())
+                    if self.format <= version < FORMAT and name in steps]
+        if not path.is_file():
+            raise MissingJobFile(path)
+        try:
+            value = load(path)
+            for upgrade in upgrades:
+                value = upgrade(value)
+            return parse(value) if parse is not None else value
+        except (UserError, charts.NoChart):
+            raise
+        except Exception as exc:  # json, yaml, zip, pydantic, a missing key: whatever the garbage trips
+            if isinstance(exc, ValidationError):  # its first problem, not "14 validation errors for JobMetrics"
+                first = exc.errors()[0]
+                reason = f"{'.'.join(map(str, first['loc'])) or 'the file'}: {first['msg']}"
+            else:
+                reason = first_line(exc) or type(exc).__name__
+            raise JobFileError(path, f"{type(exc).__name__}: {reason}") from None
+
+
+def _json(path: Path) -> object:
+    return json.loads(path.read_text())
+
+
+def _yaml(path: Path) -> dict:
+    saved = yaml.safe_load(path.read_text())
+    if not isinstance(saved, dict):
+        raise ValueError("not a mapping")
+    return saved
+
+
+def _preprocessing(values: dict) -> Preprocessing:
+    if not (isinstance(values, dict) and values.get("symbol") and values.get("timeframe")):
+        raise ValueError("no symbol and timeframe")
+    return Preprocessing.from_dict(values)
+
+
+def _load_model(path: Path) -> keras.Model:
+    import keras  # here: the report reads job directories without Keras or TensorFlow
+
+    if not zipfile.is_zipfile(path):  # Keras would call it "File not found"
+        raise ValueError("not a .keras (zip) file")
+    with zipfile.ZipFile(path) as archive:
+        holders = _code_holders(json.loads(archive.read("config.json")))
+    if holders:  # Keras's safe mode would refuse it too, in a paragraph that says nothing of this file
+        raise UserError(f"{path}: holds Python code (in {', '.join(holders)}), which loading the model would run, "
+                        "so it is refused (Keras's safe mode); a model cryptotrain trains holds none: this one was "
+                        "made or changed elsewhere")
+    return keras.saving.load_model(path, compile=False)
+
+
+def _code_holders(config: object, holder: str = "the model") -> list[str]:
+    """What in a .keras file's config.json holds Python code (Keras writes a Python function's bytecode as a
+    "__lambda__" object), e.g. ["Lambda 'doubled'"]: each object with a name around such code, once."""
+    if isinstance(config, list):
+        return list(dict.fromkeys(found for item in config for found in _code_holders(item, holder)))
+    if not isinstance(config, dict):
+        return []
+    if config.get("class_name") == "__lambda__":
+        return [holder]
+    inner = config.get("config")
+    if "class_name" in config and isinstance(inner, dict) and "name" in inner:
+        holder = f"{config['class_name']} '{inner['name']}'"
+    return _code_holders(list(config.values()), holder)
+
+
+def draw_plot(history: pd.DataFrame, closes: CloseSeries | None, title: str, scores: Headline | None = None,
+              synthetic: bool = False) -> bytes:
+    """The report's two charts of a job (charts.py) in one PNG: its loss curves, and the predicted vs actual close
+    of the first forecast step on the test split beside persistence's (dashed); without `closes`, the losses alone.
+
+    scores: the job's headline test metrics (JobMetrics.headline: MAE, persistence's, skill), in the title.
+    synthetic: the candles were generated; the figure says so in red."""
+    # Imported here: the HTML report and `cryptotrain status` read job directories and need no Matplotlib.
+    from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
+
+    fig = Figure(figsize=(11, 6.5 if closes is not None else 3.5))
+    heading = f"{title}: training loss, and the test split in price units"
+    if scores:
+        heading += (f"\ntest {scores.label} (every horizon step): MAE {number(scores.mae, '.5g')} vs persistence "
+                    f"{number(scores.persistence_mae, '.5g')}, skill {number(scores.skill, '+.4f', missing='n/a')}")
+    fig.suptitle(heading, fontsize=11)
+    if synthetic:
+        fig.text(0.01, 0.985, "SYNTHETIC data", color="white", fontweight="bold", fontsize=11, ha="left", va="top",
+                 bbox={"boxstyle": "round,pad=0.3", "facecolor": "#c62828", "edgecolor": "none"})
+    axes = fig.subplots(2 if closes is not None else 1, 1, squeeze=False)[:, 0]
+    charts.draw(axes[0], charts.loss_chart(history))
+    if closes is not None:
+        charts.draw(axes[1], charts.price_chart(closes.times, closes.actual, closes.predicted, closes.persistence))
+    fig.subplots_adjust(left=0.08, right=0.97, top=0.84 if scores else 0.88, hspace=0.5)
+    out = io.BytesIO()
+    fig.savefig(out, format="png", dpi=72)
+    return out.getvalue()
