@@ -269,7 +269,8 @@ class RayExecutor:
 
     def _check_ray(self) -> None:
         """RunStopped when the Ray this run uses is gone: this node's raylet not answering (its object store went
-        with it, and Ray would end this process at its next use), or the cluster's GCS silent executor.gcs_patience_s."""
+        with it, and Ray would end this process at its next use), or the cluster's GCS silent
+        executor.gcs_patience_s."""
         if self._gcs is None:
             return
         try:
