@@ -12,7 +12,7 @@ FAMILIES = v7 v8_stable v8_aligned
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install check-install test demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray lint clean
+.PHONY: help install check-install test test-fast demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -37,8 +37,12 @@ check-install:   ## what a user gets: a fresh venv, a plain `pip install` of thi
 	cd "$$dir"; venv/bin/cryptotrain run --config quickstart --set train.epochs=1 --tensorboard; \
 	venv/bin/cryptotrain status runs/quickstart
 
-test: $(STAMP)   ## the test suite (fast: tiny configs, real components, the bundled candles)
-	$(PY) -m pytest -q
+# Every core (pytest-xdist); the session's one trained run is shared by the workers (tests/conftest.py).
+test: $(STAMP)   ## the whole suite on every core: tiny configs, real components, the bundled candles (<= 10 min on 2 cores)
+	$(PY) -m pytest -q -n auto
+
+test-fast: $(STAMP) ## the unit tier: no training, no process killed, no Ray (<= 2 min; CONTRIBUTING.md)
+	$(PY) -m pytest -q -n auto -m "not train and not processes"
 
 demo: $(STAMP)   ## train the quickstart config end to end (offline, real bundled candles, under a minute on CPU)
 	$(CLI) run --config configs/quickstart.yaml

@@ -1,10 +1,15 @@
-"""Shared fixtures: the real candles bundled in data/ohlcv (and freqtrade's files in tests/data) and a tiny
-config that runs every code path fast. Nothing here needs ../shared: a clone runs the suite on its own."""
+"""Shared fixtures: the real candles bundled in data/ohlcv (and freqtrade's files in tests/fixtures), a tiny
+config that runs every code path fast, and one run of it trained once for the whole session (`trained_run`,
+shared by every test that only reads a finished run; CONTRIBUTING.md). Nothing here needs ../shared: a clone runs
+the suite on its own."""
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import shutil
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 import yaml
@@ -15,7 +20,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 REPO = Path(__file__).resolve().parents[1]
 CANDLES_DIR = REPO / "data" / "ohlcv"  # real Binance candles, the last 3,000 rows of 8 series (its SOURCES.md)
-FREQTRADE_DIR = REPO / "tests" / "data" / "freqtrade" / "binance"  # freqtrade's own files, trimmed (its README.md)
+FREQTRADE_DIR = REPO / "tests" / "fixtures" / "freqtrade" / "binance"  # freqtrade's own files, trimmed (its README.md)
 
 
 @pytest.fixture(autouse=True)
@@ -97,6 +102,60 @@ def as_format_1(job_dir: Path) -> None:
     manifest = json.loads((job_dir / "manifest.json").read_text())
     del manifest["format"]
     (job_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+class TrainedRun(NamedTuple):
+    """A finished `cryptotrain run -v` of the tiny config: BTCUSDT and ETHUSDT 1h, 2 epochs each."""
+    run_dir: Path
+    config: Path  # its config file
+    output: str  # what the run printed (not on a terminal)
+
+    def copy(self, to: Path) -> TrainedRun:
+        """The run copied under `to` with a config of its own that points at the copy: for a test that changes it."""
+        run_dir = Path(shutil.copytree(self.run_dir, to / "run"))
+        config = to / "tiny.yaml"
+        config.write_text(yaml.safe_dump({**yaml.safe_load(self.config.read_text()), "output_dir": str(run_dir)},
+                                         sort_keys=False))
+        return TrainedRun(run_dir, config, self.output)
+
+
+@pytest.fixture(scope="session")
+def trained_run(tmp_path_factory) -> TrainedRun:
+    """The session's one trained run, for every test that only reads a finished run's results: read it, never
+    change it (`trained_run.copy(tmp_path)` for a test that does). Under pytest-xdist each worker is a process of
+    its own: the first to ask trains it, in process, under a file lock; the others wait and read what it wrote."""
+    from click.testing import CliRunner  # here: conftest loads for every test, the CLI's imports take a while
+
+    from trainer.cli import main
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the session's, above each worker's own
+    root = shared / "trained-run"
+    config, output = root / "tiny.yaml", root / "output.txt"
+    with open(shared / "trained-run.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not output.exists():
+            shutil.rmtree(root, ignore_errors=True)  # what a worker that failed here left
+            root.mkdir()
+            config.write_text(yaml.safe_dump(tiny_config_dict(root), sort_keys=False))
+            with pytest.MonkeyPatch.context() as env:
+                env.setenv("HF_HUB_OFFLINE", "1")
+                result = CliRunner().invoke(main, ["run", "--config", str(config), "-v"], catch_exceptions=False)
+            assert result.exit_code == 0, result.output
+            output.write_text(result.output)  # last: its presence says the run is whole
+    return TrainedRun(root / "run", config, output.read_text())
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that reads the shared trained run is in the train tier (pyproject's markers) without saying so. The
+    costliest tiers run first: under pytest-xdist the workers then end together, short tests filling the gaps
+    (a stable sort: each module's tests stay together, its module-scoped fixtures made once a worker)."""
+    for item in items:
+        if "trained_run" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.train)
+    items.sort(key=lambda item: 0 if item.get_closest_marker("processes") else
+               1 if item.get_closest_marker("train") else 2)
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ def _cryptotrain_without(packages: tuple[str, ...], *args: str, cwd) -> subproce
                           env={**os.environ, "PYTHONPATH": str(REPO)})
 
 
+@pytest.mark.train
 def test_tensorboard_missing_is_one_line_before_any_job(tiny_config, tmp_path):
     config = tiny_config()
     result = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--tensorboard", cwd=tmp_path)

@@ -18,7 +18,7 @@ from trainer.errors import UserError
 from trainer.run import jobdir
 from trainer.run.jobdir import FORMAT, JobDir, JobFileError
 
-TRAINER = Path(__file__).resolve().parents[1] / "trainer"
+TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 JOB_FILES = ("model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
              "predictions.npz", "har.json", "manifest.json")
 # config.yaml is also the run directory's own file (the config its run saved), named by run/rundir.py.

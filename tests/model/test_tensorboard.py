@@ -11,6 +11,8 @@ from click.testing import CliRunner
 from tests.conftest import tiny_config_dict
 from trainer.cli import main
 
+pytestmark = pytest.mark.train  # a run that writes TensorBoard logs
+
 event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
 
 

@@ -17,6 +17,8 @@ from trainer.cli import main
 from trainer.publish.hub import download_job
 from trainer.run.artifacts import jobs_dir
 
+pytestmark = pytest.mark.train  # the quickstart trained once for the module
+
 TOKEN = "hf_FaUlTyHuBtOkEn0123456789abcdef"
 REPO = "tester/cpb-quickstart"
 ONCE_A_PUSH = ("create", "paths_info", "validate_yaml", "preupload")  # requests a push makes once

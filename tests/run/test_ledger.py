@@ -18,7 +18,7 @@ from trainer.config import load_config
 from trainer.errors import JobError, UserError
 from trainer.run.ledger import Ledger, LostClaim
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # One helper process per scenario, run as `python -c WORKER MODE RUN_DIR [JOB...]`.
 WORKER = """
@@ -74,6 +74,7 @@ def ledger(tmp_path):
     ledger.close()
 
 
+@pytest.mark.processes
 def test_racing_processes_do_every_job_exactly_once(tmp_path):
     run_dir = tmp_path / "run"
     names = [f"SYM{i:02d}USDT_1h" for i in range(30)]
@@ -104,6 +105,7 @@ def test_racing_processes_do_every_job_exactly_once(tmp_path):
     ledger.close()
 
 
+@pytest.mark.processes
 def test_processes_creating_one_new_ledger_together_all_open_it(tmp_path):
     # SQLite refuses a concurrent switch to WAL at once ("database is locked") instead of waiting
     for attempt in range(5):

@@ -27,6 +27,7 @@ import yaml
 from tests.conftest import REPO, tiny_config_dict
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
+pytestmark = pytest.mark.processes  # a real Ray cluster and `cryptotrain run` processes, killed
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 # Ray >= 2.59 authenticates every client of a cluster with a token: the cluster and its drivers share this one.

@@ -23,6 +23,8 @@ from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay
 from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
 from trainer.run.pipeline import release_free_memory
 
+pytestmark = pytest.mark.train  # each test fits a tiny model
+
 
 @pytest.fixture(params=["float32", "mixed_float16"])
 def cfg(request, tmp_path):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from tests.conftest import tiny_config_dict
-from tests.test_windows import feature_frame, positions
+from tests.data.test_windows import feature_frame, positions
 from trainer.config import RunConfig
 from trainer.data.windows import make_windows
 from trainer.errors import JobError
@@ -120,6 +120,7 @@ def test_inconsistent_candles_are_counted(tmp_path):
     assert report.heads["bb"].inconsistent_candles is None
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("relative_to", ["last_close", None])
 def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
     raw = tiny_config_dict(tmp_path)

@@ -16,7 +16,7 @@ from conftest import CANDLES_DIR, as_format_1, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer.cli import main
-from trainer.config import RunConfig
+from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
 from trainer.data.features import compute_features
 from trainer.data.scalers import Scaler
@@ -31,20 +31,16 @@ from trainer.run.jobs import make_jobs
 from trainer.run.rundir import RunDir
 from trainer.run.runner import run_config
 
+pytestmark = pytest.mark.train  # the session's trained run, or a tiny run of the test's own
+
 TOKEN = "hf_PredictTestToken0123456789abcdef"
 DATA_FILE = CANDLES_DIR / "BTCUSDT_1h.csv.gz"
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    """One finished job, BTCUSDT 1h, trained for one epoch by the runner."""
-    tmp = tmp_path_factory.mktemp("predict")
-    raw = tiny_config_dict(tmp, cache_dir=str(tmp / "cache"))
-    raw["data"]["symbols"] = ["BTCUSDT"]
-    raw["train"]["epochs"] = 1
-    cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).complete
-    return cfg
+def run(trained_run) -> RunConfig:
+    """The session's shared run (BTCUSDT and ETHUSDT 1h, 2 epochs: conftest.trained_run), as its config."""
+    return load_config(trained_run.config)
 
 
 @pytest.fixture
@@ -153,8 +149,9 @@ def test_a_forecast_from_synthetic_candles_says_so(run, job_dir, tmp_path):
 
 
 def test_predictions_after_a_hub_round_trip_equal_the_local_ones(run, job_dir, monkeypatch, tmp_path):
+    run_dir = Path(shutil.copytree(run.run_dir, tmp_path / "run"))  # a push records itself in the ledger
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
-        with RunDir.open(run.run_dir, config_required=True) as opened:
+        with RunDir.open(run_dir, config_required=True) as opened:
             push_run(opened, repo_id="tester/cpb", private=True, overwrite_cards=False, only=())
         remote = predict_job("hf://tester/cpb", symbol="BTCUSDT", timeframe="1h", data_path=DATA_FILE,
                              config_path=None)
@@ -174,8 +171,8 @@ def test_a_changed_job_directory_is_refused(job_dir, tmp_path):
 
 @pytest.mark.parametrize("model_ref, symbol, message", [
     (".", None, "not a job directory"),
-    ("RUN", None, r"pass --symbol and --timeframe \(finished jobs: BTCUSDT_1h\)"),
-    ("RUN", "ETHUSDT", "no finished job ETHUSDT_1h"),
+    ("RUN", None, r"pass --symbol and --timeframe \(finished jobs: BTCUSDT_1h, ETHUSDT_1h\)"),
+    ("RUN", "SOLUSDT", "no finished job SOLUSDT_1h"),
     ("JOB", "ETHUSDT", "--symbol ETHUSDT: the model .* is for BTCUSDT 1h"),
 ])
 def test_bad_model_references(run, job_dir, model_ref, symbol, message):

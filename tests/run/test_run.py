@@ -42,23 +42,8 @@ def _run(*args: str):
     return CliRunner().invoke(main, ["run", *args], catch_exceptions=False)
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    """Two real-data jobs (BTC and ETH 1h), tiny layers, 2 epochs; -v, not on a terminal."""
-    tmp = tmp_path_factory.mktemp("run")
-    path = tmp / "tiny.yaml"
-    path.write_text(yaml.safe_dump(tiny_config_dict(tmp)))
-    result = _run("--config", str(path), "-v")
-    assert result.exit_code == 0, result.output
-    return tmp / "run", path, result.output
-
-
-def test_the_run_gives_the_process_its_usual_garbage_collection_back(finished_run):
-    assert gc.get_freeze_count() == 0  # objects are frozen between jobs only (pipeline.release_free_memory)
-
-
-def test_every_job_writes_complete_verified_artifacts(finished_run):
-    run_dir, _, output = finished_run
+def test_every_job_writes_complete_verified_artifacts(trained_run):
+    run_dir, _, output = trained_run
     for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
         job_dir = run_dir / "jobs" / job
         assert {p.name for p in job_dir.iterdir()} == JOB_FILES
@@ -82,8 +67,8 @@ def test_every_job_writes_complete_verified_artifacts(finished_run):
     assert "persistence" in output and "BTCUSDT_1h" in output
 
 
-def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(finished_run):
-    run_dir, _, _ = finished_run
+def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(trained_run):
+    run_dir, _, _ = trained_run
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
     preprocessing = json.loads((job_dir / "preprocessing.json").read_text())
     prep = Preprocessing.from_dict(preprocessing)
@@ -103,18 +88,20 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(fini
             np.testing.assert_allclose(prices[head["name"]][0], recorded[head["name"]][i], rtol=1e-4)
 
 
-def test_same_config_and_data_give_the_same_metrics(finished_run, tmp_path):
-    run_dir, config_path, _ = finished_run
+def test_same_config_and_data_give_the_same_metrics(trained_run, tmp_path):
+    run_dir, config_path, _ = trained_run
     result = _run("--config", str(config_path), "--set", f"output_dir={tmp_path / 'again'}")
     assert result.exit_code == 0, result.output
+    assert gc.get_freeze_count() == 0  # the run gives the process its usual garbage collection back: objects are
+    # frozen between jobs only (pipeline.release_free_memory)
     for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
         first = json.loads((run_dir / "jobs" / job / "metrics.json").read_text())
         second = json.loads((tmp_path / "again" / "jobs" / job / "metrics.json").read_text())
         assert first["heads"] == second["heads"] and first["best_val_loss"] == second["best_val_loss"]
 
 
-def test_rerun_of_a_finished_run_skips_every_job(finished_run):
-    run_dir, config_path, _ = finished_run
+def test_rerun_of_a_finished_run_skips_every_job(trained_run, tmp_path):
+    run_dir, config_path, _ = trained_run.copy(tmp_path)
     # Each done job keeps the checkpoint of its last epoch (to go on from with more epochs), nothing more.
     assert {p.name for p in (run_dir / ".backup" / "BTCUSDT_1h").glob("checkpoint*")} == {
         "checkpoint.npz", "checkpoint.previous.npz"}
@@ -128,8 +115,8 @@ def test_rerun_of_a_finished_run_skips_every_job(finished_run):
     assert not left_by_a_kill.exists()
 
 
-def test_a_job_directory_made_by_another_config_is_trained_again(finished_run, tmp_path):
-    run_dir, _, _ = finished_run
+def test_a_job_directory_made_by_another_config_is_trained_again(trained_run, tmp_path):
+    run_dir, _, _ = trained_run
     config = tmp_path / "other.yaml"
     data = tiny_config_dict(tmp_path)
     data["train"]["epochs"] = 1
@@ -143,10 +130,10 @@ def test_a_job_directory_made_by_another_config_is_trained_again(finished_run, t
 
 
 def test_a_run_recorded_by_an_earlier_version_resumes_with_the_options_added_since_at_their_defaults(
-        finished_run, tmp_path):
+        trained_run, tmp_path):
     """Its ledger's config lacks an option this version added (heads[].quantiles) and its fingerprint was computed
     without it: the same command takes the run over, trains nothing again, and never asks for --new-run."""
-    run_dir, config_path, _ = finished_run
+    run_dir, config_path, _ = trained_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
     config = tmp_path / "tiny.yaml"
@@ -164,8 +151,8 @@ def test_a_run_recorded_by_an_earlier_version_resumes_with_the_options_added_sin
     assert {p: p.stat().st_mtime_ns for p in (copy / "jobs").rglob("*")} == before  # nothing trained again
 
 
-def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(finished_run):
-    run_dir, config_path, _ = finished_run
+def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(trained_run, tmp_path):
+    run_dir, config_path, _ = trained_run.copy(tmp_path)
     result = CliRunner().invoke(main, ["run", "--config", str(config_path), "--set", "window.lookback=12",
                                        "--only", "BTC*"])
     assert result.exit_code == 2
@@ -178,6 +165,7 @@ def test_changed_config_is_refused_naming_the_keys_then_new_run_starts_over(fini
     assert config["window"]["lookback"] == 12
 
 
+@pytest.mark.train
 def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
     config = tiny_config()
     result = _run("--config", str(config), "--set", "data.symbols=[BTCUSDT, NOSUCHUSDT]", "--retries", "0")
@@ -191,8 +179,8 @@ def test_a_failing_job_is_recorded_and_the_others_go_on(tiny_config, tmp_path):
     assert status.exit_code == 0 and "failed" in status.output and "NOSUCHUSDT_1h" in status.output
 
 
-def test_status_answers_without_loading_tensorflow(finished_run):
-    run_dir = finished_run[0]
+def test_status_answers_without_loading_tensorflow(trained_run):
+    run_dir = trained_run[0]
     script = ("import sys; from trainer.cli import main; main(['status', sys.argv[1]], standalone_mode=False); "
               "print('tensorflow loaded' if 'tensorflow' in sys.modules else 'tensorflow not loaded')")
     result = subprocess.run([sys.executable, "-c", script, str(run_dir)], capture_output=True, text=True, timeout=60)
@@ -255,8 +243,8 @@ def test_a_job_retried_after_a_failure_counts_once_in_the_jobs_progress():
     assert (jobs_bar.completed, jobs_bar.total) == (1, 2)
 
 
-def test_not_on_a_terminal_a_run_prints_plain_lines_per_epoch_with_v_and_per_job(finished_run):
-    _, _, output = finished_run
+def test_not_on_a_terminal_a_run_prints_plain_lines_per_epoch_with_v_and_per_job(trained_run):
+    _, _, output = trained_run
     lines = [line for line in output.splitlines() if line.startswith(("BTCUSDT_1h:", "ETHUSDT_1h:"))]
     assert [re.sub(r"  loss .*", "", line) for line in lines if ": epoch " in line] == [
         "BTCUSDT_1h: epoch 1/2", "BTCUSDT_1h: epoch 2/2", "ETHUSDT_1h: epoch 1/2", "ETHUSDT_1h: epoch 2/2"]
@@ -297,6 +285,7 @@ main(["run", "--config", sys.argv[2], "--only", "BTC*", "--set", "train.epochs=1
 """
 
 
+@pytest.mark.train
 def test_tensorflows_onednn_notice_at_the_first_train_step_never_reaches_the_terminal(tiny_config, tmp_path):
     """With oneDNN on (the default on CPUs with AVX-512 VNNI), a CPU without AVX-512 gets "oneDNN supports DT_INT32
     only on platforms with AVX-512" from TensorFlow's C++ log at the first train step, at ERROR level."""
@@ -334,6 +323,7 @@ def test_a_jobs_line_says_plainly_whether_it_beats_persistence(skill, said):
         "skill +0.000 (no better than persistence); validation found no deviation from no change worth keeping")
 
 
+@pytest.mark.train
 def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path):
     config = tiny_config()
     result = _run("--config", str(config), "--only", "BTC*", "--retries", "0", "--set", "train.learning_rate=1e30")
@@ -344,6 +334,7 @@ def test_non_finite_loss_fails_the_job_with_a_clear_error(tiny_config, tmp_path)
                                             "try a lower train.learning_rate or train.clipvalue$", error), error
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("row, columns, value", [
     (-40, ["open", "high", "low", "close"], 1e150),  # a band far below zero, then infinite test metrics
     (-300, ["high"], 1e300),  # a training window: the loss diverges in the first epoch
@@ -385,6 +376,7 @@ def test_a_non_finite_number_is_found_by_its_key_path_and_never_written_as_json(
         write_json(tmp_path / "metrics.json", metrics)
 
 
+@pytest.mark.train
 def test_a_failed_job_is_retried_once_its_candles_are_fixed_or_when_asked(tiny_config, tmp_path):
     data_dir = tmp_path / "candles"
     data_dir.mkdir()
@@ -425,6 +417,7 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
+@pytest.mark.train
 def test_a_full_disk_stops_the_run_with_one_line_and_loses_nothing(tiny_config, small_disk):
     disk, grow = small_disk
     config = tiny_config(output_dir=str(disk / "run"))
@@ -517,23 +510,23 @@ def test_a_run_directory_on_a_read_only_disk_is_one_line_of_bad_input(tiny_confi
 
 
 @pytest.fixture(params=["another user's", "on a read-only disk"])
-def unwritable_run(request, finished_run, tmp_path_factory):
-    """(a copy of finished_run this user can read but not write, its config, a context to read it in, why a
+def unwritable_run(request, trained_run, tmp_path_factory):
+    """(a copy of trained_run this user can read but not write, its config, a context to read it in, why a
     write fails)."""
     if request.param == "on a read-only disk":
         shared = tmp_path_factory.mktemp("read-only")
-        run_dir = _mounted_read_only(shutil.copytree(finished_run[0], shared / "run"))
+        run_dir = _mounted_read_only(shutil.copytree(trained_run[0], shared / "run"))
         reading, reason = contextlib.nullcontext, "Read-only file system"
     else:
         shared = Path(tempfile.mkdtemp(prefix="cryptotrain-shared-"))  # under /tmp: any user may look inside
-        run_dir = shutil.copytree(finished_run[0], shared / "run")
+        run_dir = shutil.copytree(trained_run[0], shared / "run")
         for path in [shared, *shared.rglob("*")]:
             path.chmod(0o755 if path.is_dir() else 0o644)
         reading, reason = functools.partial(_as_another_user, run_dir), "Permission denied"
     (shared / "out").mkdir()
     (shared / "out").chmod(0o777)  # where the report goes
     config = shared / "tiny.yaml"
-    config.write_text(yaml.safe_dump({**yaml.safe_load(finished_run[1].read_text()), "output_dir": str(run_dir)}))
+    config.write_text(yaml.safe_dump({**yaml.safe_load(trained_run[1].read_text()), "output_dir": str(run_dir)}))
     config.chmod(0o644)
     try:
         yield run_dir, config, reading, reason
@@ -553,7 +546,7 @@ def _mounted_read_only(run_dir: Path) -> Path:
     return run_dir
 
 
-def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_predict(finished_run, unwritable_run,
+def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_predict(trained_run, unwritable_run,
                                                                                       monkeypatch):
     """A colleague's run, or one on a read-only mount: status, report (to a file elsewhere) and predict read it
     as it is, and say what they say of the run it is a copy of; report into it, and run, which would change it,
@@ -568,8 +561,8 @@ def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_pre
         predict = CliRunner().invoke(main, ["predict", "--model", str(run_dir / "jobs" / "BTCUSDT_1h"), "--json"])
         run = CliRunner().invoke(main, ["run", "--config", str(config)])
     original = {command: CliRunner().invoke(main, args, catch_exceptions=False) for command, args in {
-        "status": ["status", "--json", str(finished_run[0])],
-        "predict": ["predict", "--model", str(finished_run[0] / "jobs" / "BTCUSDT_1h"), "--json"]}.items()}
+        "status": ["status", "--json", str(trained_run[0])],
+        "predict": ["predict", "--model", str(trained_run[0] / "jobs" / "BTCUSDT_1h"), "--json"]}.items()}
 
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout) == json.loads(original["status"].stdout)
@@ -584,6 +577,7 @@ def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_pre
         "directory you can write"
 
 
+@pytest.mark.train
 def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(tiny_config, tmp_path):
     """train.epochs and early-stopping patience are a run's training budget, not its identity: changing them
     never needs --new-run. A job the new budget would train longer goes on from its last epoch; one it would
@@ -615,6 +609,7 @@ def test_more_epochs_on_an_existing_run_extend_its_jobs_and_fewer_retrain_them(t
     assert other.exit_code == 2 and "train.batch_size 64 -> 8" in other.output  # what a job computes: refused
 
 
+@pytest.mark.train
 def test_collinear_features_are_reported_once_a_run_not_once_a_job(tiny_config, caplog):
     """V7 keeps volatility beside bb_width_pct (they carry the same information): the run says so once."""
     bands = [{"name": name, "window": 20, "std": 2.0} for name in ("bb_upper", "bb_lower", "bb_width_pct")]

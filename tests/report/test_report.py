@@ -28,6 +28,8 @@ from trainer.run.jobdir import CloseSeries, JobDir, draw_plot
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
+pytestmark = pytest.mark.train  # a run trained once for the module (test_the_job_plot alone needs none)
+
 DONE = ["BTCUSDT_15m", "BTCUSDT_1h"]
 FAILED = ["NOSUCHUSDT_15m", "NOSUCHUSDT_1h"]
 PENDING = ["ETHUSDT_15m", "ETHUSDT_1h"]

@@ -18,6 +18,8 @@ from tests.conftest import CANDLES_DIR, REPO
 from trainer.cli import main
 from trainer.run.jobdir import JobDir
 
+pytestmark = pytest.mark.processes  # real `cryptotrain run` processes, stopped by signals
+
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 
 

@@ -21,6 +21,8 @@ from click.testing import CliRunner
 from tests.conftest import tiny_config_dict
 from trainer.cli import main
 
+pytestmark = pytest.mark.train  # a trained run, its files damaged, trained again
+
 JOB = "BTCUSDT_1h"
 GARBAGE = b"not what cryptotrain wrote here\n" * 40
 

@@ -237,6 +237,7 @@ def _card_snippet(card: str) -> str:
     return re.search(r"```python\n(.*?)```", card, flags=re.DOTALL).group(1)
 
 
+@pytest.mark.train
 @pytest.mark.parametrize("layout", ["a folder per job", "a repo per job"])
 def test_the_cards_load_one_liner_works_as_written(hub, run_dir, tmp_path, layout):
     """The card's own snippet, run as it is by a reader whose client points at the Hub, gives the job's model
@@ -496,6 +497,7 @@ def test_a_card_the_hub_refuses_is_a_one_line_job_error(hub, run_dir, monkeypatc
         push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
 
 
+@pytest.mark.train
 def test_a_refused_push_does_not_end_the_training_run(hub, tmp_path, monkeypatch):
     monkeypatch.setattr(hub_module, "run_card", refused_card)
     result = run_with_push(tmp_path, ["BTCUSDT", "ETHUSDT"])
@@ -503,6 +505,7 @@ def test_a_refused_push_does_not_end_the_training_run(hub, tmp_path, monkeypatch
     assert "push failed for BTCUSDT_1h: " in result.output and "2/2 jobs done, 0 failed, 2 not pushed" in result.output
 
 
+@pytest.mark.train
 def test_run_push_to_another_repo_pushes_the_done_jobs_there(hub, tmp_path):
     assert run_with_push(tmp_path, ["BTCUSDT"]).exit_code == 0
     moved = run_with_push(tmp_path, ["BTCUSDT"], repo_id="tester/cpb-elsewhere")  # hub is not in the fingerprint
@@ -512,6 +515,7 @@ def test_run_push_to_another_repo_pushes_the_done_jobs_there(hub, tmp_path):
     assert "BTCUSDT/1h/model.keras" in hub.files("tester/cpb-elsewhere")
 
 
+@pytest.mark.train
 def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tmp_path, monkeypatch):
     """Three real jobs with `run --push`: the first is committed as soon as it is done; the two that finish
     within the next PUSH_EVERY_S go together at the end. The ledger and `status` show every job's commit."""
@@ -534,6 +538,7 @@ def test_run_push_publishes_jobs_as_they_finish_within_the_commit_budget(hub, tm
     assert TOKEN not in result.output + status.output
 
 
+@pytest.mark.train
 def test_a_failed_push_keeps_the_job_exits_1_and_the_same_command_pushes_it_later(hub, tmp_path, monkeypatch):
     record_sleeps(monkeypatch)
     hub.fail("commit", 500, times=2 * hub_module.MAX_ATTEMPTS)  # the push after the job, and the one at the end

@@ -1,6 +1,6 @@
 """data.source: freqtrade: a freqtrade data directory read as it is (feather, parquet, json, json.gz), the
 symbol <-> pair-file mapping, one-line errors naming the directory or the file, the retry digest, and one
-run end to end on freqtrade's own files (tests/data/freqtrade/binance, trimmed; its README.md)."""
+run end to end on freqtrade's own files (tests/fixtures/freqtrade/binance, trimmed; its README.md)."""
 from __future__ import annotations
 
 import gzip
@@ -161,6 +161,7 @@ def test_the_retry_digest_covers_the_freqtrade_file(tmp_path):
     assert input_digest(cfg, "BTCUSDT", "1h") == edited  # the same bytes: the same digest
 
 
+@pytest.mark.train
 def test_a_run_trains_on_a_freqtrade_directory_end_to_end(tmp_path):
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path), sort_keys=False))

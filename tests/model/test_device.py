@@ -69,6 +69,7 @@ def test_unknown_precision_is_a_user_error():
         device.apply_precision("float64")
 
 
+@pytest.mark.train
 @pytest.mark.usefixtures("float32_after")
 @pytest.mark.parametrize("precision, compute_dtype", [
     ("float32", "float32"), ("mixed_float16", "float16"), ("mixed_bfloat16", "bfloat16")])
@@ -163,6 +164,7 @@ def test_all_blockers_of_a_layer_are_listed(tmp_path):
 
 
 # ----------------------------------------------------------------------------- doctor
+@pytest.mark.train
 @pytest.mark.usefixtures("float32_after")
 def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal width
@@ -174,6 +176,7 @@ def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
     assert "verdict: no problems found" in result.output
 
 
+@pytest.mark.train
 @pytest.mark.usefixtures("float32_after")
 def test_doctor_json_times_the_cpu_step():
     result = CliRunner().invoke(main, ["doctor", "--json"])
@@ -197,6 +200,7 @@ CPU_ONLY_BUILD = {"is_cuda_build": False}
 CUDA_12_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version": "9"}
 
 
+@pytest.mark.train
 @pytest.mark.usefixtures("float32_after")
 @pytest.mark.parametrize("build, driver, message, fix", [
     (CPU_ONLY_BUILD, {"found": True, "gpus": [H100], "error": None},
