@@ -6,6 +6,7 @@ uses no public API replaces are listed in ALLOWED, each kept in one place and wa
 from __future__ import annotations
 
 import ast
+import inspect
 import io
 import secrets
 from contextlib import redirect_stdout
@@ -24,7 +25,7 @@ ALLOWED = {
     "(test_ray_notices_are_silenced_by_the_one_switch_the_run_uses)",
     ("trainer/run/distributed.py", "_node_ip_address"): "ray.init's documented hidden option, for a Ray of the "
     "run's own that only this machine reaches; should Ray drop it, ray.init raises 'Unknown keyword argument(s)' "
-    "and the run stops in one line",
+    "and the run stops in one line (test_ray_init_still_takes_the_node_address_a_run_gives_its_own_ray)",
     ("trainer/model/device.py", "tensorflow.python"): "whether oneDNN runs, which no public API says: asked in "
     "onednn_runs alone (test_whether_onednn_runs_is_still_told_by_tensorflow)",
 }
@@ -195,3 +196,10 @@ def test_whether_onednn_runs_is_still_told_by_tensorflow():
     from trainer.model.device import onednn_runs
 
     assert isinstance(onednn_runs(), bool)
+
+
+def test_ray_init_still_takes_the_node_address_a_run_gives_its_own_ray():
+    """The one hidden ray.init option (distributed: a Ray of the run's own on 127.0.0.1): fails when Ray stops
+    reading it, before a user's run would stop on 'Unknown keyword argument(s)'."""
+    ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
+    assert 'kwargs.pop("_node_ip_address"' in inspect.getsource(ray.init)
