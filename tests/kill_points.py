@@ -34,20 +34,23 @@ def pause_once(original, marker: Path, when=lambda *a, **k: True):
     return wrapper
 
 
-def log_epochs(epoch_log: Path) -> None:
+def log_epochs(epoch_log: Path, patch=setattr) -> None:
+    """Append "JOB EPOCH" to epoch_log for every epoch begun; `patch` (monkeypatch.setattr in a test's own
+    process) puts the hooks in place."""
     train_one, on_epoch_begin = executors.train_one, training.StepTimer.on_epoch_begin
+    training_now = {}  # the job whose epochs begin
 
     def train_one_named(cfg, job, *args, **kwargs):
-        training.StepTimer.job = job.name
+        training_now["job"] = job.name
         return train_one(cfg, job, *args, **kwargs)
 
     def on_epoch_begin_logged(self, epoch, logs=None):
         with open(epoch_log, "a") as log:
-            log.write(f"{self.job} {epoch + 1}\n")
+            log.write(f"{training_now['job']} {epoch + 1}\n")
         on_epoch_begin(self, epoch, logs)
 
-    executors.train_one = train_one_named
-    training.StepTimer.on_epoch_begin = on_epoch_begin_logged
+    patch(executors, "train_one", train_one_named)
+    patch(training.StepTimer, "on_epoch_begin", on_epoch_begin_logged)
 
 
 def install(point: str, marker: Path) -> None:

@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 from click.testing import CliRunner
 
+from tests import kill_points
 from tests.conftest import CANDLES_DIR, REPO
 from trainer.cli import main
 from trainer.run.jobdir import JobDir
@@ -43,14 +44,14 @@ def _start_paused(point: str, marker: Path, epoch_log: Path, config: Path) -> su
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_sigint_at_its_default)
 
 
-def _rerun(tmp_path: Path, config: Path) -> dict[str, list[int]]:
-    """The same command again; returns the epochs it began, per job (and writes what it printed to
-    rerun.log)."""
+def _rerun(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
+    """The same command again, in the test's own process (nothing kills it); returns the epochs it began, per job
+    (and writes what it printed to rerun.log)."""
     epoch_log = tmp_path / "rerun_epochs.log"
-    rerun = subprocess.run(_through_kill_points("none", tmp_path / "unused", epoch_log, config), cwd=REPO,
-                           capture_output=True, text=True, timeout=600)
-    assert rerun.returncode == 0, rerun.stderr[-3000:]
-    (tmp_path / "rerun.log").write_text(rerun.stderr)
+    kill_points.log_epochs(epoch_log, monkeypatch.setattr)
+    rerun = CliRunner().invoke(main, ["run", "--config", str(config)], catch_exceptions=False)
+    assert rerun.exit_code == 0, rerun.output[-3000:]
+    (tmp_path / "rerun.log").write_text(rerun.output)
     began: dict[str, list[int]] = {}
     for line in epoch_log.read_text().splitlines() if epoch_log.exists() else []:
         job, epoch = line.split()
@@ -77,7 +78,7 @@ def _four_job_config(tiny_config) -> Path:
               "early_stopping": {"patience": 5}, "reduce_lr": {"patience": 2}})
 
 
-def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path):
+def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path, monkeypatch):
     config = _four_job_config(tiny_config)
     marker = tmp_path / "paused"
     victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
@@ -92,7 +93,7 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
     with np.load(tmp_path / "run" / ".backup" / "BTCUSDT_15m" / "checkpoint.npz") as kept:
         assert int(kept["epoch"]) == 1  # its finished epoch is kept
 
-    began = _rerun(tmp_path, config)
+    began = _rerun(tmp_path, config, monkeypatch)
     assert began["BTCUSDT_15m"] == [2, 3]  # resumed after its finished epoch, not trained again
     assert "BTCUSDT_15m: resuming at epoch 2 of 3 (epoch 1 was saved)" in (tmp_path / "rerun.log").read_text()
     history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
@@ -101,7 +102,8 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
 
 @pytest.mark.parametrize("stop, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130),
                                         (signal.SIGTERM, 143)])
-def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, tmp_path, stop, code):
+def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, tmp_path, monkeypatch, stop,
+                                                                   code):
     """Stopped with half of the second epoch's checkpoint on disk: the rerun goes on from the first epoch's,
     and finishes. Ctrl-C and SIGTERM stop cleanly, saying how to resume."""
     config = _four_job_config(tiny_config)
@@ -113,7 +115,7 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
     if stop != signal.SIGKILL:
         assert "Resume with:" in victim.stderr.read().decode()
 
-    began = _rerun(tmp_path, config)
+    began = _rerun(tmp_path, config, monkeypatch)
     assert began["BTCUSDT_15m"] == [2, 3]
     history = pd.read_csv(tmp_path / "run" / "jobs" / "BTCUSDT_15m" / "history.csv")
     assert history["epoch"].tolist() == [1, 2, 3]
@@ -125,7 +127,8 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
 # (its training had finished; only its artifacts were not committed).
 @pytest.mark.parametrize("point,first_job_epochs", [("features", [1, 2, 3]), ("mid-epoch", [2, 3]),
                                                     ("artifacts", [])])
-def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, point, first_job_epochs):
+def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, monkeypatch, point,
+                                                           first_job_epochs):
     config = _four_job_config(tiny_config)
     run_dir = tmp_path / "run"
     marker = tmp_path / "paused"
@@ -135,7 +138,7 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
     victim.send_signal(signal.SIGKILL)
     victim.wait()
 
-    began = _rerun(tmp_path, config)
+    began = _rerun(tmp_path, config, monkeypatch)
     assert began.get("BTCUSDT_15m", []) == first_job_epochs
     assert all(began[job] == [1, 2, 3] for job in JOBS[1:])
 
