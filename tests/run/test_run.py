@@ -554,15 +554,19 @@ def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_pre
     run_dir, config, reading, reason = unwritable_run
     monkeypatch.setenv("CRYPTOTRAIN_CACHE", str(run_dir.parent / "out" / "cache"))  # this user's own
     elsewhere = run_dir.parent / "out" / "report.html"
+    # What each command says of the run it is a copy of, first: this process then has the package's own files
+    # (modules, the report's CSS and JS) as an installed cryptotrain gives them to every user. A checkout in a
+    # private temp directory (CI's) is not another user's to read.
+    original = {command: CliRunner().invoke(main, args, catch_exceptions=False) for command, args in {
+        "status": ["status", "--json", str(trained_run[0])],
+        "report": ["report", str(trained_run[0]), "-o", str(run_dir.parent / "original.html")],
+        "predict": ["predict", "--model", str(trained_run[0] / "jobs" / "BTCUSDT_1h"), "--json"]}.items()}
     with reading():
         status = CliRunner().invoke(main, ["status", "--json", str(run_dir)])
         report = CliRunner().invoke(main, ["report", str(run_dir), "-o", str(elsewhere)])
         report_inside = CliRunner().invoke(main, ["report", str(run_dir)])
         predict = CliRunner().invoke(main, ["predict", "--model", str(run_dir / "jobs" / "BTCUSDT_1h"), "--json"])
         run = CliRunner().invoke(main, ["run", "--config", str(config)])
-    original = {command: CliRunner().invoke(main, args, catch_exceptions=False) for command, args in {
-        "status": ["status", "--json", str(trained_run[0])],
-        "predict": ["predict", "--model", str(trained_run[0] / "jobs" / "BTCUSDT_1h"), "--json"]}.items()}
 
     assert status.exit_code == 0, status.output
     assert json.loads(status.stdout) == json.loads(original["status"].stdout)

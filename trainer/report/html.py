@@ -18,6 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cache
 from datetime import datetime, timezone
 from importlib.resources import files
 from pathlib import Path
@@ -161,8 +162,9 @@ def _page(run_dir: Path, config: RunConfig | None, config_note: str | None, jobs
             "</head>\n<body>\n" + "\n".join(body) + f"\n<script>\n{_static('report.js')}</script>\n</body>\n</html>\n")
 
 
+@cache
 def _static(name: str) -> str:
-    """A file of trainer/report/static (package data), put inline: the page fetches nothing."""
+    """A file of trainer/report/static (package data), put inline: the page fetches nothing. Read once a process."""
     return (files(__package__) / "static" / name).read_text(encoding="utf-8")
 
 
