@@ -18,8 +18,8 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import cache
 from datetime import datetime, timezone
+from functools import cache
 from importlib.resources import files
 from pathlib import Path
 from typing import TypeVar
