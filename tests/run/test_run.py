@@ -558,19 +558,21 @@ def test_a_run_directory_this_user_cannot_write_is_read_by_status_report_and_pre
     # in a private temp directory, CI's clone, another user cannot read).
     candles = Path(shutil.copy(CANDLES_DIR / "BTCUSDT_1h.csv.gz", run_dir.parent / "out"))
     candles.chmod(0o644)
-    predicting = ["--model", str(run_dir / "jobs" / "BTCUSDT_1h"), "--data", str(candles), "--json"]
+
+    def predicting(run: Path) -> list[str]:
+        return ["predict", "--model", str(run / "jobs" / "BTCUSDT_1h"), "--data", str(candles), "--json"]
+
     # What each command says of the run it is a copy of, first: this process then has the package's own files
     # (modules, the report's CSS and JS) as an installed cryptotrain gives them to every user.
     original = {command: CliRunner().invoke(main, args, catch_exceptions=False) for command, args in {
         "status": ["status", "--json", str(trained_run[0])],
         "report": ["report", str(trained_run[0]), "-o", str(run_dir.parent / "original.html")],
-        "predict": ["predict", *predicting[:1], str(trained_run[0] / "jobs" / "BTCUSDT_1h"), *predicting[2:]],
-    }.items()}
+        "predict": predicting(trained_run[0])}.items()}
     with reading():
         status = CliRunner().invoke(main, ["status", "--json", str(run_dir)])
         report = CliRunner().invoke(main, ["report", str(run_dir), "-o", str(elsewhere)])
         report_inside = CliRunner().invoke(main, ["report", str(run_dir)])
-        predict = CliRunner().invoke(main, ["predict", *predicting])
+        predict = CliRunner().invoke(main, predicting(run_dir))
         run = CliRunner().invoke(main, ["run", "--config", str(config)])
 
     assert status.exit_code == 0, status.output
