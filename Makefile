@@ -37,9 +37,13 @@ check-install:   ## what a user gets: a fresh venv, a plain `pip install` of thi
 	cd "$$dir"; venv/bin/cryptotrain run --config quickstart --set train.epochs=1 --tensorboard; \
 	venv/bin/cryptotrain status runs/quickstart
 
-# Every core (pytest-xdist); the session's one trained run is shared by the workers (tests/conftest.py).
-test: $(STAMP)   ## the whole suite on every core: tiny configs, real components, the bundled candles (<= 10 min on 2 cores)
-	$(PY) -m pytest -q -n auto
+# pytest-xdist workers for `make test`: two a core, at most 8. The suite waits on the processes it starts (runs it
+# kills, Ray) a good share of the time: on 2 cores, 4 workers took 538 s where 2 took 694 s (2026-11-26); each
+# worker holds ~2.5 GB. The session's one trained run is shared by the workers (tests/conftest.py).
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, 2 * len(os.sched_getaffinity(0))))")
+
+test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (~9 min on 2 cores)
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 
 test-fast: $(STAMP) ## the unit tier: no training, no process killed, no Ray (<= 2 min; CONTRIBUTING.md)
 	$(PY) -m pytest -q -n auto -m "not train and not processes"
