@@ -138,7 +138,10 @@ def trained_run(tmp_path_factory) -> TrainedRun:
         if not output.exists():
             shutil.rmtree(root, ignore_errors=True)  # what a worker that failed here left
             root.mkdir()
-            config.write_text(yaml.safe_dump(tiny_config_dict(root), sort_keys=False))
+            # Its candle head starts at HAR + time of day, as the families' do
+            heads = tiny_config_dict(root)["heads"]
+            heads[0].update(har=True, loss="mae")
+            config.write_text(yaml.safe_dump(tiny_config_dict(root, heads=heads), sort_keys=False))
             with pytest.MonkeyPatch.context() as env:
                 env.setenv("HF_HUB_OFFLINE", "1")
                 result = CliRunner().invoke(main, ["run", "--config", str(config), "-v"], catch_exceptions=False)

@@ -24,7 +24,7 @@ from pydantic import (
 )
 
 from .data.indicators import Indicator
-from .data.settings import DataConfig, FeaturesConfig, HeadConfig, WindowConfig
+from .data.settings import DataConfig, FeaturesConfig, HeadConfig, WindowConfig, range_output
 from .data.sources import FilePattern, check_file_pattern, check_repo_id
 from .errors import ConfigError
 from .files import beside_package
@@ -95,6 +95,13 @@ class RunConfig(Strict):
     @classmethod
     def _unique_heads(cls, heads: list[HeadConfig]) -> list[HeadConfig]:
         no_duplicates([h.name for h in heads], "head names")
+        started = [h.name for h in heads if h.har]
+        if len(started) > 1:
+            raise ValueError(f"har: true on one head only (it is on {', '.join(started)}): the HAR inputs are "
+                             "scaled as that head's candle")
+        if started and range_output(started[0]) in [h.name for h in heads]:
+            raise ValueError(f"head '{range_output(started[0])}': the name of head '{started[0]}''s range output "
+                             "(har: true); rename it")
         return heads
 
     @model_validator(mode="after")

@@ -191,6 +191,25 @@ def test_har_alone_forecasts_after_any_candles_as_fitted_and_round_trips_through
             np.testing.assert_allclose(forecast["volatility"][name], volatility[name][0], rtol=1e-4, err_msg=name)
 
 
+def test_a_har_heads_input_uses_nothing_at_or_after_the_target_and_predict_sees_the_same(candles):
+    """What a HAR head reads beside each window (Baselines.har_inputs, at its origin): HAR's high, low and
+    root-mean-square range, from rows up to the origin only; and predict (Har.inputs after the candles up to the
+    origin) computes the same."""
+    windows = split(candles)
+    test = windows.test.first_target_rows
+    cut = test[len(test) // 2]
+    before = fit(candles, windows).har_inputs()
+    after = fit(perturbed(candles, cut), windows).har_inputs()
+    assert before.shape == (len(candles), HORIZON, 3) and np.all(before > 0)
+    np.testing.assert_array_equal(before[:cut], after[:cut])  # origins before the first changed row: unmoved
+    assert not np.allclose(before[cut:], after[cut:])  # the origins that see the new rows move
+    fitted = fit(candles, windows)
+    np.testing.assert_allclose(before[:, :, 2], fitted.forecast(np.arange(1, len(candles) + 1))["har_tod_rms"]["range"])
+    har = bl.Har.from_dict(json.loads(json.dumps(fitted.har.to_dict())))
+    for origin in test[[0, -1]] - 1:
+        np.testing.assert_allclose(har.inputs(candles.iloc[:origin + 1]), before[[origin]], rtol=1e-9)
+
+
 def test_a_combination_weighs_each_forecast_by_what_it_adds_on_validation():
     rng = np.random.default_rng(3)
     actual = rng.gamma(2.0, 0.005, (20_000, 2))

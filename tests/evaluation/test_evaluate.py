@@ -13,6 +13,7 @@ from tests.data.test_windows import feature_frame, positions
 from trainer.config import RunConfig
 from trainer.data.windows import make_windows
 from trainer.errors import JobError
+from trainer.evaluation import baselines
 from trainer.evaluation.baselines import fit_baselines
 from trainer.evaluation.evaluate import (
     candle_scores,
@@ -226,7 +227,8 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
         points = fitted.forecast(split.first_target_rows)[baseline]
         return _prices(split.last_close, points["high"], points["low"], np.zeros_like(points["high"]))
 
-    scores = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val, fitted)
+    scores, served = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val,
+                                   fitted)
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores  # what metrics.json holds
     # HAR's own excursions score 0 against HAR; against no change, what HAR scores - from the frame itself.
     assert scores.high.skill["har_tod"] == pytest.approx(0, abs=1e-9)
@@ -238,13 +240,33 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
         1 - np.abs(har_high - high_next).mean() / np.abs(high_next).mean(), rel=1e-9)
     assert scores.high.skill["no_change"] > 0.2  # the size of a candle is predictable: HAR beats no change
     assert scores.range.qlike_skill is not None
+    # predictions.npz keeps what users get per window and step: re-scoring it gives the scores
+    actual_next = fitted.actual(test.first_target_rows)
+    for quantity in ("high", "low", "range"):
+        assert served[f"expected_{quantity}"].shape == (len(test), 3)
+        assert np.abs(served[f"expected_{quantity}"][:, 0] - actual_next[quantity][:, 0]).mean() == pytest.approx(
+            getattr(scores, quantity).mae, rel=1e-12)
+    assert baselines.qlike(served["expected_range_rms"][:, 0], actual_next["range"][:, 0], fitted.floor) == \
+        pytest.approx(scores.range.qlike, rel=1e-12)
+    inside = (served["interval_low"][:, 0] <= actual_next["return"][:, 0]) & \
+        (actual_next["return"][:, 0] <= served["interval_high"][:, 0])
+    assert inside.mean() == pytest.approx(scores.interval.coverage)
+
+    # A HAR head that forecasts HAR's root-mean-square range exactly: QLIKE skill 0 at the next candle and over the
+    # mean range of the steps, and its median range is HAR's scaled to validation
+    rms = {split: fitted.forecast(split.first_target_rows)["har_tod_rms"]["range"] for split in (test, val)}
+    started, _ = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val, fitted,
+                               range_rms=(rms[test], rms[val]))
+    assert started.range.network_qlike_skill == pytest.approx(0, abs=1e-12)
+    assert started.mean_range.network_qlike_skill == pytest.approx(0, abs=1e-12)
+    assert started.mean_range.har_qlike > 0 and started.mean_range.steps == 3
 
     # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
     actual = fitted.actual(test.first_target_rows)
     val_actual = fitted.actual(val.first_target_rows)
-    perfect = candle_scores(head, _prices(test.last_close, actual["high"], actual["low"], actual["return"]), test,
-                            _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]), val,
-                            fitted)
+    perfect, _ = candle_scores(head, _prices(test.last_close, actual["high"], actual["low"], actual["return"]), test,
+                               _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]),
+                               val, fitted)
     for quantity in ("high", "low", "range"):
         assert all(v == pytest.approx(1) for v in getattr(perfect, quantity).skill.values()), quantity
     assert perfect.interval.margin == pytest.approx([0, 0, 0], abs=1e-12)
@@ -256,7 +278,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     def noise(split) -> np.ndarray:
         return _prices(split.last_close, *np.abs(rng.normal(0, 0.02, (2, len(split), 3))), np.zeros((len(split), 3)))
 
-    noisy = candle_scores(head, noise(test), test, noise(val), val, fitted)
+    noisy, _ = candle_scores(head, noise(test), test, noise(val), val, fitted)
     for quantity in ("high", "low"):
         assert max(getattr(noisy, quantity).network_weight) <= 0.1, getattr(noisy, quantity).network_weight
         assert getattr(noisy, quantity).network_skill["har_tod"] < -0.5 < getattr(noisy, quantity).skill["har_tod"]
@@ -267,7 +289,7 @@ def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles
     test, val = windows.test, windows.val
     zeros = np.zeros((len(test), 3))
     interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
-                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted).interval
+                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted)[0].interval
     # ~430 test samples: a binomial standard error of 2 points around 80 %.
     assert 0.72 <= interval.coverage <= 0.88, interval
     assert interval.baselines.keys() == {"static", "ewma_scaled"}

@@ -13,8 +13,12 @@ from pydantic import Field, ValidationError
 
 from tests.conftest import REPO, tiny_config_dict
 from trainer.config import RunConfig, load_config
+from trainer.data import load_candles
+from trainer.data.features import load_features
 from trainer.data.windows import make_windows
 from trainer.errors import UserError
+from trainer.evaluation.baselines import fit_baselines, quantities
+from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.model.layers import Layer
 from trainer.model.models import Pinball, build_model, count_params, output_shapes
 
@@ -283,3 +287,50 @@ def test_quantile_heads_are_checked(tmp_path, change, message):
     raw["heads"][0]["quantiles"] = [0.1, 0.9]  # on the candle head
     with pytest.raises(ValueError, match="a candle head forecasts one candle"):
         RunConfig.model_validate(raw)
+
+
+HAR_HEAD = {"name": "ohlc", "columns": ["open", "high", "low", "close"], "candle": True, "har": True, "loss": "mae"}
+
+
+def har_windows(cfg: RunConfig, model: keras.Model, symbol: str = "BTCUSDT"):
+    """The job's windows with HAR's forecasts (what train_one gives a HAR head), and the fitted baselines."""
+    frame, _ = load_features(load_candles(cfg, symbol, "1h"), cfg.features, cfg.cache_path)
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model, cfg.heads))
+    fitted = fit_baselines(frame, "1h", cfg.window.horizon, windows.train.first_target_rows,
+                           windows.val.first_target_rows)
+    return windows.with_har(fitted.har_inputs()), fitted
+
+
+def test_an_untrained_har_head_forecasts_exactly_har(tmp_path):
+    """HARNet's start: before any training the head's high and low excursions are HAR + time of day's, its range
+    output HAR's root-mean-square range, and its close the last close."""
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD]))
+    model = build_model(cfg.network, cfg.train)
+    assert sorted(model.input) == ["har_high", "har_low", "har_range", "inputs"]
+    assert set(model.output) == {"ohlc", "ohlc_range"}
+    windows, fitted = har_windows(cfg, model)
+    test, prep = windows.test, windows.preprocessing
+    outputs = predict_fixed_batches(model, test.x)
+    candle = prep.to_prices(prep.point(outputs), test.last_close)["ohlc"]
+    forecast = quantities(*(candle[..., prep.heads[0].columns.index(c)] for c in ("high", "low", "close")),
+                          test.last_close)
+    har = fitted.forecast(test.first_target_rows)
+    np.testing.assert_allclose(forecast["high"], har["har_tod"]["high"], rtol=1e-6)
+    np.testing.assert_allclose(forecast["low"], har["har_tod"]["low"], rtol=1e-6)
+    np.testing.assert_allclose(prep.range_forecast(outputs), har["har_tod_rms"]["range"], rtol=1e-6)
+    np.testing.assert_allclose(forecast["return"], 0, atol=1e-12)
+    # Not HAR's through some other path: give the head other HAR forecasts and its candles follow them
+    doubled = windows.with_har(2 * fitted.har_inputs())
+    outputs = predict_fixed_batches(model, doubled.test.x)
+    np.testing.assert_allclose(prep.range_forecast(outputs), 2 * har["har_tod_rms"]["range"], rtol=1e-6)
+
+
+def test_a_har_head_needs_a_candle_and_is_one(tmp_path):
+    with pytest.raises(ValidationError, match="har: true .* needs candle: true"):
+        RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[{**HAR_HEAD, "candle": False,
+                                                                    "columns": ["close"]}]))
+    with pytest.raises(ValidationError, match="one head only"):
+        RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD, {**HAR_HEAD, "name": "other"}]))
+    with pytest.raises(ValidationError, match="ohlc_range"):
+        RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD, {"name": "ohlc_range",
+                                                                              "columns": ["close"]}]))

@@ -13,6 +13,7 @@ import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
+from tests.model.test_models import HAR_HEAD, har_windows
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
 from trainer.data.features import load_features
@@ -310,3 +311,26 @@ def test_early_stopping_on_a_metric_whose_direction_keras_cannot_tell_fails_as_k
         keras_rule.on_epoch_end(0, {"val_mae": 1.0})
     with pytest.raises(ValueError, match="early_stopping.monitor val_mae: whether it should go up or down is unknown"):
         ours.observe(0, 1.0)
+
+
+def test_a_har_heads_windows_train_on_the_device_and_its_saved_model_reads_them(tmp_path):
+    """A HAR head's model reads HAR's forecasts beside the windows: the device gathers them as SplitWindows.x
+    holds them, its range output's target is the scaled ln(high / low), and model.keras (two kinds of input)
+    loads and predicts what was trained."""
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD]))
+    model = ModelCache().model_for(cfg.network, cfg.train)
+    windows, _ = har_windows(cfg, model)
+    feed = model.feed_for(windows)
+    x, y = feed.gather(tf.constant(windows.val.first_target_rows))
+    assert x.keys() == windows.val.x.keys() == {"inputs", "har_high", "har_low", "har_range"}
+    for name, values in x.items():
+        np.testing.assert_allclose(values.numpy(), windows.val.x[name], atol=2e-4, rtol=1e-5)
+    high, low = (windows.preprocessing.heads[0].columns.index(c) for c in ("high", "low"))
+    np.testing.assert_allclose(y["ohlc_range"].numpy()[..., 0],
+                               windows.val.y["ohlc"][..., high] - windows.val.y["ohlc"][..., low], atol=2e-4)
+    fit(model, windows, cfg.train, tmp_path / "backup")
+    model.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
+    expected, predicted = (predict_fixed_batches(m, windows.test.x) for m in (model, loaded))
+    for name in ("ohlc", "ohlc_range"):
+        np.testing.assert_array_equal(predicted[name], expected[name])

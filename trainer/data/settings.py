@@ -112,6 +112,15 @@ class WindowConfig(Strict):
 
 
 CANDLE = ("open", "high", "low", "close")
+# A HAR-started candle head (HeadConfig.har) reads, beside the input windows, HAR + time of day's forecast of each
+# step (trainer.evaluation.baselines, fitted on the train split): these model inputs, each (horizon, 1) - the high
+# excursion, minus the low excursion and the root-mean-square log range, in the head's scaled units; and it
+# forecasts the log range as an output of its own, named range_output(head).
+HAR_INPUTS = ("har_high", "har_low", "har_range")
+
+
+def range_output(head: str) -> str:
+    return f"{head}_range"
 
 
 class HeadConfig(Strict):
@@ -126,12 +135,20 @@ class HeadConfig(Strict):
     # lowest plus non-negative gaps) and trained with the pinball loss; its point forecast is the median (0.5,
     # else the middle quantile).
     quantiles: list[float] = []
+    # A candle head that starts at HAR + time of day (HARNet, Reisenhofer, Bayer & Hautsch 2022): its high and
+    # low excursions, and a log range output of its own (range_output), are HAR's forecast for the window times
+    # exp(the network's correction), the correction's last layer zero at the start, so that an untrained network
+    # forecasts exactly HAR. The range is trained on QLIKE (its forecast: the root mean square range), the
+    # excursions on the head's loss (mae: their medians). false: the high and low are the body plus two free wicks.
+    har: bool = False
 
     @model_validator(mode="after")
     def _candle_columns(self) -> HeadConfig:
         if self.candle and sorted(self.columns) != sorted(CANDLE):
             raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
                              f"(got {', '.join(self.columns)})")
+        if self.har and not self.candle:
+            raise ValueError("har: true starts a candle's high and low at HAR's; it needs candle: true")
         return self
 
     @model_validator(mode="after")

@@ -35,7 +35,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 from ..errors import JobError, UserError
 from .indicators import Indicator
 from .scalers import Scaler, float32
-from .settings import CANDLE, HeadConfig, Split, WindowConfig
+from .settings import CANDLE, HAR_INPUTS, HeadConfig, Split, WindowConfig, range_output
 
 SPLITS = ("train", "val", "test")
 
@@ -132,6 +132,7 @@ class HeadTarget:
     # The weight of the forecast's deviation from "no change" (see Preprocessing.shrunk); 1: as the model says.
     shrink: float = 1.0
     quantiles: tuple[float, ...] = ()  # a quantile head's levels: its outputs are (*shape[:-1], Q, C)
+    har: bool = False  # started at HAR + time of day (HeadConfig.har): its model reads HAR_INPUTS
 
     @property
     def median(self) -> int | None:
@@ -163,6 +164,38 @@ class Preprocessing:
 
     def head_positions(self, head: HeadTarget) -> list[int]:
         return [self.input_columns.index(c) for c in head.columns]
+
+    @property
+    def har_head(self) -> HeadTarget | None:
+        """The head started at HAR + time of day (at most one), whose model reads HAR_INPUTS."""
+        return next((h for h in self.heads if h.har), None)
+
+    def har_inputs(self, har: np.ndarray) -> dict[str, np.ndarray]:
+        """HAR + time of day's forecasts (N, horizon, 3) of each sample's high excursion ln(high / C), low
+        excursion ln(C / low) and root-mean-square log range ln(high / low), C the last close -> HAR_INPUTS, each
+        (N, horizon, 1) float32 in the HAR head's scaled units: the high, minus the low (as the head's high and low
+        columns are scaled: log ratios to the last close over the candle's shared scale, offset 0) and the range
+        (the high's scale). See models._har_candle."""
+        head = self.har_head
+        high, low = (head.scaler.scale[head.columns.index(c)] for c in ("high", "low"))
+        scaled = np.asarray(har, np.float64) / np.array([high, -low, high])
+        return {name: float32(scaled[..., [i]]) for i, name in enumerate(HAR_INPUTS)}
+
+    def range_forecast(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
+        """The HAR head's range output -> its forecast of the root-mean-square log range ln(high / low), (N, H)."""
+        head = self.har_head
+        return np.asarray(outputs[range_output(head.name)], np.float64).reshape(len(outputs[head.name]), -1) \
+            * head.scaler.scale[head.columns.index("high")]
+
+    def model_inputs(self, x: np.ndarray, har: np.ndarray | None) -> np.ndarray | dict[str, np.ndarray]:
+        """What the model is called with: the input windows (N, lookback, F) alone, or with a HAR head, a dict of
+        them ("inputs") and har_inputs(har)."""
+        if self.har_head is None:
+            return x
+        if har is None:
+            raise JobError(f"head '{self.har_head.name}' starts at HAR + time of day: its model needs HAR's forecast "
+                           "of each window, which was not given")
+        return {"inputs": x, **self.har_inputs(har)}
 
     def inputs(self, encoded_windows: np.ndarray, anchor: np.ndarray) -> np.ndarray:
         """Encoded input windows (N, lookback, F), a float64 copy that is framed and scaled in place, and their
@@ -237,7 +270,7 @@ class Preprocessing:
             "horizon": self.horizon,
             "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
                        "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict(),
-                       "quantiles": list(h.quantiles)} for h in self.heads],
+                       "quantiles": list(h.quantiles), "har": h.har} for h in self.heads],
             "splits": self.splits,
             "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
         }
@@ -248,7 +281,7 @@ class Preprocessing:
         versions)."""
         heads = tuple(HeadTarget(h["name"], tuple(h["columns"]), tuple(h["target_shape"]),
                                  Scaler.from_dict(h["scaler"]), bool(h["candle"]), float(h["shrink"]),
-                                 tuple(h["quantiles"])) for h in d["heads"])
+                                 tuple(h["quantiles"]), bool(h.get("har", False))) for h in d["heads"])
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d["relative_to"],
                    Scaler.from_dict(d["scaler"]), heads, d["splits"], d["symbol"], d["timeframe"],
                    tuple(d["indicators"]))
@@ -261,6 +294,9 @@ class _Rows:
     raw: np.ndarray  # (T, R) float64: the feature values of the columns read back as they are
     raw_positions: tuple[int, ...]  # those R columns' positions among the F: the heads' and the anchor's
     preprocessing: Preprocessing
+    # (T, horizon, 3) HAR + time of day's forecasts after each row (Preprocessing.har_inputs has which), for a HAR
+    # head: Windows.with_har
+    har: np.ndarray | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -285,11 +321,12 @@ class SplitWindows:
         return self.rows.raw[self.first_target_rows - 1, self._raw([self.rows.preprocessing.framing.anchor_column])[0]]
 
     @cached_property
-    def x(self) -> np.ndarray:
-        """(N, lookback, F) float32: the model inputs."""
+    def x(self) -> np.ndarray | dict[str, np.ndarray]:
+        """The model inputs: (N, lookback, F) float32, with a HAR head a dict of them and HAR's (model_inputs)."""
         prep = self.rows.preprocessing
         windows = sliding_window_view(self.rows.encoded, prep.lookback, axis=0).transpose(0, 2, 1)
-        return prep.inputs(windows[self.first_target_rows - prep.lookback], self.anchor)
+        x = prep.inputs(windows[self.first_target_rows - prep.lookback], self.anchor)
+        return prep.model_inputs(x, None if self.rows.har is None else self.rows.har[self.first_target_rows - 1])
 
     @cached_property
     def y(self) -> dict[str, np.ndarray]:
@@ -330,6 +367,19 @@ class Windows:
     test: SplitWindows
     preprocessing: Preprocessing
     rows: np.ndarray  # (T, F) float32: every encoded row, which the training device gathers windows from
+
+    def with_har(self, har: np.ndarray) -> Windows:
+        """The same windows with HAR + time of day's forecasts after each row (T, horizon, 3), fitted on the train
+        split only and causal (trainer.evaluation.baselines): what a HAR head's model reads beside the windows."""
+        rows = replace(self.train.rows, har=np.asarray(har, np.float64))
+        return replace(self, **{split: replace(getattr(self, split), rows=rows) for split in SPLITS})
+
+    @property
+    def har_rows(self) -> dict[str, np.ndarray] | None:
+        """HAR_INPUTS at every row (T, horizon, 1) each, which the training device gathers from; None without a HAR
+        head."""
+        har = self.train.rows.har
+        return None if self.preprocessing.har_head is None or har is None else self.preprocessing.har_inputs(har)
 
 
 def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadConfig],
@@ -372,7 +422,7 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
         head_scaler = kind.fit_windows(framing, encoded[train[0]:train[-1] + horizon, positions], horizon, anchor,
                                        positions, anchored=framing.level[positions] > 0, shared=head.candle)
         targets.append(HeadTarget(head.name, tuple(head.columns), shapes[head.name], head_scaler, head.candle,
-                                  quantiles=tuple(head.quantiles)))
+                                  quantiles=tuple(head.quantiles), har=head.har))
 
     split_rows = {
         split: {"first": frame.index[start].isoformat(), "last": frame.index[end - 1].isoformat(),

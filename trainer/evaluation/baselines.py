@@ -95,7 +95,15 @@ class Baselines:
     @property
     def har(self) -> Har:
         """HAR + time of day alone, to forecast after any candles (predict)."""
-        return Har(self.timeframe, self.floor, self.har_coefficients, self.time_of_day, self.excursion_shares)
+        return Har(self.timeframe, self.floor, self.har_coefficients, self.time_of_day, self.excursion_shares,
+                   self.har_log_variance)
+
+    def har_inputs(self) -> np.ndarray:
+        """(T, H, 3) HAR + time of day's forecasts after every row: the median high and low excursions and the
+        root-mean-square range (har_tod, har_tod_rms), which a HAR head starts from (Preprocessing.har_inputs):
+        causal, fitted on the train split. Row t holds the forecast made at origin t."""
+        return np.stack([self.points["har_tod"]["high"], self.points["har_tod"]["low"],
+                         self.points["har_tod_rms"]["range"]], axis=-1)
 
     def actual(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """quantity -> (N, H) the samples' actual values."""
@@ -126,6 +134,15 @@ class Har:
     coefficients: np.ndarray  # (H, 5) of HAR_TERMS, per step, of ln range
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
     shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
+    log_variance: np.ndarray | None = None  # (H,) of ln range about it (har_tod_rms); None: har.json before 0.4
+
+    def inputs(self, frame: pd.DataFrame) -> np.ndarray:
+        """(1, H, 3) what a HAR head reads after the last row of `frame`, as Baselines.har_inputs holds it."""
+        if self.log_variance is None:
+            raise JobError("har.json holds no log_variance (written before HAR heads): train the job again")
+        forecast = self.forecast(frame)
+        return np.stack([forecast["high"], forecast["low"],
+                         forecast["range"] * np.exp(self.log_variance)], axis=-1)[None]
 
     def forecast(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
         """After the last row of `frame` (candles: high, low, close; UTC times; the last week of them is used,
@@ -148,13 +165,15 @@ class Har:
     def to_dict(self) -> dict:
         return {"timeframe": self.timeframe, "floor": self.floor, "terms": list(HAR_TERMS),
                 "coefficients": self.coefficients.tolist(), "time_of_day": self.time_of_day.tolist(),
-                "shares": {q: v.tolist() for q, v in self.shares.items()}}
+                "shares": {q: v.tolist() for q, v in self.shares.items()},
+                **({} if self.log_variance is None else {"log_variance": self.log_variance.tolist()})}
 
     @classmethod
     def from_dict(cls, values: dict) -> Har:
         return cls(values["timeframe"], float(values["floor"]), np.asarray(values["coefficients"], np.float64),
                    np.asarray(values["time_of_day"], np.float64),
-                   {q: np.asarray(values["shares"][q], np.float64) for q in EXCURSIONS})
+                   {q: np.asarray(values["shares"][q], np.float64) for q in EXCURSIONS},
+                   None if "log_variance" not in values else np.asarray(values["log_variance"], np.float64))
 
 
 def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray, val_rows: np.ndarray,

@@ -27,6 +27,7 @@ from .results import (
     HeadScores,
     IntervalCoverage,
     IntervalScores,
+    MeanRangeScores,
     QuantileScores,
     QuantityScores,
     Scores,
@@ -39,16 +40,25 @@ def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Prepr
     return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last_close)
 
 
-def predict_fixed_batches(model: keras.Model, x: np.ndarray,
+def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarray],
                           batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
-    """model outputs for `x`, fed in batches of one fixed size (the last one zero-padded).
+    """model outputs for `x` (an array, or a dict of arrays of one length: SplitWindows.x), fed in batches of one
+    fixed size (the last one zero-padded).
 
     Each new input length would otherwise trace the predict function again (about 0.1 s a job on CPU);
     with one batch shape, one trace serves every job of the same model.
     """
-    padded = np.concatenate([x, np.zeros(((-len(x)) % batch_size, *x.shape[1:]), dtype=x.dtype)])
-    batches = [model.predict_on_batch(padded[i:i + batch_size]) for i in range(0, len(padded), batch_size)]
-    return {name: np.concatenate([b[name] for b in batches])[:len(x)] for name in batches[0]}
+    arrays = x if isinstance(x, dict) else {None: x}
+    n = len(next(iter(arrays.values())))
+    padded = {k: np.concatenate([v, np.zeros(((-n) % batch_size, *v.shape[1:]), dtype=v.dtype)])
+              for k, v in arrays.items()}
+
+    def batch(i: int):
+        part = {k: v[i:i + batch_size] for k, v in padded.items()}
+        return part if isinstance(x, dict) else part[None]
+
+    batches = [model.predict_on_batch(batch(i)) for i in range(0, n + (-n) % batch_size, batch_size)]
+    return {name: np.concatenate([b[name] for b in batches])[:n] for name in batches[0]}
 
 
 SHRINK_GRID = np.linspace(0.0, 1.0, 21)
@@ -214,42 +224,99 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
 
 
 def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
-                  val: SplitWindows, fitted: Baselines) -> CandleScores:
+                  val: SplitWindows, fitted: Baselines,
+                  range_rms: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[CandleScores, dict[str, np.ndarray]]:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
-    range ln(high / low) (C: the last close) next to the baselines of each (MAE skill, QLIKE skill for the
-    range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
-    widened by split conformal on the validation split, the residuals normalised by INTERVAL_NORMALISER (its
-    coverage overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled
-    quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples.
+    range ln(high / low) (C: the last close) next to the baselines of each (MAE skill; for the range QLIKE skill
+    too, of its root-mean-square forecast vs HAR's, at the next candle and for the mean range over the steps), and
+    the 80 % interval of the close's return: the head's close widened by split conformal on the validation split,
+    the residuals normalised by INTERVAL_NORMALISER (its coverage overall and by tercile of that volatility, its
+    pinball loss next to the static and EWMA-scaled quantiles'). `*_prices`: the head's price forecasts (N, steps,
+    C) of the test and validation samples. `range_rms`: a HAR head's range output (test, validation), its
+    root-mean-square range forecasts (N, steps) (Preprocessing.range_forecast).
 
-    The excursions scored are the network's combined with HAR + time of day's (combine_with_har), its weight
-    chosen on validation; the network's own scores are kept beside ("network", "network_skill")."""
+    What users get (the scores, and the forecasts served: `served`) is the network's combined with HAR + time of
+    day's (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
+    "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
+    "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
+    "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return)."""
     steps = test_prices.reshape(len(test_prices), -1, len(head.columns)).shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
+    val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
     forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
+    val_har_rms = fitted.forecast(val.first_target_rows)["har_tod_rms"]["range"][:, :steps]
     network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
+    rms, val_rms, rms_ratio = _range_medians(network, val_network, val_actual["range"], fitted.floor, range_rms)
     weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
+    served_rms = weights["range"] * rms + (1 - weights["range"]) * forecasts["har_tod_rms"]["range"]
+    rms_of = {"model": served_rms, "network": rms, "har_tod_rms": forecasts["har_tod_rms"]["range"]}
+    qlikes = {name: {"qlike": baselines.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
+                     "qlike_horizon": baselines.qlike(f, actual["range"], fitted.floor)} for name, f in rms_of.items()}
     scores = {}
     for quantity, names in POINT_BASELINES.items():
         own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
         alone = baselines.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
-        qlike_skill = None
-        if quantity == "range" and own.qlike is not None:
-            rms = baselines.point_scores(forecasts["har_tod_rms"]["range"], actual["range"], "range", fitted.floor)
-            qlike_skill = baselines.skill(own.qlike, rms.qlike)
+        qlike_skill = network_qlike_skill = None
+        if quantity == "range":  # QLIKE scores the root-mean-square range, MAE the median
+            own, alone = own.model_copy(update=qlikes["model"]), alone.model_copy(update=qlikes["network"])
+            qlike_skill = baselines.skill(own.qlike, qlikes["har_tod_rms"]["qlike"])
+            network_qlike_skill = baselines.skill(alone.qlike, qlikes["har_tod_rms"]["qlike"])
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
             skill={name: baselines.skill(own.mae, b.mae) for name, b in of.items()},
             skill_horizon={name: baselines.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
             qlike_skill=qlike_skill, network=alone,
             network_skill={name: baselines.skill(alone.mae, b.mae) for name, b in of.items()},
+            network_qlike_skill=network_qlike_skill,
             network_weight=weights[quantity].tolist() if quantity in weights else None)
-    return CandleScores(head=head.name, steps=steps, **scores,
-                        interval=_interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                                  val, fitted))
+    mean_range = None
+    if steps > 1:
+        val_rms_of = {"model": weights["range"] * val_rms + (1 - weights["range"]) * val_har_rms, "network": val_rms,
+                      "har_tod_rms": val_har_rms}
+        mean = {name: _mean_range_qlike(f, val_rms_of[name], actual["range"], val_actual["range"], fitted.floor)
+                for name, f in rms_of.items()}
+        mean_range = MeanRangeScores(steps=steps, qlike=mean["model"], network_qlike=mean["network"],
+                                     har_qlike=mean["har_tod_rms"],
+                                     qlike_skill=baselines.skill(mean["model"], mean["har_tod_rms"]),
+                                     network_qlike_skill=baselines.skill(mean["network"], mean["har_tod_rms"]))
+    interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
+                                                val, fitted)
+    served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
+              "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper}
+    return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
+                        range_rms_ratio=rms_ratio.tolist()), served
+
+
+def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], val_actual: np.ndarray,
+                   floor: float, range_rms: tuple[np.ndarray, np.ndarray] | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The network's range as two forecasts: its median (what MAE scores), put in network["range"] and
+    val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). A HAR head
+    forecasts the root mean square (range_rms): its median is that times the validation median of actual / it, per
+    step. A free candle's range is a median: its root mean square is that times sqrt(mean(actual^2 / it^2)) on
+    validation, the factor that minimises its QLIKE there. The third array: root mean square / median, per step
+    (CandleScores.range_rms_ratio)."""
+    if range_rms is None:
+        median, val_median = (np.maximum(n["range"], floor) for n in (network, val_network))
+        factor = np.sqrt(np.mean((np.maximum(val_actual, floor) / val_median) ** 2, axis=0))
+        return median * factor, val_median * factor, factor
+    rms, val_rms = range_rms
+    factor = np.median(val_actual / val_rms, axis=0)
+    network["range"], val_network["range"] = rms * factor, val_rms * factor
+    return rms, val_rms, 1 / factor
+
+
+def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np.ndarray, val_actual: np.ndarray,
+                      floor: float) -> float | None:
+    """QLIKE of the mean range over the steps forecast as the mean of the steps' root-mean-square ranges, times
+    the factor that minimises its QLIKE on validation (the root mean square of a mean is not the mean of the
+    root mean squares); every forecast scored so gets the same treatment."""
+    mean, val_mean = np.maximum(actual.mean(axis=1), floor), np.maximum(val_actual.mean(axis=1), floor)
+    factor = np.sqrt(np.mean((val_mean / val_forecast.mean(axis=1)) ** 2))
+    return baselines.qlike(forecast.mean(axis=1) * factor, mean, floor)
 
 
 def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
@@ -273,14 +340,15 @@ def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> di
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
-                     val: SplitWindows, fitted: Baselines) -> IntervalScores:
+                     val: SplitWindows, fitted: Baselines) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
+    """The interval's scores, and its bounds of the return (N, steps) of the test samples."""
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
     conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
     lower, upper = conformal.interval(model, model, scale)
-    bounds = {"model": (lower, upper)}
+    bounds = {}
     quantiles = fitted.quantiles(test.first_target_rows)
     for name in ("static", "ewma_scaled"):
         at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
@@ -293,8 +361,8 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
                                 pinball=float(np.mean([baselines.pinball(b[:, 0], actual[:, 0], level)
                                                        for b, level in zip((low, high), INTERVAL_LEVELS)])))
 
-    model_scores, of = scored(*bounds.pop("model")), {name: scored(*pair) for name, pair in bounds.items()}
+    model_scores, of = scored(lower, upper), {name: scored(*pair) for name, pair in bounds.items() if name != "model"}
     return IntervalScores(**model_scores.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
                           margin=conformal.margin.tolist(), baselines=of,
                           pinball_skill={name: baselines.skill(model_scores.pinball, b.pinball)
-                                         for name, b in of.items()})
+                                         for name, b in of.items()}), (lower, upper)

@@ -81,6 +81,7 @@ class QuantityScores(PointScores):
     network: PointScores | None = None
     network_skill: dict[str, float | None] | None = None
     network_weight: list[float] | None = None
+    network_qlike_skill: float | None = None  # the range: the network's own root-mean-square range's QLIKE skill
 
 
 class IntervalCoverage(_Record):
@@ -101,6 +102,17 @@ class IntervalScores(IntervalCoverage):
     pinball_skill: dict[str, float | None]
 
 
+class MeanRangeScores(_Record):
+    """The mean range over the next `steps` candles: QLIKE of what users get, of the network's own and of HAR +
+    time of day's (each the mean of its root-mean-square ranges, times its QLIKE-optimal factor on validation)."""
+    steps: int
+    qlike: float | None
+    network_qlike: float | None
+    har_qlike: float | None
+    qlike_skill: float | None
+    network_qlike_skill: float | None
+
+
 class CandleScores(_Record):
     """The size of the coming candles (a candle head's high, low and range) against the baselines that fit
     each, and the interval of the close's return."""
@@ -110,6 +122,10 @@ class CandleScores(_Record):
     low: QuantityScores
     range: QuantityScores
     interval: IntervalScores
+    mean_range: MeanRangeScores | None = None  # None: one step, or written before
+    # Per step, the network's root-mean-square range over its median one (evaluate._range_medians): a HAR head
+    # forecasts the first, a free candle the second. None: written before.
+    range_rms_ratio: list[float] | None = None
 
     def skill_vs(self, baseline: str = "har_tod") -> dict[str, float | None]:
         """Next-candle MAE skill of the high, the low and the range vs one baseline."""

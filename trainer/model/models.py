@@ -2,13 +2,14 @@
 (trainer.model.layers), the heads, the losses and the optimizer are made here."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import keras
 
-from ..data.settings import HeadConfig
+from ..data.settings import HAR_INPUTS, HeadConfig, range_output
 from .settings import NetworkSpec, TrainConfig
 
+F32 = {"dtype": "float32"}  # the heads stay float32 under mixed precision
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,
     "adamw": keras.optimizers.AdamW,
@@ -41,11 +42,34 @@ class Pinball(keras.losses.Loss):
         return {**super().get_config(), "levels": self.levels}
 
 
+class Qlike(keras.losses.Loss):
+    """QLIKE of a range forecast f against the actual range r (Patton 2011): r^2 / f^2 - ln(r^2 / f^2) - 1, with r^2
+    floored at `floor`^2 in the logarithm (a flat candle); minimised by f^2 = E[r^2]: the root-mean-square range.
+    Scale-free, so the scaled units of a HAR head's range output do not change it."""
+
+    def __init__(self, floor: float = 1e-4, name: str = "qlike", **kwargs) -> None:
+        super().__init__(name=name, **kwargs)
+        self.floor = floor
+
+    def call(self, y_true, y_pred):
+        actual = keras.ops.square(keras.ops.cast(y_true, y_pred.dtype))
+        forecast = keras.ops.square(y_pred)
+        ratio = actual / forecast
+        floored = keras.ops.maximum(actual, self.floor**2) / forecast
+        return keras.ops.mean(ratio - keras.ops.log(floored) - 1.0, axis=-1)
+
+    def get_config(self) -> dict:
+        return {**super().get_config(), "floor": self.floor}
+
+
 def compile_settings(heads: Sequence[HeadConfig], train: TrainConfig) -> dict:
-    """compile()'s arguments other than the optimizer (training.WindowTrainer is compiled with them too)."""
+    """compile()'s arguments other than the optimizer (training.WindowTrainer is compiled with them too). A HAR
+    head's range output is trained on QLIKE, with the head's weight."""
     return {
-        "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in heads},
-        "loss_weights": {head.name: head.weight for head in heads},
+        "loss": {head.name: Pinball(head.quantiles) if head.quantiles else head.loss for head in heads}
+        | {range_output(head.name): Qlike() for head in heads if head.har},
+        "loss_weights": {head.name: head.weight for head in heads}
+        | {range_output(head.name): head.weight for head in heads if head.har},
         "steps_per_execution": train.steps_per_execution,
         "jit_compile": False,  # XLA measured slower on CPU (trainer.model.device) and cannot run the cuDNN LSTM kernel
     }
@@ -65,6 +89,9 @@ def count_params(spec: NetworkSpec) -> int:
 
 def _assemble(spec: NetworkSpec) -> keras.Model:
     inputs = keras.Input(shape=(spec.lookback, spec.n_features), name="inputs")
+    # A HAR head's inputs: HAR + time of day's forecast of each step (Preprocessing.har_inputs)
+    har = {name: keras.Input(shape=(spec.horizon, 1), name=name) for name in HAR_INPUTS} \
+        if any(head.har for head in spec.heads) else {}
     x = inputs
     for i, layer_spec in enumerate(spec.model.layers):
         # Stable names: checkpoints load by name.
@@ -74,8 +101,11 @@ def _assemble(spec: NetworkSpec) -> keras.Model:
         except ValueError as exc:  # e.g. an LSTM after a layer that outputs no sequence
             raise spec.error(f"model.layers[{i}] ({layer_spec.kind}): {str(exc).strip().splitlines()[0]}") from None
     per_step = _ends_in_sequence(tuple(x.shape), spec)
-    outputs = {head.name: _head(head, x, per_step, spec.relative) for head in spec.heads}
-    return keras.Model(inputs, outputs, name=spec.name)
+    outputs = {}
+    for head in spec.heads:
+        outputs |= _har_candle(head, x, per_step, har) if head.har else {head.name: _head(head, x, per_step,
+                                                                                          spec.relative)}
+    return keras.Model({"inputs": inputs, **har} if har else inputs, outputs, name=spec.name)
 
 
 def _ends_in_sequence(trunk_shape: tuple, spec: NetworkSpec) -> bool:
@@ -108,34 +138,65 @@ def _head(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, relative: 
     A candle head outputs open and close, and two wicks through softplus (never negative):
     high = max(open, close) + upper wick, low = min(open, close) - lower wick; the target scaler shares one
     scale between the four, so the candle is consistent in prices too."""
-    init = "zeros" if relative else "glorot_uniform"
-
-    def dense(units: int, name: str, activation: str | None = None) -> keras.KerasTensor:
-        layer = keras.layers.Dense(units, activation=activation, kernel_initializer=init, dtype="float32",
-                                   name=name)
-        return (keras.layers.TimeDistributed(layer, dtype="float32", name=name) if per_step else layer)(trunk)
-
-    f32 = {"dtype": "float32"}
+    dense = _dense(trunk, per_step, "zeros" if relative else "glorot_uniform")
     if head.quantiles:  # the lowest quantile, then non-negative gaps: ordered (..., Q, C)
         columns, shape = len(head.columns), (trunk.shape[1],) if per_step else ()
         quantile = dense(columns, f"{head.name}_q0")
         stacked = [quantile]
         for i in range(1, len(head.quantiles)):
             gap = dense(columns, f"{head.name}_gap{i}", "softplus")
-            quantile = keras.layers.Add(**f32)([quantile, gap])
+            quantile = keras.layers.Add(**F32)([quantile, gap])
             stacked.append(quantile)
-        stacked = [keras.layers.Reshape((*shape, 1, columns), **f32)(q) for q in stacked]
-        return keras.layers.Concatenate(axis=-2, name=head.name, **f32)(stacked)
+        stacked = [keras.layers.Reshape((*shape, 1, columns), **F32)(q) for q in stacked]
+        return keras.layers.Concatenate(axis=-2, name=head.name, **F32)(stacked)
     if not head.candle:
         return dense(len(head.columns), head.name)
     open_, close = dense(1, f"{head.name}_open"), dense(1, f"{head.name}_close")
     upper, lower = dense(1, f"{head.name}_upper_wick", "softplus"), dense(1, f"{head.name}_lower_wick", "softplus")
     parts = {
         "open": open_, "close": close,
-        "high": keras.layers.Add(**f32)([keras.layers.Maximum(**f32)([open_, close]), upper]),
-        "low": keras.layers.Subtract(**f32)([keras.layers.Minimum(**f32)([open_, close]), lower]),
+        "high": keras.layers.Add(**F32)([keras.layers.Maximum(**F32)([open_, close]), upper]),
+        "low": keras.layers.Subtract(**F32)([keras.layers.Minimum(**F32)([open_, close]), lower]),
     }
-    return keras.layers.Concatenate(name=head.name, **f32)([parts[column] for column in head.columns])
+    return keras.layers.Concatenate(name=head.name, **F32)([parts[column] for column in head.columns])
+
+
+def _dense(trunk: keras.KerasTensor, per_step: bool, init: str) -> Callable[..., keras.KerasTensor]:
+    """A head's Dense of `units` on the trunk (per time step when it ends in a sequence), float32."""
+
+    def dense(units: int, name: str, activation: str | None = None) -> keras.KerasTensor:
+        layer = keras.layers.Dense(units, activation=activation, kernel_initializer=init, dtype="float32",
+                                   name=name)
+        return (keras.layers.TimeDistributed(layer, dtype="float32", name=name) if per_step else layer)(trunk)
+
+    return dense
+
+
+def _har_candle(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool,
+                har: dict[str, keras.KerasTensor]) -> dict[str, keras.KerasTensor]:
+    """A candle head started at HAR + time of day (HeadConfig.har; HARNet): the high excursion, the low one and
+    the root-mean-square log range are HAR's forecast of each (the HAR_INPUTS, scaled as the head's columns) times
+    exp(a correction), a Dense of the trunk whose weights start at zero: an untrained head forecasts exactly HAR's
+    high, low and range, and a body of open = close = the last close ("no change").
+    high = max(open, close, HAR's high x exp(c_high)), low = min(open, close, -HAR's low x exp(c_low)): a candle.
+    -> the head's candle, and its range (range_output), each per step."""
+    dense = _dense(trunk, per_step, "zeros")
+    open_, close = dense(1, f"{head.name}_open"), dense(1, f"{head.name}_close")
+    if not per_step:  # horizon 1 on a trunk that ends in one vector: (batch, 1, 1) -> (batch, 1)
+        har = {name: keras.layers.Reshape((1,), **F32)(tensor) for name, tensor in har.items()}
+
+    def started(quantity: str) -> keras.KerasTensor:
+        correction = keras.layers.Activation("exponential", **F32)(dense(1, f"{head.name}_{quantity}_correction"))
+        return keras.layers.Multiply(**F32)([har[f"har_{quantity}"], correction])
+
+    parts = {
+        "open": open_, "close": close,
+        "high": keras.layers.Maximum(**F32)([open_, close, started("high")]),
+        "low": keras.layers.Minimum(**F32)([open_, close, started("low")]),
+    }
+    candle = keras.layers.Concatenate(name=head.name, **F32)([parts[column] for column in head.columns])
+    range_ = keras.layers.Identity(name=range_output(head.name), **F32)(started("range"))
+    return {head.name: candle, range_output(head.name): range_}
 
 
 def _optimizer(train: TrainConfig) -> keras.optimizers.Optimizer:

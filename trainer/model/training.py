@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
+from ..data.settings import HAR_INPUTS, range_output
 from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
 from .device import apply_precision
@@ -218,11 +219,23 @@ class DeviceFeed:
         # (model_signature), so they stay as traced.
         self.lookback, self.horizon, self.framing = prep.lookback, prep.horizon, prep.framing
         self.heads = [(h.name, prep.head_positions(h), h.shape) for h in prep.heads]
+        # A HAR head: HAR's forecasts after every row (Windows.har_rows), and where its high and low are, whose
+        # difference is its range output's target
+        self.har = None if prep.har_head is None else {
+            name: tf.Variable(tf.zeros((0, prep.horizon, 1)), shape=tf.TensorShape([None, prep.horizon, 1]),
+                              trainable=False, name=f"device_feed_{name}") for name in HAR_INPUTS}
+        self.har_head = None if prep.har_head is None else (
+            prep.har_head.name, *(prep.har_head.columns.index(c) for c in ("high", "low")))
 
     def load(self, windows: Windows) -> None:
         """Replace the rows and scalers with this job's."""
         prep = windows.preprocessing
         self.rows.assign(windows.rows)
+        if self.har is not None:
+            if windows.har_rows is None:
+                raise JobError("a HAR head's windows came without HAR's forecasts (Windows.with_har)")
+            for name, values in windows.har_rows.items():
+                self.har[name].assign(values)
         for (offset, scale), scaler in zip(self.scalers, [prep.scaler, *(h.scaler for h in prep.heads)],
                                            strict=True):
             offset.assign(float32(scaler.offset))
@@ -241,7 +254,11 @@ class DeviceFeed:
         for (name, positions, shape), (offset, scale) in zip(self.heads, head_scalers):
             framed = self.framing.apply(tf.gather(ahead, positions, axis=2), anchor, tf.exp, columns=positions)
             y[name] = tf.reshape((framed - offset) / scale, (-1, *shape))
-        return x, y
+        if self.har is None:
+            return x, y
+        name, high, low = self.har_head
+        y[range_output(name)] = y[name][..., high:high + 1] - y[name][..., low:low + 1]  # ln(high / low), scaled
+        return {"inputs": x, **{k: tf.gather(v, first_target_rows - 1) for k, v in self.har.items()}}, y
 
     @staticmethod
     def batches(split: SplitWindows, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:

@@ -113,9 +113,14 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.
     job = JobDir(job_dir)
     prep = job.preprocessing()
     x, last_close = prep.make_inputs(compute_features(candles, config.features))
+    har = job.har()
+    if prep.har_head is not None and har is None:
+        raise UserError(f"{job_dir}: head {prep.har_head.name} starts at HAR + time of day, but the job holds no "
+                        "har.json; train the job again")
+    inputs = prep.model_inputs(x, None if prep.har_head is None else har.inputs(candles))
     setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = job.model()
-    outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
+    outputs = {name: np.asarray(value) for name, value in model(inputs, training=False).items()}
     prices = prep.to_prices(prep.point(outputs), last_close)
     horizon, heads = prep.horizon, prep.heads
     all_columns = [c for head in heads for c in head.columns]
@@ -130,25 +135,28 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.
             columns[name] = steps[:, i]
             for j, level in enumerate(head.quantiles):  # a quantile head: each level, e.g. close_q10
                 columns[f"{name}_q{level * 100:g}"] = quantiles[:, j, i]
-    if (har := job.har()) is not None:
-        columns |= _expected_candles(har, job.metrics().candles, prep, prices, candles)
+    if har is not None:
+        columns |= _expected_candles(har, job.metrics().candles, prep, prices, outputs, candles)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
 
 def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, prices: dict[str, np.ndarray],
-                      candles: pd.DataFrame) -> dict[str, np.ndarray]:
+                      outputs: dict[str, np.ndarray], candles: pd.DataFrame) -> dict[str, np.ndarray]:
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
     network's close widened by the validation margin x the volatility it was calibrated with): "expected_high",
-    "expected_low", "expected_range_pct", "close_80_low", "close_80_high"."""
+    "expected_low", "expected_range_pct", "close_80_low", "close_80_high". A HAR head's range is its range output's
+    median (CandleScores.range_rms_ratio)."""
     head = next(h for h in prep.heads if h.name == scores.head)
     candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
     last_close = float(candles["close"].iloc[-1])
     network = quantities(high[None], low[None], close[None], np.array([last_close]))
+    if head.har:  # its range is an output of its own, a root mean square: its median as evaluation had it
+        network["range"] = prep.range_forecast(outputs) / np.asarray(scores.range_rms_ratio)
     baseline = har.forecast(candles)
     weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
     combined = {q: weight[q] * network[q][0] + (1 - weight[q]) * baseline[q][:len(weight[q])] for q in COMBINED}

@@ -15,7 +15,7 @@ import ctypes
 import gc
 import os
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -74,6 +74,7 @@ class JobResult:
     test: SplitWindows
     predictions: dict[str, np.ndarray]  # head -> the test split's forecasts in prices
     har: Har | None = None  # predict's expected high / low and interval after the latest candles
+    served: dict[str, np.ndarray] = field(default_factory=dict)  # what users get per test window (candle_scores)
 
     def write(self, directory: Path) -> None:
         test, predictions = self.test, self.predictions
@@ -84,7 +85,8 @@ class JobResult:
             closes = {"actual_close": test.y_raw[close_head.name][..., column],
                       "persistence_close": test.last_inputs[close_head.name][:, column]}
         JobDir(directory).write(self.model, self.preprocessing, self.metrics, self.config, self.history,
-                                {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes},
+                                {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes,
+                                 **self.served},
                                 self.har)
 
 
@@ -113,11 +115,18 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
         windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
                                output_shapes(model, cfg.heads))
+        # The baselines of the size of the coming candles, fitted on the train split (a HAR head starts at HAR's)
+        fitted = None if (head := candle_head(windows.preprocessing)) is None else \
+            fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon, windows.train.first_target_rows,
+                          windows.val.first_target_rows)
+        if windows.preprocessing.har_head is not None:
+            windows = windows.with_har(fitted.har_inputs())
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
                      callbacks=[*callbacks, ReportProgress(events, job.name)])
         prep = windows.preprocessing
-        val_outputs = prep.point(predict_fixed_batches(model, windows.val.x))
+        val_raw = predict_fixed_batches(model, windows.val.x)
+        val_outputs = prep.point(val_raw)
         if cfg.window.shrink:
             prep = choose_shrink(val_outputs, windows.val, prep)
         quantile_outputs = predict_fixed_batches(model, windows.test.x)
@@ -128,13 +137,13 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         scores = evaluate(predictions, windows.test, prep, unshrunk,
                           quantiles=prep.to_prices(quantile_outputs, windows.test.last_close)
                           if any(head.quantiles for head in prep.heads) else None)
-        candles, har = None, None
-        if (head := candle_head(prep)) is not None:  # the size of the coming candles, against its baselines
-            fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
-                                   windows.train.first_target_rows, windows.val.first_target_rows)
-            candles = candle_scores(head, predictions[head.name], windows.test,
-                                    prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted)
-            har = fitted.har
+        candles, served = None, {}
+        if fitted is not None:  # the size of the coming candles, against its baselines
+            candles, served = candle_scores(
+                head, predictions[head.name], windows.test,
+                prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted,
+                range_rms=None if prep.har_head is None else (prep.range_forecast(quantile_outputs),
+                                                              prep.range_forecast(val_raw)))
         metrics = JobMetrics(
             job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
             data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
@@ -151,7 +160,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators),
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
-        result.history, windows.test, predictions, har)
+        result.history, windows.test, predictions, None if fitted is None else fitted.har, served)
 
 
 @contextlib.contextmanager
