@@ -63,7 +63,7 @@ def load_references(cfg: RunSettings, symbol: str, timeframe: str) -> dict[str, 
         except JobError as exc:
             if market.symbols != "run":
                 raise JobError(f"market reference {reference}: {exc}") from None
-            log.warning("%s_%s: market reference %s left out: %s", symbol, timeframe, reference, exc)
+            log.info("%s_%s: market reference %s left out: %s", symbol, timeframe, reference, exc)
     return references
 
 
