@@ -23,16 +23,19 @@ def test_family_configs_match_the_specification(name):
     assert cfg.data.source == "local" and str(cfg.data.local.path) == "data/ohlcv"
     assert cfg.data.hf.repo_id == "zongowo111/cpb-models"
     assert cfg.features.columns[:4] == ["open", "high", "low", "close"]
+    # then the family's own inputs, then what HAR cannot see (issue 28): volume surprise and the market
+    assert cfg.features.columns[-2:] == ["volume_surprise", "market_range"]
+    assert cfg.features.market.symbols == "run"
     if name == "v8_stable":
-        assert len(cfg.features.columns) == 15
+        assert len(cfg.features.columns) == 15 + 2
         assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (120, 1, "minmax")
         train = cfg.train
         assert (train.learning_rate, train.clipvalue, train.batch_size, train.epochs) == (0.001, 1.0, 32, 150)
         assert cfg.train.reduce_lr.min_lr == 1e-7
     else:
         # V7's 12 inputs, then the 10 of the candles' size and time that issue 20's bench-skill supports.
-        assert len(cfg.features.columns) == 22
-        assert cfg.features.columns[12:] == ["log_range", "parkinson", "garman_klass", "range_day", "range_week",
+        assert len(cfg.features.columns) == 22 + 2
+        assert cfg.features.columns[12:-2] == ["log_range", "parkinson", "garman_klass", "range_day", "range_week",
                                              "range_time_of_day", "time_of_day_sin", "time_of_day_cos",
                                              "day_of_week_sin", "day_of_week_cos"]
         assert (cfg.window.lookback, cfg.window.horizon, cfg.window.scaler) == (60, 10, "standard")

@@ -121,6 +121,15 @@ class RunConfig(Strict):
             raise ValueError("window.relative_to: last_close needs close among features.base")
         return self
 
+    @model_validator(mode="after")
+    def _market_references(self) -> RunConfig:
+        market = self.features.market
+        alone = [s for s in self.data.symbols if market is not None and not market.references(self.data.symbols, s)]
+        if alone:
+            raise ValueError(f"features.market.symbols: the job of {alone[0]} has no reference series (a job's own "
+                             "symbol is left out of its references); list other symbols")
+        return self
+
     @property
     def network(self) -> NetworkSpec:
         """The sections the network is built from (models.build_model, flops, training.ModelCache)."""

@@ -89,6 +89,7 @@ def references(candles: pd.DataFrame) -> dict[str, np.ndarray]:
         "atr": wilder(true_range(candles), 14, 13),
         "roc": (close - shifted) / shifted * 100,
         "volume_norm": volume / rolling(volume, 20, np.mean),
+        "volume_surprise": np.log(volume) - rolling(np.log(volume), per_day(candles), np.mean),  # no zero volume
         "log_range": np.log(high / low),
         "parkinson": np.sqrt(rolling(np.log(high / low) ** 2, 20, np.mean) / (4 * np.log(2))),
         "garman_klass": np.sqrt(rolling(0.5 * np.log(high / low) ** 2 - (2 * np.log(2) - 1)
@@ -102,15 +103,19 @@ def har_regressors(candles: pd.DataFrame) -> dict[str, np.ndarray]:
     """Means of ln(high / low) over the last day and week of rows, and, row by row, over the rows so far whose
     time of day is the next row's."""
     log_range = np.log(candles["high"].to_numpy() / candles["low"].to_numpy())
-    per_day = round(pd.Timedelta(days=1) / (candles.index[1] - candles.index[0]))
+    day = per_day(candles)
     clock = candles.index.strftime("%H:%M")
     following = (candles.index + (candles.index[1] - candles.index[0])).strftime("%H:%M")
     next_slot = np.full(len(candles), np.nan)
     for row in range(len(candles)):
         same = log_range[:row + 1][clock[:row + 1] == following[row]]
         next_slot[row] = same.mean() if len(same) else np.nan
-    return {"range_day": rolling(log_range, per_day, np.mean), "range_week": rolling(log_range, 7 * per_day, np.mean),
+    return {"range_day": rolling(log_range, day, np.mean), "range_week": rolling(log_range, 7 * day, np.mean),
             "range_time_of_day": next_slot}
+
+
+def per_day(candles: pd.DataFrame) -> int:
+    return round(pd.Timedelta(days=1) / (candles.index[1] - candles.index[0]))
 
 
 def cyclic(times: pd.DatetimeIndex) -> dict[str, np.ndarray]:
@@ -133,6 +138,35 @@ def test_every_indicator_matches_an_independent_computation(candles):
         rows = burn_in if name == "rsi" else features.index
         np.testing.assert_allclose(features.loc[rows, name], expected.loc[rows, name], rtol=1e-9, atol=1e-8,
                                    err_msg=name)
+
+
+def test_no_indicator_reads_a_later_candle(candles):
+    """Shift the future: every candle after row t changed (prices scaled, volumes scaled or zero), and no
+    indicator's value at row t or before moves."""
+    features = compute_features(candles, V8_STABLE)
+    t = len(candles) - 200
+    later = candles.copy()
+    rng = np.random.default_rng(3)
+    later.iloc[t + 1:, :4] *= rng.uniform(0.5, 2.0, (len(candles) - t - 1, 1))
+    later.iloc[t + 1:, 4] *= rng.choice([0.0, 0.3, 5.0], len(candles) - t - 1)
+    shifted = compute_features(later, V8_STABLE)
+    until = features.index <= candles.index[t]
+    pd.testing.assert_frame_equal(shifted[until], features[until])
+    assert not np.allclose(shifted.loc[~until, "volume_surprise"], features.loc[~until, "volume_surprise"])
+
+
+def test_volume_surprise_of_no_trading_is_finite():
+    """A zero volume counts as the smallest positive volume so far: finite, and as low as that volume."""
+    index = pd.date_range("2024-01-01", periods=72, freq="1h", tz="UTC", name="timestamp")
+    volume = np.r_[0.0, np.full(30, 4.0), 2.0, np.zeros(40)]
+    close = np.linspace(100, 110, 72)
+    candles = pd.DataFrame({"open": close, "high": close * 1.01, "low": close * 0.99, "close": close,
+                            "volume": volume}, index=index)
+    surprise = compute_features(candles, FeaturesConfig(indicators=[{"name": "volume_surprise"}]))["volume_surprise"]
+    assert surprise.index[0] == index[24]  # a day of candles from the first positive volume
+    assert np.isfinite(surprise).all()
+    assert surprise.iloc[-1] == pytest.approx(0.0)  # a day of zeros counted as 2.0 each: no surprise
+    assert surprise[index[40]] < 0  # zeros counted as 2.0 after a day of mostly 4.0
 
 
 def test_time_features_are_cyclic_and_ranges_never_negative(candles):
@@ -167,8 +201,10 @@ def test_warm_up_rows_are_dropped_and_nothing_else(candles):
     assert features.index.equals(candles.index[week - 1:])
     assert np.isfinite(features.to_numpy()).all()
     pd.testing.assert_frame_equal(features[list(OHLCV)], candles.iloc[week - 1:])
-    # Without the day- and week-long ones, signal's: 26 closes for the slow EMA, then 9 MACD values.
-    without = FeaturesConfig(indicators=[{"name": n} for n in INDICATORS if not n.startswith("range_")])
+    # Without the day- and week-long ones (volume_surprise too), signal's: 26 closes for the slow EMA, then 9 MACD
+    # values.
+    without = FeaturesConfig(indicators=[{"name": n} for n in INDICATORS
+                                          if not n.startswith("range_") and n != "volume_surprise"])
     assert compute_features(candles, without).index[0] == candles.index[26 + 9 - 2]
     assert features.attrs == candles.attrs
 

@@ -122,15 +122,15 @@ def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_p
 @pytest.mark.parametrize("kind", list(Scaler.kinds))
 @pytest.mark.parametrize("lookback, horizon", [(24, 3), (5, 1)])
 def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind, relative_to, lookback, horizon):
-    """The proof that computing the scalers from the rows changes nothing: on real candles and V8-stable's 15
-    real indicator columns (price levels, price differences, unitless), every train sample's input window and
+    """The proof that computing the scalers from the rows changes nothing: on real candles and V8-stable's real
+    indicator columns (price levels, price differences, unitless), every train sample's input window and
     targets are materialised and framed one by one, independently of trainer.data.windows, and fit as they were
     before: the input scaler and each head's (anchored, shared for a candle) are those to float rounding;
     minmax's equal exactly what fitting the windows framed by trainer.data.windows' own framing gives."""
     cfg = load_config(REPO / "configs" / "v8_stable.yaml", [
         f"data.local.path={CANDLES_DIR}", "data.max_rows=1500", f"window.scaler={kind}",
         f"window.relative_to={relative_to or 'null'}", f"window.lookback={lookback}", f"window.horizon={horizon}",
-        f"heads.0.candle={relative_to is not None}"])
+        f"heads.0.candle={relative_to is not None}", "features.market=null"])
     heads = [*cfg.heads, cfg.heads[0].model_copy(update={"name": "momentum", "columns": ["rsi", "macd", "atr"],
                                                             "candle": False})]
     frame = compute_features(load_candles(cfg, "SOLUSDT", "1h"), cfg.features)

@@ -44,16 +44,17 @@ def _v7_decoder_and_heads(encoder_width: int) -> int:
 
 
 EXPECTED_PARAMS = {
-    # 15 inputs: BiLSTM 256 -> 128 -> 64, LSTM 32, each with LayerNorm; Dense 128, 64, 32; head ohlc 4.
-    "v8_stable": (15, 2 * lstm(256, 15) + layernorm(512) + 2 * lstm(128, 512) + layernorm(256)
+    # 17 inputs (V8's 15, volume_surprise, market_range): BiLSTM 256 -> 128 -> 64, LSTM 32, each with LayerNorm;
+    # Dense 128, 64, 32; head ohlc 4.
+    "v8_stable": (17, 2 * lstm(256, 17) + layernorm(512) + 2 * lstm(128, 512) + layernorm(256)
                   + 2 * lstm(64, 256) + layernorm(128) + lstm(32, 128) + layernorm(32)
-                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + dense(32, 4)),  # 1,414,948
-    # 22 inputs (OHLC, V7's 8 indicators, 10 of the candles' size and time): BiLSTM 128 -> BiLSTM 64 -> LSTM 32
-    # encoder, each with LayerNorm.
-    "v7": (22, 2 * lstm(128, 22) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
+                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + dense(32, 4)),  # 1,419,044
+    # 24 inputs (OHLC, V7's 8 indicators, 10 of the candles' size and time, volume_surprise, market_range):
+    # BiLSTM 128 -> BiLSTM 64 -> LSTM 32 encoder, each with LayerNorm.
+    "v7": (24, 2 * lstm(128, 24) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
            + lstm(32, 128) + layernorm(32) + _v7_decoder_and_heads(32)),
     # V7 with a bidirectional third encoder layer (so 64 wide into the RepeatVector).
-    "v8_aligned": (22, 2 * lstm(128, 22) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
+    "v8_aligned": (24, 2 * lstm(128, 24) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
                    + 2 * lstm(32, 128) + layernorm(64) + _v7_decoder_and_heads(64)),
 }
 KERAS_CLASS = {"lstm": "LSTM", "bilstm": "Bidirectional", "layernorm": "LayerNormalization",

@@ -20,7 +20,7 @@ from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
 from trainer.data.features import compute_features
 from trainer.data.scalers import Scaler
-from trainer.errors import UserError
+from trainer.errors import JobError, UserError
 from trainer.evaluation.baselines import Har
 from trainer.publish.hub import push_run
 from trainer.publish.predict import predict_job, predict_next
@@ -387,3 +387,37 @@ def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_
     low, median, high = (forecast[f"close_q.close_q{q}"] for q in (10, 50, 90))
     assert (low <= median).all() and (median <= high).all() and (low < high).all()
     np.testing.assert_allclose(forecast["close_q.close"], median)  # the point forecast is the median
+
+
+def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp_path):
+    """features.market end to end: one tiny job trains with the market_range column, its references' levels are
+    stored with it, and `predict` computes the same column after the candles given (it reproduces the runner's
+    last test prediction), reading the references from the job's data source, or says in one line what it lacks."""
+    raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
+    raw["features"]["market"] = {"symbols": "run"}
+    cfg = RunConfig.model_validate(raw)
+    assert run_config(cfg, make_jobs(cfg, only=("BTCUSDT_1h",))).complete
+    job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
+    prep = JobDir(job_dir).preprocessing()
+    assert prep.input_columns[-1] == "market_range" and [r.symbol for r in prep.market] == ["ETHUSDT"]
+
+    saved = np.load(job_dir / "predictions.npz")
+    candles = load_candles(cfg, "BTCUSDT", "1h")
+    references = {"ETHUSDT": load_candles(cfg, "ETHUSDT", "1h")}
+    forecast = predict_next(job_dir, candles[candles.index.values < saved["target_times"][-1]],
+                            JobDir(job_dir).config(), references)
+    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
+
+    # BTC's own file goes on two hours past ETH's: no reference candle at its last candle's time
+    with pytest.raises(JobError, match="needs a candle of a reference series at the last candle's time"):
+        predict_job(str(job_dir), None, None, None, None)
+    ending = tmp_path / "btc.csv"
+    candles[candles.index <= references["ETHUSDT"].index[-1]].to_csv(ending)
+    assert predict_job(str(job_dir), None, None, ending, None).last_candle == references["ETHUSDT"].index[-1]
+    moved = tmp_path / "moved"
+    shutil.copytree(CANDLES_DIR, moved)
+    (moved / "ETHUSDT_1h.csv.gz").unlink()
+    other = tmp_path / "other.yaml"
+    other.write_text(yaml.safe_dump({**raw, "data": {**raw["data"], "local": {"path": str(moved)}}}))
+    with pytest.raises(JobError, match=r"^market reference ETHUSDT: local:\S+ETHUSDT_1h\.csv\.gz: no such file"):
+        predict_job(str(job_dir), None, None, ending, str(other))

@@ -3,7 +3,8 @@ vectorized, cached on disk.
 
 Warm-up rows, where an indicator is not yet defined, are dropped, never filled. The cache key is the
 sha256 of the candles' bytes, the indicator spec, the ta/pandas/numpy versions and this file's
-source, so an entry is never stale.
+source, so an entry is never stale. The market input (features.market) is joined after the cache
+(job_features, data/market.py): what the reference series' candles say is never read from an entry.
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pandas as pd
 from ..errors import JobError
 from ..files import remove_abandoned_temp_files
 from . import Job, indicators, load_candles, store
+from .market import Reference, add_market, load_references
 from .settings import FeaturesConfig, RunSettings
 from .validate import OHLCV
 
@@ -101,6 +103,28 @@ def implausible_jump(frame: pd.DataFrame) -> str | None:
 
 
 @dataclass(frozen=True)
+class JobFeatures:
+    """A job's feature rows (job_features), the candles they come from, whether the indicators were a cache hit,
+    and the reference series of its market input (none without features.market)."""
+    candles: pd.DataFrame
+    frame: pd.DataFrame
+    hit: bool
+    market: tuple[Reference, ...] = ()
+
+
+def job_features(cfg: RunSettings, symbol: str, timeframe: str) -> JobFeatures:
+    """A job's candles -> its feature rows: the indicators (load_features), then, with features.market, the market
+    input over its reference series (read through the same source and cache), fitted on the train share of the
+    rows it keeps (window.split.train). JobError: the job's candles or a listed reference's, or too little overlap."""
+    candles = load_candles(cfg, symbol, timeframe)
+    frame, hit = load_features(candles, cfg.features, cfg.cache_path)
+    if cfg.features.market is None:
+        return JobFeatures(candles, frame, hit)
+    frame, market = add_market(frame, load_references(cfg, symbol, timeframe), cfg.window.split.train)
+    return JobFeatures(candles, frame, hit, market)
+
+
+@dataclass(frozen=True)
 class FeatureOutcome:
     """One job of `cryptotrain features`: its features ready (from the cache or computed), or why not."""
     job: Job
@@ -123,12 +147,12 @@ def precompute(cfg: RunSettings, jobs: list[Job],
     outcomes = []
     for job in jobs:
         try:
-            candles = load_candles(cfg, job.symbol, job.timeframe)
-            frame, hit = load_features(candles, cfg.features, cfg.cache_path)
+            features = job_features(cfg, job.symbol, job.timeframe)
         except JobError as exc:
             outcome = FeatureOutcome(job, error=str(exc))
         else:
-            outcome = FeatureOutcome(job, hit, len(frame), len(frame.columns), candles.attrs["source"])
+            outcome = FeatureOutcome(job, features.hit, len(features.frame), len(features.frame.columns),
+                                     features.candles.attrs["source"])
         outcomes.append(outcome)
         if on_job is not None:
             on_job(outcome)

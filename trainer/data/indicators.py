@@ -62,8 +62,13 @@ class Candles:
         return np.log(self.high.to_numpy() / self.low.to_numpy())
 
     def mean_log_range(self, span: pd.Timedelta) -> np.ndarray:
+        return self.trailing_mean(self.log_range(), span)
+
+    def trailing_mean(self, values: np.ndarray, span: pd.Timedelta) -> np.ndarray:
+        """The mean of `values` over the last `span` of rows (in candles of the series' spacing), the row itself
+        included; NaN until there are that many."""
         window = max(1, round(span / self.spacing()))
-        return pd.Series(self.log_range()).rolling(window).mean().to_numpy()
+        return pd.Series(values).rolling(window).mean().to_numpy()
 
     def spacing(self) -> pd.Timedelta:
         """The candles' usual spacing (their timeframe): the median time between rows."""
@@ -211,6 +216,20 @@ class VolumeNorm(Indicator):
         average = candles.volume.rolling(self.window).mean().to_numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.where(average == 0, 1.0, candles.volume.to_numpy() / average)
+
+
+class VolumeSurprise(Indicator):
+    """ln(volume) minus its mean over the last day of candles, this one included (a day in candles of the
+    series' spacing, as range_day): how unusual this candle's trading is, which HAR's ranges do not see
+    (../shared/docs/forecasting.md "the information HAR lacks"). A zero volume counts as the smallest positive
+    volume so far (never ln 0); before the first positive volume the row is warm-up."""
+    name: Literal["volume_surprise"]
+
+    def compute(self, candles: Candles) -> np.ndarray:
+        volume = candles.volume.to_numpy()
+        smallest = pd.Series(np.where(volume > 0, volume, np.nan)).cummin().ffill().to_numpy()  # so far
+        log_volume = np.log(np.maximum(volume, smallest))  # NaN while no volume was positive yet
+        return log_volume - candles.trailing_mean(log_volume, DAY)
 
 
 # The size of candles: what volatility clustering makes predictable (docs/forecasting.md).

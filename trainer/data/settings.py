@@ -26,6 +26,17 @@ SCALERS = tuple(Scaler.kinds)  # window.scaler: a class each in trainer/data/sca
 
 
 # ----------------------------------------------------------------------------- data
+def check_symbols(symbols: list[str]) -> list[str]:
+    """At least one, each like BTCUSDT, no duplicates (data.symbols, features.market.symbols)."""
+    if not symbols:
+        raise ValueError("must list at least one symbol")
+    for s in symbols:
+        if not re.fullmatch(r"[A-Z0-9]{2,20}", s):
+            raise ValueError(f"'{s}' is not a symbol like BTCUSDT (upper-case letters and digits)")
+    no_duplicates(symbols, "symbols")
+    return symbols
+
+
 class DataConfig(Strict):
     source: Literal[SOURCES]
     symbols: list[str]
@@ -45,13 +56,7 @@ class DataConfig(Strict):
     @field_validator("symbols")
     @classmethod
     def _symbols(cls, symbols: list[str]) -> list[str]:
-        if not symbols:
-            raise ValueError("must list at least one symbol")
-        for s in symbols:
-            if not re.fullmatch(r"[A-Z0-9]{2,20}", s):
-                raise ValueError(f"'{s}' is not a symbol like BTCUSDT (upper-case letters and digits)")
-        no_duplicates(symbols, "symbols")
-        return symbols
+        return check_symbols(symbols)
 
     @field_validator("timeframes")
     @classmethod
@@ -66,9 +71,28 @@ class DataConfig(Strict):
 
 
 # ----------------------------------------------------------------------------- features
+MARKET_COLUMN = "market_range"  # the market input's column (data/market.py)
+
+
+class MarketConfig(Strict):
+    """features.market: other series' last log range at the job's timestamps, as the input column market_range
+    (data/market.py). `symbols`: the reference series, or "run": the run's other symbols (data.symbols)."""
+    symbols: list[str] | Literal["run"]
+
+    @field_validator("symbols")
+    @classmethod
+    def _symbols(cls, symbols: list[str] | str) -> list[str] | str:
+        return symbols if symbols == "run" else check_symbols(symbols)
+
+    def references(self, run_symbols: list[str], own: str) -> list[str]:
+        """A job's reference symbols: those listed, or the run's, but never the job's own."""
+        return [s for s in (run_symbols if self.symbols == "run" else self.symbols) if s != own]
+
+
 class FeaturesConfig(Strict):
     base: list[Literal[OHLCV]] = ["open", "high", "low", "close"]
     indicators: list[listed(Indicator)] = []
+    market: MarketConfig | None = None
 
     @model_validator(mode="after")
     def _unique_columns(self) -> FeaturesConfig:
@@ -77,8 +101,8 @@ class FeaturesConfig(Strict):
 
     @property
     def columns(self) -> list[str]:
-        """Model input columns, in order: the base OHLC(V) columns, then the indicators."""
-        return list(self.base) + [ind.name for ind in self.indicators]
+        """Model input columns, in order: the base OHLC(V) columns, the indicators, then the market input."""
+        return list(self.base) + [ind.name for ind in self.indicators] + [MARKET_COLUMN] * (self.market is not None)
 
 
 # ----------------------------------------------------------------------------- window, heads
@@ -176,6 +200,9 @@ class RunSettings(Protocol):
 
     @property
     def features(self) -> FeaturesConfig: ...
+
+    @property
+    def window(self) -> WindowConfig: ...
 
     @property
     def cache_path(self) -> Path: ...

@@ -34,6 +34,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import JobError, UserError
 from .indicators import Indicator
+from .market import Reference
 from .scalers import Scaler, float32
 from .settings import CANDLE, HAR_INPUTS, HeadConfig, Split, WindowConfig, range_output
 
@@ -146,7 +147,8 @@ class HeadTarget:
 class Preprocessing:
     """Everything needed to turn raw feature rows into model inputs, and model outputs into prices.
     Saved as the job's preprocessing.json (to_dict / from_dict; run.jobdir writes and reads the file),
-    with what it is for: the job's symbol and timeframe, and its indicators (config.Indicator dumps)."""
+    with what it is for: the job's symbol and timeframe, its indicators (config.Indicator dumps) and the reference
+    series of its market input (features.market; none in files written before it)."""
     input_columns: tuple[str, ...]
     lookback: int
     horizon: int
@@ -157,6 +159,7 @@ class Preprocessing:
     symbol: str | None = None
     timeframe: str | None = None
     indicators: tuple[dict, ...] = ()
+    market: tuple[Reference, ...] = ()
 
     @cached_property
     def framing(self) -> Framing:
@@ -273,6 +276,7 @@ class Preprocessing:
                        "quantiles": list(h.quantiles), "har": h.har} for h in self.heads],
             "splits": self.splits,
             "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
+            "market": [reference.to_dict() for reference in self.market],
         }
 
     @classmethod
@@ -284,7 +288,7 @@ class Preprocessing:
                                  tuple(h["quantiles"]), bool(h.get("har", False))) for h in d["heads"])
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d["relative_to"],
                    Scaler.from_dict(d["scaler"]), heads, d["splits"], d["symbol"], d["timeframe"],
-                   tuple(d["indicators"]))
+                   tuple(d["indicators"]), tuple(Reference.from_dict(r) for r in d.get("market", ())))
 
 
 @dataclass(frozen=True, eq=False)

@@ -1,7 +1,9 @@
 """Forecast the next candles from a trained job, local or published on the Hub.
 
 A job directory is self-describing: config.yaml says which features to compute, preprocessing.json
-how to scale them and which columns each head predicts. The forecast follows the last candle given.
+how to scale them, which columns each head predicts and which reference series its market input reads (read
+from the same data source as the job's own candles where they come from one). The forecast follows the last
+candle given.
 """
 from __future__ import annotations
 
@@ -15,9 +17,10 @@ from pydantic import BaseModel
 from ..config import load_config
 from ..data import load_candles, read_candles_file
 from ..data.features import compute_features
+from ..data.market import apply_market
 from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
-from ..errors import UserError
+from ..errors import JobError, UserError
 from ..evaluation.baselines import Har, quantities
 from ..evaluation.evaluate import COMBINED
 from ..evaluation.results import CandleScores
@@ -91,7 +94,7 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
             raise UserError(f"{option} {given}: the model {model_ref} is for {prep.symbol} {prep.timeframe}")
     config = job.config()
     candles = _candles(config, prep, data_path, config_path)
-    forecast = predict_next(job_dir, candles, config)
+    forecast = predict_next(job_dir, candles, config, _references(config, prep, config_path))
     return Prediction(prep.symbol, prep.timeframe, model_ref, candles.attrs.get("source"),
                       bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
 
@@ -107,12 +110,17 @@ def track_record(job_dir: Path) -> TrackRecord:
                        candles=candles)
 
 
-def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig) -> pd.DataFrame:
+def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
+                 references: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
     """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
-    the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's."""
+    the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's;
+    `references`: the candles of its market input's reference series (symbol -> candles), where it has one."""
     job = JobDir(job_dir)
     prep = job.preprocessing()
-    x, last_close = prep.make_inputs(compute_features(candles, config.features))
+    frame = compute_features(candles, config.features)
+    if prep.market:
+        frame = apply_market(frame, references or {}, prep.market)
+    x, last_close = prep.make_inputs(frame)
     har = job.har()
     if prep.har_head is not None and har is None:
         raise UserError(f"{job_dir}: head {prep.har_head.name} starts at HAR + time of day, but the job holds no "
@@ -195,6 +203,23 @@ def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -
 def _is_hub_repo(model_ref: str) -> bool:
     """hf://NS/NAME, without a folder: the job's folder comes from --symbol and --timeframe."""
     return model_ref.startswith("hf://") and len(model_ref.removeprefix("hf://").strip("/").split("/")) == 2
+
+
+def _references(config: JobConfig, prep: Preprocessing, config_path: str | None) -> dict[str, pd.DataFrame]:
+    """The candles of the job's market input's reference series (none without one): from --config's data source,
+    else the job's own (with --data too); JobError naming a reference whose candles are missing."""
+    if not prep.market:
+        return {}
+    if config_path is None and config.run is None:
+        raise UserError(config.problem)
+    source = load_config(config_path) if config_path is not None else config.run
+    references = {}
+    for reference in prep.market:
+        try:
+            references[reference.symbol] = load_candles(source, reference.symbol, prep.timeframe)
+        except JobError as exc:
+            raise JobError(f"market reference {reference.symbol}: {exc}") from None
+    return references
 
 
 def _candles(config: JobConfig, prep: Preprocessing, data_path: Path | None, config_path: str | None) -> pd.DataFrame:

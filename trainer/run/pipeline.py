@@ -24,8 +24,8 @@ import numpy as np
 import pandas as pd
 
 from ..config import RunConfig
-from ..data import load_candles
-from ..data.features import implausible_jump, load_features
+from ..data.features import implausible_jump, job_features
+from ..data.market import Reference
 from ..data.windows import Preprocessing, SplitWindows, make_windows
 from ..errors import JobError
 from ..evaluation.baselines import Har, fit_baselines
@@ -48,10 +48,11 @@ class Events(Protocol):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A job's input, made where the data is: its feature rows, and where its candles came from (metrics.json's
-    "data")."""
+    """A job's input, made where the data is: its feature rows, where its candles came from (metrics.json's
+    "data") and the reference series of its market input (preprocessing.json's "market")."""
     frame: pd.DataFrame
     data: DataInfo
+    market: tuple[Reference, ...] = ()
 
 
 class JobOutput(Protocol):
@@ -95,11 +96,12 @@ def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
 
 
 def prepare(cfg: RunConfig, job: Job) -> Prepared:
-    candles = load_candles(cfg, job.symbol, job.timeframe)
-    frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    return Prepared(frame, DataInfo(source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
-                                    first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(),
-                                    rows=len(candles), gaps=int(candles.attrs.get("gaps", 0))))
+    features = job_features(cfg, job.symbol, job.timeframe)
+    candles = features.candles
+    return Prepared(features.frame, DataInfo(
+        source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
+        first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(), rows=len(candles),
+        gaps=int(candles.attrs.get("gaps", 0))), features.market)
 
 
 def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
@@ -157,7 +159,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     indicators = tuple(indicator.model_dump(mode="json") for indicator in cfg.features.indicators)
     return JobResult(
         metrics, model,
-        replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators),
+        replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators, market=prepared.market),
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
         result.history, windows.test, predictions, None if fitted is None else fitted.har, served)
