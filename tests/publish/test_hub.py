@@ -228,7 +228,7 @@ def test_repo_per_job_template(hub, run_dir):
         assert files["model.keras"] == local_files(run_dir, name)["model.keras"]
         assert {"config.json", "metadata.json", "model.weights.h5"} <= files.keys()  # hf:// loadable by Keras
         assert b"library_name: keras" in files["README.md"]  # the job's card is the repo's card
-        assert f'keras.saving.load_model("hf://{repo}")'.encode() in files["README.md"]
+        assert f'keras.saving.load_model("hf://{repo}", compile=False)'.encode() in files["README.md"]
         assert len(hub.commits(repo)) == 1
 
 

@@ -95,11 +95,18 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(har["range"]), rtol=1e-12)
-        else:  # the network's own wicks
+        else:  # the network's own high and low, and the median of its range output (a root mean square)
             np.testing.assert_allclose(forecast["expected_high"], forecast["high"], rtol=1e-9)
             np.testing.assert_allclose(forecast["expected_low"], forecast["low"], rtol=1e-9)
-            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1),
-                                       rtol=1e-9)
+            job = JobDir(copy)
+            prep = job.preprocessing()
+            x, _ = prep.make_inputs(compute_features(candles, job.config().features))
+            harness = Har.from_dict(json.loads((job_dir / "har.json").read_text()))
+            outputs = job.model()(prep.model_inputs(x, harness.inputs(candles)), training=False)
+            median = prep.range_forecast({k: np.asarray(v) for k, v in outputs.items()})[0] \
+                / np.asarray(job.metrics().candles.range_rms_ratio)
+            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(median), rtol=1e-6)
+            assert not np.allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1))
 
 
 def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):

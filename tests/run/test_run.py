@@ -28,6 +28,7 @@ from trainer.config import FeaturesConfig, load_config
 from trainer.data import read_candles_file
 from trainer.data.features import compute_features
 from trainer.data.windows import Preprocessing
+from trainer.evaluation.baselines import Har
 from trainer.evaluation.results import non_finite
 from trainer.files import write_json
 from trainer.report.console import JobProgress, summary_line
@@ -67,11 +68,12 @@ def test_every_job_writes_complete_verified_artifacts(trained_run):
     assert "persistence" in output and "BTCUSDT_1h" in output
 
 
-def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(trained_run):
+def test_saved_model_preprocessing_and_har_alone_reproduce_the_test_predictions(trained_run):
     run_dir, _, _ = trained_run
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
     preprocessing = json.loads((job_dir / "preprocessing.json").read_text())
     prep = Preprocessing.from_dict(preprocessing)
+    har = Har.from_dict(json.loads((job_dir / "har.json").read_text()))  # the head starts at HAR: its inputs
     data = json.loads((job_dir / "metrics.json").read_text())["data"]  # which candles the job was trained on
     model = keras.models.load_model(job_dir / "model.keras")
     recorded = np.load(job_dir / "predictions.npz")
@@ -83,7 +85,8 @@ def test_saved_model_and_preprocessing_alone_reproduce_the_test_predictions(trai
     for i in (0, len(times) // 2, len(times) - 1):
         history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
         x, last_close = prep.make_inputs(history)
-        prices = prep.to_prices(model.predict(x, verbose=0), last_close)
+        outputs = model.predict(prep.model_inputs(x, har.inputs(candles.loc[:history.index[-1]])), verbose=0)
+        prices = prep.to_prices(outputs, last_close)
         for head in preprocessing["heads"]:
             np.testing.assert_allclose(prices[head["name"]][0], recorded[head["name"]][i], rtol=1e-4)
 

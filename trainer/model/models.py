@@ -25,6 +25,9 @@ def build_model(spec: NetworkSpec, train: TrainConfig) -> keras.Model:
     return model
 
 
+# The losses of our own are registered, so that a process that imported cryptotrain loads a model.keras compiled;
+# anyone else loads it with compile=False (inference needs no loss; the model card says so).
+@keras.saving.register_keras_serializable(package="cryptotrain")
 class Pinball(keras.losses.Loss):
     """The pinball (quantile) loss of a quantile head, averaged over its levels: outputs (..., Q, C) against
     targets (..., C)."""
@@ -42,6 +45,7 @@ class Pinball(keras.losses.Loss):
         return {**super().get_config(), "levels": self.levels}
 
 
+@keras.saving.register_keras_serializable(package="cryptotrain")
 class Qlike(keras.losses.Loss):
     """QLIKE of a range forecast f against the actual range r (Patton 2011): r^2 / f^2 - ln(r^2 / f^2) - 1, with r^2
     floored at `floor`^2 in the logarithm (a flat candle); minimised by f^2 = E[r^2]: the root-mean-square range.

@@ -238,20 +238,22 @@ def _training_text(metrics: JobMetrics) -> str:
 
 
 def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
-    load = (f'keras.saving.load_model("hf://{repo_id}")' if not folder else
-            f'keras.saving.load_model(hf_hub_download("{repo_id}", "{folder}{MODEL}"))')
+    load = (f'keras.saving.load_model("hf://{repo_id}", compile=False)' if not folder else
+            f'keras.saving.load_model(hf_hub_download("{repo_id}", "{folder}{MODEL}"), compile=False)')
     return (
         "Forecast the next candles from the latest ones (a CSV/Parquet/Feather file of "
         "`timestamp,open,high,low,close,volume`):\n\n"
         f"```bash\n{install}\ncryptotrain predict --model {uri} --data candles.csv\n```\n\n"
-        "Or load the Keras model yourself (no custom objects needed):\n\n"
+        "Or load the Keras model yourself (no custom objects needed for inference: `compile=False`):\n\n"
         "```python\nimport keras\n" + ("from huggingface_hub import hf_hub_download\n" if folder else "") +
         f"\nmodel = {load}\n```\n\n"
         "Its inputs are the last `lookback` rows of `input_columns`, framed relative to the window's last close "
         "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
         f"scaled as `(x - offset) / scale` with `{PREPROCESSING}`'s scaler; its outputs are a dict of heads, "
-        "scaled by each head's own scaler (log returns from the last close for prices). "
-        "`trainer.data.windows.Preprocessing` does both ways."
+        "scaled by each head's own scaler (log returns from the last close for prices). A head started at HAR + "
+        f"time of day (`\"har\": true` in `{PREPROCESSING}`) also reads HAR's forecast after the window, the inputs "
+        "`har_high`, `har_low` and `har_range` (`har.json`; `trainer.evaluation.baselines.Har.inputs`), and "
+        "outputs its log range as `HEAD_range`. `trainer.data.windows.Preprocessing` does both ways."
     )
 
 
