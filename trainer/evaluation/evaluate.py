@@ -31,6 +31,7 @@ from .results import (
     QuantityScores,
     Scores,
 )
+from .settings import EvaluationConfig, IntervalConfig
 
 
 def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
@@ -214,13 +215,15 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
 
 
 def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
-                  val: SplitWindows, fitted: Baselines) -> CandleScores:
+                  val: SplitWindows, fitted: Baselines, settings: EvaluationConfig) -> CandleScores:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill, QLIKE skill for the
     range vs HAR's root-mean-square range), and the 80 % interval of the close's return: the head's close
-    widened by split conformal on the validation split, the residuals normalised by INTERVAL_NORMALISER (its
-    coverage overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled
-    quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples.
+    widened by conformal margins as settings.interval says - adaptive conformal inference over the test split
+    starting from the validation split's residuals, or split conformal on the validation split -, the residuals
+    normalised by INTERVAL_NORMALISER (its coverage overall and by tercile of that volatility, its pinball loss
+    next to the static and EWMA-scaled quantiles'). `*_prices`: the head's price forecasts (N, steps, C) of the
+    test and validation samples.
 
     The excursions scored are the network's combined with HAR + time of day's (combine_with_har), its weight
     chosen on validation; the network's own scores are kept beside ("network", "network_skill")."""
@@ -249,7 +252,7 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
             network_weight=weights[quantity].tolist() if quantity in weights else None)
     return CandleScores(head=head.name, steps=steps, **scores,
                         interval=_interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                                  val, fitted))
+                                                  val, fitted, settings.interval))
 
 
 def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
@@ -273,14 +276,20 @@ def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> di
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
-                     val: SplitWindows, fitted: Baselines) -> IntervalScores:
+                     val: SplitWindows, fitted: Baselines, settings: IntervalConfig) -> IntervalScores:
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
-    conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
-    lower, upper = conformal.interval(model, model, scale)
-    bounds = {"model": (lower, upper)}
+    if settings.method == "split":
+        conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
+        margin, adaptive = conformal.margin, {}
+    else:
+        conformal = baselines.adapt(baselines.conformity(val_model, val_model, val_actual, val_scale),
+                                    baselines.conformity(model, model, actual, scale), test.first_target_rows,
+                                    INTERVAL, settings.gamma)
+        margin, adaptive = conformal.end_margin, {"gamma": settings.gamma, "level": conformal.level.tolist()}
+    bounds = {"model": conformal.interval(model, model, scale)}
     quantiles = fitted.quantiles(test.first_target_rows)
     for name in ("static", "ewma_scaled"):
         at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
@@ -295,6 +304,7 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
 
     model_scores, of = scored(*bounds.pop("model")), {name: scored(*pair) for name, pair in bounds.items()}
     return IntervalScores(**model_scores.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
-                          margin=conformal.margin.tolist(), baselines=of,
+                          margin=margin.tolist(), baselines=of,
                           pinball_skill={name: baselines.skill(model_scores.pinball, b.pinball)
-                                         for name, b in of.items()})
+                                         for name, b in of.items()},
+                          method=settings.method, **adaptive)

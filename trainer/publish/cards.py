@@ -224,7 +224,7 @@ def _candles_text(metrics: JobMetrics) -> str:
                                                      ("no_change", "persistence", "ewma", "har_tod"))
                      + f" | {_num(alone)} | {_num(weight)} |")
     interval = candles.interval
-    lines += ["", f"80 % interval of the next close (split conformal on validation, residuals normalised by "
+    lines += ["", f"80 % interval of the next close ({interval.calibration}, residuals normalised by "
                   f"{VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}): it held "
                   f"{_num(interval.coverage)} of the test split; by tercile of that volatility "
                   + " / ".join(_num(c) for c in interval.coverage_by_tercile) + "."]

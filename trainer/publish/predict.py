@@ -29,12 +29,14 @@ from ..run.rundir import CONFIG
 
 class CandleRecord(BaseModel):
     """The next candle's high, low and range MAE skill vs HAR + time of day on the test split, the network's
-    weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns)."""
+    weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns); how that
+    interval was calibrated (IntervalScores.calibration), which the forecast's close_80_low / _high follow."""
     high_skill_har: float | None
     low_skill_har: float | None
     range_skill_har: float | None
     network_weight: float | None
     interval_coverage: float | None
+    interval_calibration: str
 
 
 class TrackRecord(BaseModel):
@@ -100,8 +102,9 @@ def track_record(job_dir: Path) -> TrackRecord:
     """The job's TrackRecord, from its metrics.json."""
     metrics = JobDir(job_dir).metrics()
     line = metrics.headline
-    candles = None if metrics.candles is None else CandleRecord.model_validate(
-        metrics.summary().model_dump(include=set(CandleRecord.model_fields)))
+    candles = None if metrics.candles is None else CandleRecord(
+        **metrics.summary().model_dump(include=set(CandleRecord.model_fields)),
+        interval_calibration=metrics.candles.interval.calibration)
     return TrackRecord(**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
                        test_range=metrics.test_range, worse_than_persistence=line.worse_than_persistence,
                        candles=candles)
@@ -142,8 +145,9 @@ def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, price
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
-    network's close widened by the validation margin x the volatility it was calibrated with): "expected_high",
-    "expected_low", "expected_range_pct", "close_80_low", "close_80_high"."""
+    network's close widened by the job's margin x the volatility it was calibrated with: split conformal's on
+    validation, or the one adaptive conformal ended the test split at): "expected_high", "expected_low",
+    "expected_range_pct", "close_80_low", "close_80_high"."""
     head = next(h for h in prep.heads if h.name == scores.head)
     candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))

@@ -425,7 +425,7 @@ def track_record_text(record: TrackRecord) -> str:
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
                  + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."
                  + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
-                 " close_80_low / close_80_high: that interval.")
+                 f" close_80_low / close_80_high: the 80 % interval ({candles.interval_calibration}).")
     return text
 
 

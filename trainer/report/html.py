@@ -239,8 +239,9 @@ COVERAGE = _Measure("80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 
 CANDLES_HINT = (
     "The next candle on the test split: MAE skill of its high (ln(high / last close)), low (ln(last close / low)) "
     "and range (ln(high / low)) vs HAR + time of day, the network combined with HAR, its weight chosen on "
-    "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated on "
-    "validation, held it (green: within 3 points of 80 %; red: further off). Click a cell for the job's details.")
+    "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated by conformal "
+    "prediction (adaptive: its level moved after each outcome; split: on validation alone), held it (green: within "
+    "3 points of 80 %; red: further off). Click a cell for the job's details.")
 
 
 def _heatmaps(data: DataConfig | None, jobs: list[_Job]) -> list[str]:

@@ -133,7 +133,8 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
             fitted = fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon,
                                    windows.train.first_target_rows, windows.val.first_target_rows)
             candles = candle_scores(head, predictions[head.name], windows.test,
-                                    prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted)
+                                    prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted,
+                                    cfg.evaluation)
             har = fitted.har
         metrics = JobMetrics(
             job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
