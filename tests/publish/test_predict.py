@@ -379,6 +379,27 @@ def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(jo
     assert results["80 % interval of the next close: coverage"] == pytest.approx(candles["interval"]["coverage"])
 
 
+def test_the_card_of_a_close_shrunk_to_no_change_gives_it_no_direction_accuracy(job_dir, tmp_path):
+    """Shrink 0: the close is always the last close, it forecasts no direction; the card says so, and shows "—"
+    where its direction accuracy would be."""
+    from trainer.publish.cards import job_card
+
+    def no_change(stage) -> None:
+        metrics = json.loads((stage / "metrics.json").read_text())
+        metrics["headline"] |= {"shrink": 0.0, "direction_accuracy": 0.123}
+        metrics["heads"]["ohlc"]["shrink"] = 0.0
+        metrics["heads"]["ohlc"]["model"]["direction_accuracy"] = 0.123
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+
+    copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    shutil.copytree(job_dir, copy)
+    recommit(copy, no_change)
+    card = job_card(copy, "tester/cards", "BTCUSDT/1h")
+    assert "this model forecasts the close as the last close" in card
+    assert "Direction of the close" not in card and "0.123" not in card
+    assert next(line for line in card.splitlines() if line.startswith("| ohlc | model |")).count("| — |") == 1
+
+
 def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_path):
     """A head of quantiles on the close, end to end: trained with the pinball loss, scored on the test split
     (pinball per level, coverage of the outer pair), and `predict` gives each level, ordered, around the median."""
