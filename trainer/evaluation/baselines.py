@@ -34,8 +34,9 @@ one-candle returns), alpha 0.06, i.e. lambda 0.94 - an alpha chosen on the same 
 quantiles covers the test split worse), "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
 range^2 / (4 ln 2))) and "har_ewma", the geometric mean of the two (a combination of two volatility forecasts
 whose errors differ). Any one normalises the residuals of `calibrate`: split conformal around any point or
-quantile forecast (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of
-volatility (README "Model quality").
+quantile forecast (Gibbs & Candes 2021), and of `adapt`: adaptive conformal inference, the level moved after each
+outcome (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of volatility
+(docs/model-quality.md).
 Scores: mae, skill, qlike (the range), pinball (quantiles), coverage (intervals, by tercile of volatility too).
 No GARCH: `arch` is not a dependency.
 """
