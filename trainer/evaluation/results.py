@@ -107,10 +107,15 @@ class IntervalScores(IntervalCoverage):
 
     @property
     def calibration(self) -> str:
-        """How the margin was calibrated, said plainly: "split conformal on validation", or e.g. "adaptive
-        conformal, level 0.83 after the test split" (the next candle's level)."""
-        return "split conformal on validation" if self.level is None else \
-            f"adaptive conformal, level {self.level[0]:.2f} after the test split"
+        """How the margin was calibrated, said plainly (calibration_text)."""
+        return calibration_text(self.method, self.level[0] if self.level else None)
+
+
+def calibration_text(method: str, level: float | None) -> str:
+    """"split conformal on validation", or e.g. "adaptive conformal, level 0.83 after the test split" (`level`: the
+    next candle's, where adaptive conformal ended the test split)."""
+    return "split conformal on validation" if method == "split" else \
+        f"adaptive conformal, level {level:.2f} after the test split"
 
 
 class CandleScores(_Record):

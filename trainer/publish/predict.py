@@ -30,13 +30,15 @@ from ..run.rundir import CONFIG
 class CandleRecord(BaseModel):
     """The next candle's high, low and range MAE skill vs HAR + time of day on the test split, the network's
     weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns); how that
-    interval was calibrated (IntervalScores.calibration), which the forecast's close_80_low / _high follow."""
+    interval was calibrated, which the forecast's close_80_low / _high follow: "split" or "adaptive", and for
+    adaptive the next candle's level it ended the test split at (IntervalScores)."""
     high_skill_har: float | None
     low_skill_har: float | None
     range_skill_har: float | None
     network_weight: float | None
     interval_coverage: float | None
-    interval_calibration: str
+    interval_method: str
+    interval_level: float | None
 
 
 class TrackRecord(BaseModel):
@@ -104,7 +106,7 @@ def track_record(job_dir: Path) -> TrackRecord:
     line = metrics.headline
     candles = None if metrics.candles is None else CandleRecord(
         **metrics.summary().model_dump(include=set(CandleRecord.model_fields)),
-        interval_calibration=metrics.candles.interval.calibration)
+        interval_method=metrics.candles.interval.method, interval_level=(metrics.candles.interval.level or [None])[0])
     return TrackRecord(**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
                        test_range=metrics.test_range, worse_than_persistence=line.worse_than_persistence,
                        candles=candles)

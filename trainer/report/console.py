@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import UserError
-from ..evaluation.results import JobSummary
+from ..evaluation.results import JobSummary, calibration_text
 from ..formatting import NO_DIRECTION, direction, number
 from ..run.jobs import Job, selected
 from ..run.ledger import STATUSES
@@ -426,7 +426,8 @@ def track_record_text(record: TrackRecord) -> str:
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
                  + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."
                  + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
-                 f" close_80_low / close_80_high: the 80 % interval ({candles.interval_calibration}).")
+                 " close_80_low / close_80_high: the 80 % interval "
+                 f"({calibration_text(candles.interval_method, candles.interval_level)}).")
     return text
 
 
