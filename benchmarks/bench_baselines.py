@@ -17,8 +17,10 @@ their parameters chosen on validation, scored on the test split:
   - coverage of the next return's 80 % interval (quantiles 0.1 and 0.9): EWMA-scaled, overall and by tercile
     of the EWMA volatility; static (train) quantiles; split conformal around "no change" normalised by the
     HAR volatility and by the geometric mean of HAR's and the EWMA's (calibrate), overall and by tercile of
-    that volatility.
-Prints each series and the median [min, max] over series; writes benchmarks/results/baselines.json.
+    that volatility; adaptive conformal inference (adapt, gamma 0.005) with the same normalisers, and how much
+    wider its intervals are than split conformal's on average.
+Prints each series and the median [min, max] over series, for coverage how many series are inside 77-83 % and how
+many have every tercile within 5 points of 80 %; writes benchmarks/results/baselines.json.
 docs/forecasting.md gives the figures to expect.
 """
 from __future__ import annotations
@@ -80,6 +82,16 @@ COLUMNS = {
     "cover_conformal_har_ewma_t1": ("t1", ".1%"),
     "cover_conformal_har_ewma_t2": ("t2", ".1%"),
     "cover_conformal_har_ewma_t3": ("t3", ".1%"),
+    "cover_adaptive_har": ("80% adaptive HAR", ".1%"),
+    "cover_adaptive_har_t1": ("t1", ".1%"),
+    "cover_adaptive_har_t2": ("t2", ".1%"),
+    "cover_adaptive_har_t3": ("t3", ".1%"),
+    "width_adaptive_har": ("width adaptive/split HAR", "+.1%"),
+    "cover_adaptive_har_ewma": ("80% adaptive HAR x EWMA", ".1%"),
+    "cover_adaptive_har_ewma_t1": ("t1", ".1%"),
+    "cover_adaptive_har_ewma_t2": ("t2", ".1%"),
+    "cover_adaptive_har_ewma_t3": ("t3", ".1%"),
+    "width_adaptive_har_ewma": ("width adaptive/split HAR x EWMA", "+.1%"),
 }
 
 
@@ -121,9 +133,16 @@ def series_figures(path: Path) -> dict:
         "static": (quantiles["static"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
     }
     for normaliser in ("har", "har_ewma"):
-        conformal = bl.calibrate(0.0, 0.0, fitted.actual(val)["return"][:, 0], vol_val[normaliser][:, 0])
-        intervals[f"conformal_{normaliser}"] = (conformal.interval(0.0, 0.0, vol_test[normaliser][:, 0]),
-                                                vol_test[normaliser][:, 0])
+        scale, val_scale = vol_test[normaliser][:, :1], vol_val[normaliser][:, :1]  # the next candle's: (N, 1)
+        val_returns = fitted.actual(val)["return"][:, :1]
+        conformal = bl.calibrate(0.0, 0.0, val_returns, val_scale)
+        adaptive = bl.adapt(bl.conformity(0.0, 0.0, val_returns, val_scale),
+                            bl.conformity(0.0, 0.0, actual["return"][:, :1], scale), test)
+        for name, calibrated in (("conformal", conformal), ("adaptive", adaptive)):
+            intervals[f"{name}_{normaliser}"] = (tuple(b[:, 0] for b in calibrated.interval(0.0, 0.0, scale)),
+                                                 scale[:, 0])
+        figures[f"width_adaptive_{normaliser}"] = float(np.mean(adaptive.margin * scale)
+                                                        / np.mean(conformal.margin * scale) - 1)
     for name, ((lower, upper), scale) in intervals.items():
         covered = bl.coverage(lower, upper, returns, scale)
         figures[f"cover_{name}"] = covered.overall
@@ -160,7 +179,8 @@ def _ceiling(candles, fitted: bl.Baselines, windows) -> dict[str, float]:
 
 
 def summary(rows: dict[str, dict]) -> dict:
-    """Per figure: median, min, max over series, and how many series are above 0 (skills) or 77-83 % (coverage)."""
+    """Per figure: median, min, max over series, and how many series are above 0 (skills and widths) or 77-83 %
+    (coverage; where it has terciles, how many series have each of them within 5 points of 80 % too)."""
     out = {}
     for column in COLUMNS:
         values = [r["figures"][column] for r in rows.values() if r["figures"].get(column) is not None]
@@ -169,6 +189,9 @@ def summary(rows: dict[str, dict]) -> dict:
         out[column] = {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
         out[column] |= {"in_77_83": sum(0.77 <= v <= 0.83 for v in values)} if column.startswith("cover") \
             else {"above_0": sum(v > 0 for v in values)}
+        if column.startswith("cover") and f"{column}_t1" in COLUMNS:
+            out[column]["terciles_within_5"] = sum(
+                all(abs(r["figures"][f"{column}_t{i}"] - 0.8) <= 0.05 for i in (1, 2, 3)) for r in rows.values())
     return out
 
 
@@ -203,6 +226,8 @@ def main() -> int:
         if column in overall:
             s = overall[column]
             count = f"{s['in_77_83']}/{s['n']} in 77-83 %" if "in_77_83" in s else f"{s['above_0']}/{s['n']} > 0"
+            if "terciles_within_5" in s:
+                count += f", every tercile within 5 points on {s['terciles_within_5']}/{s['n']}"
             console.print(f"{column:<36} median {_fmt(s['median'], spec):>7} [{_fmt(s['min'], spec)}, "
                           f"{_fmt(s['max'], spec)}]  {count}")
     console.print(f"{len(rows)} series in {seconds:.1f} s, {cpu_seconds:.1f} s of CPU ({cpu_seconds / len(rows):.2f} s "

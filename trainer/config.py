@@ -2,8 +2,8 @@
 
 Everything a run does is decided here, as data. The three model families differ only in
 their YAML; a new family needs no code. Unknown keys are errors everywhere (extra="forbid").
-RunConfig assembles the sections each stage reads, declared beside it (data/settings.py, model/settings.py),
-with where jobs train and where they are published.
+RunConfig assembles the sections each stage reads, declared beside it (data/settings.py, model/settings.py,
+evaluation/settings.py), with where jobs train and where they are published.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from .data.indicators import Indicator
 from .data.settings import DataConfig, FeaturesConfig, HeadConfig, WindowConfig, range_output
 from .data.sources import FilePattern, check_file_pattern, check_repo_id
 from .errors import ConfigError
+from .evaluation.settings import EvaluationConfig
 from .files import beside_package
 from .model.settings import BUDGET_KEYS, ModelConfig, NetworkSpec, TrainConfig
 from .specs import Strict, no_duplicates
@@ -83,6 +84,7 @@ class RunConfig(Strict):
     heads: list[HeadConfig] = Field(min_length=1)
     model: ModelConfig
     train: TrainConfig = TrainConfig()
+    evaluation: EvaluationConfig = EvaluationConfig()
     hub: HubConfig = HubConfig()
     executor: ExecutorConfig = ExecutorConfig()
     _origin: Path | None = PrivateAttr(None)  # the file it was loaded from

@@ -15,3 +15,13 @@ def number(value: object, spec: str, missing: str = "-") -> str:
         return format(value, spec)
     except ValueError:
         return str(value)
+
+
+NO_DIRECTION = "—"  # the direction accuracy of a close that forecasts no direction (direction())
+
+
+def direction(accuracy: float | None, shrink: float, spec: str = ".3f", missing: str = "-") -> str:
+    """A close's direction accuracy; NO_DIRECTION where the close was shrunk to exactly "no change" (shrink 0):
+    a forecast that is always the last close says no direction, and the share of moves it "got right" would be
+    the share of flat closes - beside the majority rate it reads as always wrong."""
+    return NO_DIRECTION if shrink == 0 else number(accuracy, spec, missing)

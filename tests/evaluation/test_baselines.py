@@ -158,6 +158,57 @@ def test_conformal_interval_covers_its_nominal_rate_overall_and_by_volatility_te
     assert low_vol > nominal + 0.1 and high_vol < nominal - 0.1, covered
 
 
+def test_adaptive_conformal_keeps_its_coverage_where_the_volatility_jumps_and_split_does_not():
+    """The returns' volatility doubles mid-test while the forecast of it does not: split conformal's margin, fixed
+    on calibration, covers half the time after the jump; adaptive conformal's level rises until it covers 80 %
+    again, and over the whole test split it covers within Gibbs & Candes' bound (max(alpha, 1 - alpha) + gamma)
+    / (gamma T) of 80 %, at step 1 and at step 2 (whose outcomes it learns a row later)."""
+    rng = np.random.default_rng(5)
+    n_cal, n_test, nominal, gamma = 2000, 6000, 0.8, 0.005
+
+    def draw(n: int, jump: int) -> tuple[np.ndarray, np.ndarray]:  # returns (n, 2 steps), their forecast sigma (n, 2)
+        sigma = np.exp(rng.normal(0, 0.5, n))
+        true_sigma = sigma * np.where(np.arange(n) >= jump, 2.0, 1.0)
+        return true_sigma[:, None] * rng.standard_normal((n, 2)), np.repeat(sigma[:, None], 2, axis=1)
+
+    (cal, cal_sigma), (test, sigma) = draw(n_cal, n_cal), draw(n_test, n_test // 2)
+    after = slice(n_test // 2, None)
+
+    def covered(bounds: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+        return (test >= bounds[0]) & (test <= bounds[1])
+
+    conformal = bl.calibrate(0.0, 0.0, cal, cal_sigma, nominal)
+    split = covered(conformal.interval(0.0, 0.0, sigma))
+    assert (split[after].mean(axis=0) < 0.55).all() and (split.mean(axis=0) < 0.7).all(), split.mean(axis=0)
+
+    adaptive = bl.adapt(bl.conformity(0.0, 0.0, cal, cal_sigma), bl.conformity(0.0, 0.0, test, sigma),
+                        np.arange(n_test) + 10_000, nominal, gamma)
+    inside = covered(adaptive.interval(0.0, 0.0, sigma))
+    bound = (nominal + gamma) / (gamma * n_test)
+    assert (abs(inside.mean(axis=0) - nominal) < bound).all(), inside.mean(axis=0)
+    assert (inside[after].mean(axis=0) > 0.77).all(), inside[after].mean(axis=0)
+    assert (adaptive.level > 0.85).all() and (adaptive.end_margin > 1.5 * conformal.margin).all()
+
+
+def test_the_adaptive_level_moves_after_each_outcome_once_it_is_known():
+    """Each miss raises the coverage level by gamma x 0.8 and each hit lowers it by gamma x 0.2, from the moment
+    the outcome is known: a step-1 outcome at the next origin, a step-2 outcome an origin later. The margin is the
+    level's rank among the scores known; where the level passes the largest one it stays there, finite."""
+    calibration = np.repeat(np.linspace(0, 1, 101)[:, None], 2, axis=1)  # 101 scores, 0.01 apart
+    scores = np.repeat(np.r_[np.full(10, 5.0), np.zeros(30)][:, None], 2, axis=1)  # 10 misses, then 30 hits
+    rows = np.arange(len(scores)) + 500
+    adaptive = bl.adapt(calibration, scores, rows, 0.8, 0.005)
+    assert adaptive.level == pytest.approx([0.8 + 0.005 * (10 * 0.8 - 30 * 0.2)] * 2)
+    margin = adaptive.margin
+    # the first: rank ceil(102 x 0.8) = 82 of the calibration's scores; at step 1 the second knows one miss more
+    assert margin[0] == pytest.approx([0.81, 0.81]) and margin[1, 0] == pytest.approx(0.82)  # ceil(103 x 0.804)
+    assert margin[1, 1] == margin[0, 1] < margin[2, 1]  # at step 2 the first miss is known an origin later
+    assert (np.diff(margin[:11], axis=0) >= 0).all() and (np.diff(margin[12:], axis=0) <= 0).all()
+
+    clipped = bl.adapt(calibration, scores, rows, 0.8, 0.1)  # the level passes 1 after three misses
+    assert np.isfinite(clipped.margin).all() and clipped.margin[4, 0] == 5.0  # the largest score known
+
+
 def test_quantiles_are_ordered_and_forecasts_exist_after_the_last_row(candles):
     windows = split(candles)
     fitted = fit(candles, windows)

@@ -23,7 +23,8 @@ from trainer.evaluation.evaluate import (
     predict_prices,
     significant_gain,
 )
-from trainer.evaluation.results import CandleScores
+from trainer.evaluation.results import CandleScores, IntervalScores
+from trainer.evaluation.settings import EvaluationConfig, IntervalConfig
 from trainer.model.models import build_model, output_shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
@@ -228,7 +229,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
         return _prices(split.last_close, points["high"], points["low"], np.zeros_like(points["high"]))
 
     scores, served = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val,
-                                   fitted)
+                                   fitted, EvaluationConfig())
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores  # what metrics.json holds
     # HAR's own excursions score 0 against HAR; against no change, what HAR scores - from the frame itself.
     assert scores.high.skill["har_tod"] == pytest.approx(0, abs=1e-9)
@@ -256,7 +257,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     # mean range of the steps, and its median range is HAR's scaled to validation
     rms = {split: fitted.forecast(split.first_target_rows)["har_tod_rms"]["range"] for split in (test, val)}
     started, _ = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val, fitted,
-                               range_rms=(rms[test], rms[val]))
+                               EvaluationConfig(), range_rms=(rms[test], rms[val]))
     assert started.range.network_qlike_skill == pytest.approx(0, abs=1e-12)
     assert started.mean_range.network_qlike_skill == pytest.approx(0, abs=1e-12)
     assert started.mean_range.har_qlike > 0 and started.mean_range.steps == 3
@@ -266,7 +267,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     val_actual = fitted.actual(val.first_target_rows)
     perfect, _ = candle_scores(head, _prices(test.last_close, actual["high"], actual["low"], actual["return"]), test,
                                _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]),
-                               val, fitted)
+                               val, fitted, EvaluationConfig())
     for quantity in ("high", "low", "range"):
         assert all(v == pytest.approx(1) for v in getattr(perfect, quantity).skill.values()), quantity
     assert perfect.interval.margin == pytest.approx([0, 0, 0], abs=1e-12)
@@ -278,18 +279,30 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     def noise(split) -> np.ndarray:
         return _prices(split.last_close, *np.abs(rng.normal(0, 0.02, (2, len(split), 3))), np.zeros((len(split), 3)))
 
-    noisy, _ = candle_scores(head, noise(test), test, noise(val), val, fitted)
+    noisy, _ = candle_scores(head, noise(test), test, noise(val), val, fitted, EvaluationConfig())
     for quantity in ("high", "low"):
         assert max(getattr(noisy, quantity).network_weight) <= 0.1, getattr(noisy, quantity).network_weight
         assert getattr(noisy, quantity).network_skill["har_tod"] < -0.5 < getattr(noisy, quantity).skill["har_tod"]
 
 
-def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path):
+@pytest.mark.parametrize("method", ["adaptive", "split"])
+def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path, method):
     windows, _, fitted = _windows_and_baselines(tmp_path, 2900)
     test, val = windows.test, windows.val
     zeros = np.zeros((len(test), 3))
+    settings = EvaluationConfig(interval=IntervalConfig(method=method))
     interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
-                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted)[0].interval
+                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted,
+                             settings)[0].interval
     # ~430 test samples: a binomial standard error of 2 points around 80 %.
     assert 0.72 <= interval.coverage <= 0.88, interval
     assert interval.baselines.keys() == {"static", "ewma_scaled"}
+    assert interval.method == method
+    if method == "split":
+        assert (interval.gamma, interval.level, interval.calibration) == (None, None, "split conformal on validation")
+        # metrics.json of earlier versions: split's, without a method
+        assert IntervalScores.model_validate(interval.model_dump(exclude={"method", "gamma", "level"})) == interval
+    else:  # where its level ended, per step, and the margin at that level, the next interval's
+        assert interval.gamma == 0.005 and len(interval.level) == len(interval.margin) == 3
+        assert 0.6 < interval.level[0] < 1 and interval.calibration == \
+            f"adaptive conformal, level {interval.level[0]:.2f} after the test split"

@@ -285,26 +285,37 @@ def test_a_push_uploads_a_plot_drawn_from_the_jobs_files(run, job_dir, monkeypat
     assert remote[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (792, 468)  # both charts: losses, closes
 
 
-def _headline_skill(value: float):
+def _headline_skill(value: float, interval_of_earlier_versions: bool):
     def change(stage) -> None:
         metrics = json.loads((stage / "metrics.json").read_text())
         metrics["headline"]["skill"] = value
+        if interval_of_earlier_versions:  # split conformal's, without a method
+            for key in ("method", "gamma", "level"):
+                del metrics["candles"]["interval"][key]
         (stage / "metrics.json").write_text(json.dumps(metrics))
     return change
 
 
-@pytest.mark.parametrize("skill, worse", [(-0.25, True), (0.03, False)])
-def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, tmp_path, skill, worse):
+@pytest.mark.parametrize("skill, worse, earlier", [(-0.25, True, True), (0.03, False, False)])
+def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, tmp_path, skill, worse, earlier):
+    """With how its interval was calibrated: the level adaptive conformal ended the test split at (the run's
+    default), or split conformal's (a metrics.json of an earlier version)."""
     copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
     shutil.copytree(job_dir, copy)
-    recommit(copy, _headline_skill(skill))
+    recommit(copy, _headline_skill(skill, earlier))
+    level = JobDir(job_dir).metrics().candles.interval.level[0]
+    calibration = "split conformal on validation" if earlier else \
+        f"adaptive conformal, level {level:.2f} after the test split"
 
     out = predict_cli("--model", str(copy), "--data", str(DATA_FILE))
     assert f"skill {skill:+.3f}" in out
     assert "Its next candle against HAR + time of day (MAE skill): high " in out and "80 % interval held" in out
+    assert f"close_80_low / close_80_high: the 80 % interval ({calibration})." in " ".join(out.split())
     assert ("WORSE than persistence" in out) is worse
     record = json.loads(predict_cli("--model", str(copy), "--data", str(DATA_FILE), "--json"))["test_skill"]
     assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
+    assert (record["candles"]["interval_method"], record["candles"]["interval_level"]) == \
+        (("split", None) if earlier else ("adaptive", level))
 
 
 def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_predicts_and_reports(tmp_path):
@@ -374,6 +385,27 @@ def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(jo
         assert results[f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)"] == pytest.approx(
             candles[quantity]["skill"]["har_tod"])
     assert results["80 % interval of the next close: coverage"] == pytest.approx(candles["interval"]["coverage"])
+
+
+def test_the_card_of_a_close_shrunk_to_no_change_gives_it_no_direction_accuracy(job_dir, tmp_path):
+    """Shrink 0: the close is always the last close, it forecasts no direction; the card says so, and shows "—"
+    where its direction accuracy would be."""
+    from trainer.publish.cards import job_card
+
+    def no_change(stage) -> None:
+        metrics = json.loads((stage / "metrics.json").read_text())
+        metrics["headline"] |= {"shrink": 0.0, "direction_accuracy": 0.123}
+        metrics["heads"]["ohlc"]["shrink"] = 0.0
+        metrics["heads"]["ohlc"]["model"]["direction_accuracy"] = 0.123
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+
+    copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
+    shutil.copytree(job_dir, copy)
+    recommit(copy, no_change)
+    card = job_card(copy, "tester/cards", "BTCUSDT/1h")
+    assert "this model forecasts the close as the last close" in card
+    assert "Direction of the close" not in card and "0.123" not in card
+    assert next(line for line in card.splitlines() if line.startswith("| ohlc | model |")).count("| — |") == 1
 
 
 def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_path):

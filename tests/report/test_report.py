@@ -3,6 +3,7 @@ HTML: every job present, heatmap cells equal to metrics.json, nothing fetched fr
 missing files shown, charts drawn from the run's own files; and the per-job plot.png a push draws."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -23,6 +24,7 @@ from trainer.config import load_config
 from trainer.data.sources import Source
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline
+from trainer.report.console import print_summary_table
 from trainer.report.html import write_report
 from trainer.run.jobdir import CloseSeries, JobDir, draw_plot
 from trainer.run.ledger import Ledger
@@ -239,6 +241,37 @@ def test_a_run_of_an_earlier_version_without_closes_gets_a_note_instead_of_a_cha
     details = _squeezed(_page(run_copy).details["BTCUSDT_1h"])
     assert "no price chart: predictions.npz holds no actual close" in details
     assert "train loss" in details  # the rest of the job is still shown
+
+
+def test_a_close_shrunk_to_no_change_shows_no_direction_accuracy(run_copy, capsys, monkeypatch):
+    """A close shrunk to exactly no change (shrink 0) is always the last close: no direction, so "—" where its
+    direction accuracy would be (the report's table and details, the console's summary), said why in the legend;
+    a close shrunk by 0.5 shows its number."""
+    shown = {"BTCUSDT_15m": (0.0, 0.123), "BTCUSDT_1h": (0.5, 0.517)}  # job -> (shrink, direction accuracy)
+    for job, (shrink, accuracy) in shown.items():
+        metrics = _metrics(run_copy, job)
+        head = metrics["headline"]["head"]
+        metrics["headline"] |= {"shrink": shrink, "direction_accuracy": accuracy}
+        metrics["heads"][head]["shrink"] = shrink
+        metrics["heads"][head]["model"]["direction_accuracy"] = accuracy
+        (run_copy / "jobs" / job / "metrics.json").write_text(json.dumps(metrics))
+    page = _page(run_copy)
+    hidden, kept = (_squeezed(page.rows[job]) for job in shown)
+    assert hidden.count("—") == 2 and "0.123" not in hidden  # the headline's and the head's column
+    assert "—" not in kept and kept.count("0.517") == 2
+    assert "direction — vs majority" in _squeezed(page.details["BTCUSDT_15m"])
+    assert "direction 0.517 vs majority" in _squeezed(page.details["BTCUSDT_1h"])
+    assert "—: the close was shrunk to exactly no change" in _squeezed(" ".join(page.text))
+
+    monkeypatch.setenv("COLUMNS", "200")  # rich's width off a terminal
+    records = [dataclasses.replace(r, summary=r.summary.model_copy(update=dict(zip(
+        ("shrink", "direction_accuracy"), shown[r.name])))) if r.name in shown else r for r in Ledger(run_copy).jobs()]
+    print_summary_table(records)
+    out = capsys.readouterr().out
+    lines = {job: next(line for line in out.splitlines() if line.strip().startswith(job)) for job in shown}
+    assert "—" in lines["BTCUSDT_15m"] and "0.123" not in lines["BTCUSDT_15m"]
+    assert "0.517" in lines["BTCUSDT_1h"] and "—" not in lines["BTCUSDT_1h"]
+    assert "dir: direction accuracy of the close (—: shrunk to exactly no change" in _squeezed(out)
 
 
 def test_a_synthetic_job_labels_the_whole_page(run_copy):

@@ -34,13 +34,15 @@ one-candle returns), alpha 0.06, i.e. lambda 0.94 - an alpha chosen on the same 
 quantiles covers the test split worse), "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
 range^2 / (4 ln 2))) and "har_ewma", the geometric mean of the two (a combination of two volatility forecasts
 whose errors differ). Any one normalises the residuals of `calibrate`: split conformal around any point or
-quantile forecast (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of
-volatility (README "Model quality").
+quantile forecast (Gibbs & Candes 2021), and of `adapt`: adaptive conformal inference, the level moved after each
+outcome (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of volatility
+(docs/model-quality.md).
 Scores: mae, skill, qlike (the range), pinball (quantiles), coverage (intervals, by tercile of volatility too).
 No GARCH: `arch` is not a dependency.
 """
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -238,13 +240,58 @@ def calibrate(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: n
     A point forecast is lower = upper; a quantile pair gets CQR (Romano et al. 2019). With a volatility
     forecast as `scale` the residuals are normalised (Gibbs & Candes 2021), so the interval widens with it;
     exchangeable samples are covered at least `coverage` of the time (at most 1 / (n + 1) more)."""
-    scores = np.maximum(lower - actual, actual - upper) / scale
+    scores = conformity(lower, upper, actual, scale)
     n = len(scores)
     rank = math.ceil((n + 1) * coverage)
     if rank > n:
         raise JobError(f"conformal calibration: {n} samples are too few for a {coverage:.0%} interval "
                        f"(at least {math.ceil(coverage / (1 - coverage))})")
     return Conformal(coverage, np.sort(scores, axis=0)[rank - 1])
+
+
+def conformity(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """How far outside [lower, upper] each actual value fell (negative: inside), in units of `scale`."""
+    return np.maximum(lower - actual, actual - upper) / scale
+
+
+@dataclass(frozen=True)
+class Adaptive:
+    """Intervals made by adaptive conformal inference (adapt) over samples in time order."""
+    margin: np.ndarray  # (N, H): per sample and step, the margin made at its origin
+    level: np.ndarray  # (H,): per step, the coverage level 1 - alpha_t once every outcome is known
+    end_margin: np.ndarray  # (H,): the margin at that level over every score then known: the next interval's
+
+    def interval(self, lower: np.ndarray, upper: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return lower - self.margin * scale, upper + self.margin * scale
+
+
+def adapt(calibration: np.ndarray, scores: np.ndarray, rows: np.ndarray, coverage: float = 0.8,
+          gamma: float = 0.005) -> Adaptive:
+    """Adaptive conformal inference (Gibbs & Candes 2021) over samples in time order, each step k on its own:
+    the miscoverage level alpha_t starts at 1 - coverage and moves by gamma x (1 - coverage - err) as each
+    outcome becomes known, err = 1 where it fell outside the interval made for it. A sample's margin is the
+    ceil((n + 1) x (1 - alpha_t))-th smallest of the n conformity scores known at its origin: `calibration`'s
+    (n0, H; the validation split's) and those of the earlier samples whose step-k outcome is known by then, k rows
+    after their origin (`rows`: the samples' first target rows, SplitWindows.first_target_rows). The set grows;
+    on the 48 shared series a rolling window of the latest 500 to 1500 scores covers the same. A rank past the n
+    scores (alpha_t at or below 1 / (n + 1), where the paper's interval is infinite) is clipped to the largest
+    score, one below 1 to the smallest: every interval is finite. `scores`: (N, H), conformity()'s."""
+    rows = np.asarray(rows)
+    margin, level, end_margin = np.empty(scores.shape), np.empty(scores.shape[1]), np.empty(scores.shape[1])
+    for k in range(scores.shape[1]):
+        known, alpha, told, missed = sorted(calibration[:, k].tolist()), 1 - coverage, 0, np.zeros(len(scores), bool)
+        # per origin, how many samples' outcomes at step k + 1 are known; after the last, all of them
+        known_by = [*np.searchsorted(rows, rows - (k + 1), side="right"), len(scores)]
+        for i, outcomes in enumerate(known_by):
+            for j in range(told, outcomes):
+                bisect.insort(known, scores[j, k])
+                alpha += gamma * (1 - coverage - missed[j])
+            told = outcomes
+            chosen = known[min(max(math.ceil((len(known) + 1) * (1 - alpha)), 1), len(known)) - 1]
+            if i < len(scores):
+                margin[i, k], missed[i] = chosen, scores[i, k] > chosen
+        level[k], end_margin[k] = 1 - alpha, chosen
+    return Adaptive(margin, level, end_margin)
 
 
 # ----------------------------------------------------------------------------- combination

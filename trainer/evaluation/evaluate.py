@@ -32,6 +32,7 @@ from .results import (
     QuantityScores,
     Scores,
 )
+from .settings import EvaluationConfig, IntervalConfig
 
 
 def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
@@ -224,16 +225,18 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
 
 
 def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
-                  val: SplitWindows, fitted: Baselines,
+                  val: SplitWindows, fitted: Baselines, settings: EvaluationConfig,
                   range_rms: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[CandleScores, dict[str, np.ndarray]]:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill; for the range QLIKE skill
     too, of its root-mean-square forecast vs HAR's, at the next candle and for the mean range over the steps), and
-    the 80 % interval of the close's return: the head's close widened by split conformal on the validation split,
-    the residuals normalised by INTERVAL_NORMALISER (its coverage overall and by tercile of that volatility, its
-    pinball loss next to the static and EWMA-scaled quantiles'). `*_prices`: the head's price forecasts (N, steps,
-    C) of the test and validation samples. `range_rms`: a HAR head's range output (test, validation), its
-    root-mean-square range forecasts (N, steps) (Preprocessing.range_forecast).
+    the 80 % interval of the close's return: the head's close widened by conformal margins as settings.interval
+    says - adaptive conformal inference over the test split starting from the validation split's residuals, or
+    split conformal on the validation split -, the residuals normalised by INTERVAL_NORMALISER (its coverage
+    overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled quantiles').
+    `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples. `range_rms`: a HAR
+    head's range output (test, validation), its root-mean-square range forecasts (N, steps)
+    (Preprocessing.range_forecast).
 
     What users get (the scores, and the forecasts served: `served`) is the network's combined with HAR + time of
     day's (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
@@ -283,7 +286,7 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
                                      qlike_skill=baselines.skill(mean["model"], mean["har_tod_rms"]),
                                      network_qlike_skill=baselines.skill(mean["network"], mean["har_tod_rms"]))
     interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                                val, fitted)
+                                                val, fitted, settings.interval)
     served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
               "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
@@ -340,13 +343,21 @@ def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> di
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
-                     val: SplitWindows, fitted: Baselines) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
+                     val: SplitWindows, fitted: Baselines,
+                     settings: IntervalConfig) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
     """The interval's scores, and its bounds of the return (N, steps) of the test samples."""
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
-    conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
+    if settings.method == "split":
+        conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
+        margin, adaptive = conformal.margin, {}
+    else:
+        conformal = baselines.adapt(baselines.conformity(val_model, val_model, val_actual, val_scale),
+                                    baselines.conformity(model, model, actual, scale), test.first_target_rows,
+                                    INTERVAL, settings.gamma)
+        margin, adaptive = conformal.end_margin, {"gamma": settings.gamma, "level": conformal.level.tolist()}
     lower, upper = conformal.interval(model, model, scale)
     bounds = {}
     quantiles = fitted.quantiles(test.first_target_rows)
@@ -363,6 +374,7 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
 
     model_scores, of = scored(lower, upper), {name: scored(*pair) for name, pair in bounds.items() if name != "model"}
     return IntervalScores(**model_scores.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
-                          margin=conformal.margin.tolist(), baselines=of,
+                          margin=margin.tolist(), baselines=of,
                           pinball_skill={name: baselines.skill(model_scores.pinball, b.pinball)
-                                         for name, b in of.items()}), (lower, upper)
+                                         for name, b in of.items()},
+                          method=settings.method, **adaptive), (lower, upper)

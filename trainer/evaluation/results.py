@@ -9,6 +9,7 @@ summary files, status and the run card show.
 from __future__ import annotations
 
 import math
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -93,13 +94,29 @@ class IntervalCoverage(_Record):
 
 
 class IntervalScores(IntervalCoverage):
-    """The model's interval: its close widened by split conformal on validation; static and EWMA-scaled
-    quantiles beside it."""
+    """The model's interval: its close widened by conformal margins, "split" (split conformal on validation) or
+    "adaptive" (adaptive conformal inference over the test split, starting from validation); static and
+    EWMA-scaled quantiles beside it. metrics.json files of earlier versions hold split's, without `method`."""
     nominal: float
     normaliser: str  # the volatility forecast the residuals were normalised by
-    margin: list[float]  # per step, in units of that volatility
+    margin: list[float]  # per step, in units of that volatility: the margin of the next interval (predict's)
     baselines: dict[str, IntervalCoverage]
     pinball_skill: dict[str, float | None]
+    method: Literal["split", "adaptive"] = "split"
+    gamma: float | None = None  # adaptive: the step of its level
+    level: list[float] | None = None  # adaptive: per step, the coverage level it ended the test split at
+
+    @property
+    def calibration(self) -> str:
+        """How the margin was calibrated, said plainly (calibration_text)."""
+        return calibration_text(self.method, self.level[0] if self.level else None)
+
+
+def calibration_text(method: str, level: float | None) -> str:
+    """"split conformal on validation", or e.g. "adaptive conformal, level 0.83 after the test split" (`level`: the
+    next candle's, where adaptive conformal ended the test split)."""
+    return "split conformal on validation" if method == "split" else \
+        f"adaptive conformal, level {level:.2f} after the test split"
 
 
 class MeanRangeScores(_Record):

@@ -24,7 +24,7 @@ from ..data.sources import Source
 from ..errors import ConfigError
 from ..evaluation.baselines import VOLATILITY_NAMES
 from ..evaluation.results import DataInfo, JobMetrics, JobSummary
-from ..formatting import number
+from ..formatting import direction, number
 from ..run.jobdir import HISTORY, MODEL, PLOT, PREPROCESSING, JobDir
 
 PIPELINE_TAG = "time-series-forecasting"
@@ -179,7 +179,7 @@ def _headline_text(metrics: JobMetrics) -> str:
     elif shrink < 1:
         text += (f" The forecast's deviation from \"no change\" is weighted {shrink:.2f}, a factor chosen on the "
                  "validation split.")
-    if line.direction_accuracy is not None:
+    if line.direction_accuracy is not None and shrink != 0:  # shrunk to no change: no direction to score
         text += (f" Direction of the close: {_num(line.direction_accuracy)} correct, against "
                  f"{_num(line.majority_rate)} for always answering the most frequent move.")
     return text
@@ -194,10 +194,10 @@ def _metrics_table(metrics: JobMetrics) -> str:
         candles = scores.inconsistent_candles or {}
         for who, m in (("model", scores.model), ("persistence", scores.persistence)):
             skill = _num(scores.skill) if who == "model" else ""
-            direction = _num(m.direction_accuracy) if who == "model" else ""
+            accuracy = direction(m.direction_accuracy, scores.shrink, ".4g", "n/a") if who == "model" else ""
             inconsistent = _num(candles.get("model")) if who == "model" else ""
             lines.append(f"| {head} | {who} | {_num(m.mae)} | {_num(m.rmse)} | {_num(m.mape)} | "
-                         f"{direction} | {skill} | {inconsistent} |")
+                         f"{accuracy} | {skill} | {inconsistent} |")
     return "\n".join(lines)
 
 
@@ -224,7 +224,7 @@ def _candles_text(metrics: JobMetrics) -> str:
                                                      ("no_change", "persistence", "ewma", "har_tod"))
                      + f" | {_num(alone)} | {_num(weight)} |")
     interval = candles.interval
-    lines += ["", f"80 % interval of the next close (split conformal on validation, residuals normalised by "
+    lines += ["", f"80 % interval of the next close ({interval.calibration}, residuals normalised by "
                   f"{VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}): it held "
                   f"{_num(interval.coverage)} of the test split; by tercile of that volatility "
                   + " / ".join(_num(c) for c in interval.coverage_by_tercile) + "."]

@@ -32,12 +32,16 @@ from ..run.rundir import CONFIG
 
 class CandleRecord(BaseModel):
     """The next candle's high, low and range MAE skill vs HAR + time of day on the test split, the network's
-    weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns)."""
+    weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns); how that
+    interval was calibrated, which the forecast's close_80_low / _high follow: "split" or "adaptive", and for
+    adaptive the next candle's level it ended the test split at (IntervalScores)."""
     high_skill_har: float | None
     low_skill_har: float | None
     range_skill_har: float | None
     network_weight: float | None
     interval_coverage: float | None
+    interval_method: str
+    interval_level: float | None
 
 
 class TrackRecord(BaseModel):
@@ -103,8 +107,9 @@ def track_record(job_dir: Path) -> TrackRecord:
     """The job's TrackRecord, from its metrics.json."""
     metrics = JobDir(job_dir).metrics()
     line = metrics.headline
-    candles = None if metrics.candles is None else CandleRecord.model_validate(
-        metrics.summary().model_dump(include=set(CandleRecord.model_fields)))
+    candles = None if metrics.candles is None else CandleRecord(
+        **metrics.summary().model_dump(include=set(CandleRecord.model_fields)),
+        interval_method=metrics.candles.interval.method, interval_level=(metrics.candles.interval.level or [None])[0])
     return TrackRecord(**line.model_dump(include={"head", "column", "skill", "mae", "persistence_mae"}),
                        test_range=metrics.test_range, worse_than_persistence=line.worse_than_persistence,
                        candles=candles)
@@ -155,9 +160,10 @@ def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, price
     """The candle head's expected high, low and range as evaluation scored them (the network's combined with
     HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
     high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
-    network's close widened by the validation margin x the volatility it was calibrated with): "expected_high",
-    "expected_low", "expected_range_pct", "close_80_low", "close_80_high". A HAR head's range is its range output's
-    median (CandleScores.range_rms_ratio)."""
+    network's close widened by the job's margin x the volatility it was calibrated with: split conformal's on
+    validation, or the one adaptive conformal ended the test split at): "expected_high", "expected_low",
+    "expected_range_pct", "close_80_low", "close_80_high". A HAR head's range is its range output's median
+    (CandleScores.range_rms_ratio)."""
     head = next(h for h in prep.heads if h.name == scores.head)
     candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))

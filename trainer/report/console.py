@@ -31,8 +31,8 @@ from rich.table import Table
 from rich.text import Text
 
 from ..errors import UserError
-from ..evaluation.results import JobSummary
-from ..formatting import number
+from ..evaluation.results import JobSummary, calibration_text
+from ..formatting import NO_DIRECTION, direction, number
 from ..run.jobs import Job, selected
 from ..run.ledger import STATUSES
 
@@ -193,12 +193,13 @@ def print_summary_table(records) -> None:
         s = record.summary
         figures = ["-"] * 6 if s is None else [
             number(s.epochs, "d"), number(s.test_mae, ".4g"), number(s.persistence_mae, ".4g"), number(s.skill, "+.3f"),
-            number(s.direction_accuracy, ".3f"), number(s.majority_rate, ".3f")]
+            direction(s.direction_accuracy, s.shrink), number(s.majority_rate, ".3f")]
         flagged = s is not None and s.synthetic
         synthetic |= flagged
         table.add_row(record.name, record.status + ("*" if flagged else ""), *figures)
     table.caption = "skill = 1 - MAE / persistence MAE (< 0: worse than repeating the last close)\n" \
-        "dir: direction accuracy of the close; major.: the majority-class rate"
+        f"dir: direction accuracy of the close ({NO_DIRECTION}: shrunk to exactly no change, it forecasts no " \
+        "direction); major.: the majority-class rate"
     if synthetic:
         table.caption += "\n* trained on SYNTHETIC candles: these numbers show the pipeline, not a market"
     out = Console()  # stdout, unlike the progress console
@@ -425,7 +426,8 @@ def track_record_text(record: TrackRecord) -> str:
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
                  + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."
                  + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
-                 " close_80_low / close_80_high: that interval.")
+                 " close_80_low / close_80_high: the 80 % interval "
+                 f"({calibration_text(candles.interval_method, candles.interval_level)}).")
     return text
 
 

@@ -32,7 +32,7 @@ from ..errors import UserError
 from ..evaluation import charts
 from ..evaluation.results import CloseScores, Headline, JobMetrics
 from ..files import atomic_write
-from ..formatting import number
+from ..formatting import NO_DIRECTION, direction, number
 from ..run.artifacts import jobs_dir
 from ..run.jobdir import METRICS, PREDICTIONS, PREPROCESSING, CloseSeries, JobDir, JobFileError, MissingJobFile
 from ..run.jobs import Job
@@ -239,8 +239,9 @@ COVERAGE = _Measure("80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 
 CANDLES_HINT = (
     "The next candle on the test split: MAE skill of its high (ln(high / last close)), low (ln(last close / low)) "
     "and range (ln(high / low)) vs HAR + time of day, the network combined with HAR, its weight chosen on "
-    "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated on "
-    "validation, held it (green: within 3 points of 80 %; red: further off). Click a cell for the job's details.")
+    "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated by conformal "
+    "prediction (adaptive: its level moved after each outcome; split: on validation alone), held it (green: within "
+    "3 points of 80 %; red: further off). Click a cell for the job's details.")
 
 
 def _heatmaps(data: DataConfig | None, jobs: list[_Job]) -> list[str]:
@@ -326,7 +327,8 @@ def _table(jobs: list[_Job]) -> str:
         ("close (headline)", [("MAE", "test MAE of the close, every horizon step, price units"),
                               ("persist.", "MAE of persistence: the last close repeated"),
                               ("skill", "1 - MAE / persistence MAE"),
-                              ("dir.", "direction accuracy of the close"),
+                              ("dir.", f"direction accuracy of the close ({NO_DIRECTION}: shrunk to exactly no "
+                                       "change, it forecasts no direction)"),
                               ("up", "up-move rate: the share of test moves that went up"),
                               ("major.", "majority rate: always answering the most frequent move (up, down, "
                                          "flat); the direction accuracy to beat")])]
@@ -353,7 +355,8 @@ def _table(jobs: list[_Job]) -> str:
                  _num(epochs, "d"), _num(job.record.seconds, ".1f"),
                  _num(line and line.mae, ".5g"), _num(line and line.persistence_mae, ".5g"),
                  _num(job.skill, "+.4f", css=_sign(job.skill)),
-                 _num(line and line.direction_accuracy, ".3f"), _num(close and close.up_move_rate, ".3f"),
+                 _direction(line and line.direction_accuracy, line.shrink if line else 1.0),
+                 _num(close and close.up_move_rate, ".3f"),
                  _num(line and line.majority_rate, ".3f")]
         for head in heads:
             scores = job.metrics.heads.get(head) if job.metrics else None
@@ -361,7 +364,7 @@ def _table(jobs: list[_Job]) -> str:
             cells += [_num(scores and scores.model.mae, ".5g"), _num(scores and scores.persistence.mae, ".5g"),
                       _num(skill, "+.4f", css=_sign(skill))]
             if head in with_direction:
-                cells.append(_num(scores and scores.model.direction_accuracy, ".3f"))
+                cells.append(_direction(scores and scores.model.direction_accuracy, scores.shrink if scores else 1.0))
         error = job.record.error if job.status != "done" else ""
         if errors:
             cells.append(_error_cell(error or ""))
@@ -369,7 +372,9 @@ def _table(jobs: list[_Job]) -> str:
     return (f"<div class=scroll><table class=\"jobs sortable\"><thead><tr>{top}</tr><tr>{''.join(names)}</tr>"
             f"</thead><tbody>{''.join(rows)}</tbody></table></div>"
             "<p class=hint>Click a column header to sort (again to reverse). MAE in price units on the test split. "
-            "Direction accuracy means something only above the majority rate.</p>")
+            f"Direction accuracy means something only above the majority rate; {NO_DIRECTION}: the close was shrunk "
+            "to exactly no change (validation found no deviation worth keeping), so it forecasts no direction and "
+            "has no direction accuracy.</p>")
 
 
 def _close_scores(job: _Job) -> CloseScores | None:
@@ -398,6 +403,13 @@ def _num(value, spec: str, css: str = "") -> str:
     if not text:
         return f'<td class="num none{f" {css}" if css else ""}" data-v="">-</td>'
     return f'<td class="num{f" {css}" if css else ""}" data-v="{_e(value)}">{_e(text)}</td>'
+
+
+def _direction(accuracy: float | None, shrink: float) -> str:
+    """A close's direction accuracy cell; NO_DIRECTION, sorted last, where it forecasts no direction (shrink 0)."""
+    if direction(accuracy, shrink) == NO_DIRECTION:
+        return f'<td class="num none" data-v="">{NO_DIRECTION}</td>'
+    return _num(accuracy, ".3f")
 
 
 def _sign(value: float | None) -> str:
@@ -438,7 +450,7 @@ def _job_facts(job: _Job) -> str:
              ("test split", f"{m.n_test} samples, targets {' to '.join(map(_when, m.test_range))} UTC"),
              ("headline", f"{line.label}: MAE {number(line.mae, '.5g')} vs persistence "
                           f"{number(line.persistence_mae, '.5g')}, skill {number(line.skill, '+.4f')}; "
-                          f"direction {number(line.direction_accuracy, '.3f')} vs majority "
+                          f"direction {direction(line.direction_accuracy, line.shrink)} vs majority "
                           f"{number(line.majority_rate, '.3f')}; shrink {number(line.shrink, '.5g')}")]
     close = _close_scores(job)
     if close and close.skill_by_step:

@@ -143,7 +143,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         if fitted is not None:  # the size of the coming candles, against its baselines
             candles, served = candle_scores(
                 head, predictions[head.name], windows.test,
-                prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted,
+                prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted, cfg.evaluation,
                 range_rms=None if prep.har_head is None else (prep.range_forecast(quantile_outputs),
                                                               prep.range_forecast(val_raw)))
         metrics = JobMetrics(
