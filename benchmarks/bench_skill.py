@@ -26,6 +26,7 @@ to benchmarks/results/skill.json.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fnmatch
 import json
 import os
@@ -180,6 +181,9 @@ def main() -> int:
     parser.add_argument("--only", default="*", help="series glob, e.g. 'BTC*' or '*_1h' (default: every series)")
     parser.add_argument("--set", action="append", default=[], dest="overrides", metavar="KEY=VALUE",
                         help="a config override, as `cryptotrain run --set` takes it (repeatable)")
+    parser.add_argument("--keep", type=Path, metavar="DIR",
+                        help="train into DIR and keep it (the run directory, its config and cache), to look into the "
+                             "jobs afterwards; default: a temporary directory")
     args = parser.parse_args()
     console = Console(width=140)
     if not SHARED_OHLCV.is_dir():
@@ -191,7 +195,9 @@ def main() -> int:
         console.print(f"no series matching {args.only!r} in {SHARED_OHLCV}")
         return 2
 
-    with tempfile.TemporaryDirectory(prefix="bench-skill-") as scratch:
+    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="bench-skill-")) \
+            as scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
         results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides)
     rows = {s: row(results.get(s)) for s in series}

@@ -38,17 +38,23 @@ def layernorm(width: int) -> int:
     return 2 * width
 
 
+def har_head(width: int, features: int, steps: int) -> int:
+    """A HAR candle head (models._har_candle): open, close and three corrections of the trunk per step, and three
+    corrections of the last input row, one per step each."""
+    return 5 * dense(width, 1) + 3 * dense(features, steps)
+
+
 def _v7_decoder_and_heads(encoder_width: int) -> int:
-    """RepeatVector(10) -> LSTM 64 -> LayerNorm -> per-step heads ohlc 4, bb 2, volatility 1."""
-    return lstm(64, encoder_width) + layernorm(64) + dense(64, 4) + dense(64, 2) + dense(64, 1)
+    """RepeatVector(10) -> LSTM 64 -> LayerNorm -> per-step heads ohlc (HAR-started), bb 2, volatility 1."""
+    return lstm(64, encoder_width) + layernorm(64) + har_head(64, 24, 10) + dense(64, 2) + dense(64, 1)
 
 
 EXPECTED_PARAMS = {
     # 17 inputs (V8's 15, volume_surprise, market_range): BiLSTM 256 -> 128 -> 64, LSTM 32, each with LayerNorm;
-    # Dense 128, 64, 32; head ohlc 4.
+    # Dense 128, 64, 32; head ohlc, HAR-started.
     "v8_stable": (17, 2 * lstm(256, 17) + layernorm(512) + 2 * lstm(128, 512) + layernorm(256)
                   + 2 * lstm(64, 256) + layernorm(128) + lstm(32, 128) + layernorm(32)
-                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + dense(32, 4)),  # 1,419,044
+                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + har_head(32, 17, 1)),  # 1,419,131
     # 24 inputs (OHLC, V7's 8 indicators, 10 of the candles' size and time, volume_surprise, market_range):
     # BiLSTM 128 -> BiLSTM 64 -> LSTM 32 encoder, each with LayerNorm.
     "v7": (24, 2 * lstm(128, 24) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)
@@ -112,7 +118,7 @@ def test_family_models_match_their_specification(family):
     model = build_model(cfg.network, cfg.train)
 
     assert model.count_params() == expected_params == count_params(cfg.network)
-    trunk = model.layers[1:1 + len(cfg.model.layers)]
+    trunk = [layer for layer in model.layers if layer.name.startswith("trunk_")]
     assert [type(layer).__name__ for layer in trunk] == [KERAS_CLASS[s.kind] for s in cfg.model.layers]
     for layer, spec in zip(trunk, cfg.model.layers):
         if spec.kind in ("lstm", "bilstm"):
@@ -122,15 +128,16 @@ def test_family_models_match_their_specification(family):
     horizon = cfg.window.horizon
     per_step = horizon > 1
     assert output_shapes(model) == {h.name: (horizon, len(h.columns)) if per_step else (len(h.columns),)
-                                    for h in cfg.heads}
+                                    for h in cfg.heads} | {"ohlc_range": (horizon, 1) if per_step else (1,)}
     for head in cfg.heads:
         layer = model.get_layer(head.name)
         assert type(layer).__name__ == ("Concatenate" if head.candle else "TimeDistributed" if per_step else "Dense")
         assert layer.dtype_policy.compute_dtype == "float32"
     assert cfg.heads[0].candle and cfg.window.relative_to == "last_close"  # the families' defaults
     compiled = model.get_compile_config()
-    assert compiled["loss"] == {h.name: h.loss for h in cfg.heads}
-    assert compiled["loss_weights"] == {h.name: h.weight for h in cfg.heads}
+    assert cfg.heads[0].har and compiled["loss"]["ohlc_range"]["class_name"] == "Qlike"  # the range on QLIKE
+    assert {k: v for k, v in compiled["loss"].items() if k != "ohlc_range"} == {h.name: h.loss for h in cfg.heads}
+    assert compiled["loss_weights"] == {h.name: h.weight for h in cfg.heads} | {"ohlc_range": 1.0}
     assert isinstance(model.optimizer, keras.optimizers.Adam)
     assert model.optimizer.clipvalue == cfg.train.clipvalue
     assert float(model.optimizer.learning_rate) == pytest.approx(cfg.train.learning_rate)
@@ -138,7 +145,8 @@ def test_family_models_match_their_specification(family):
     # Targets come out with exactly the output shapes: (N, 4) for V8-stable, (N, 10, 4) seq2seq.
     windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
                            output_shapes(model))
-    outputs = model(np.asarray(windows.test.x[:2]), training=False)
+    windows = windows.with_har(np.full((300, horizon, 3), 0.01))  # HAR's forecasts, as train_one gives them
+    outputs = model({k: v[:2] for k, v in windows.test.x.items()}, training=False)
     for head in cfg.heads:
         assert tuple(outputs[head.name].shape) == windows.test.y[head.name][:2].shape
     assert windows.test.y["ohlc"].shape[1:] == ((horizon, 4) if per_step else (4,))

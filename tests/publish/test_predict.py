@@ -367,6 +367,52 @@ def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_predicts_a
     assert f"{JobDir(job_dir).metrics().headline.skill:+.3f}" in page
 
 
+def test_a_job_of_the_version_before_har_heads_still_loads_predicts_and_reports(tmp_path):
+    """Run directories made before HAR-started heads, the market input and adaptive intervals: a free candle head,
+    har.json without the range's log variance, metrics.json without the range's QLIKE of the network's own, the
+    mean range, the range's rms ratio and the interval's method, predictions.npz without what users get."""
+    raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
+    raw["data"]["symbols"] = ["BTCUSDT"]
+    raw["train"]["epochs"] = 1
+    cfg = RunConfig.model_validate(raw)
+    assert run_config(cfg, make_jobs(cfg)).complete
+    job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
+    candles = load_candles(cfg, "BTCUSDT", "1h")
+    now = predict_next(job_dir, candles, JobDir(job_dir).config())
+
+    def as_before(stage) -> None:
+        prep = json.loads((stage / "preprocessing.json").read_text())
+        del prep["market"]
+        for head in prep["heads"]:
+            del head["har"]
+        (stage / "preprocessing.json").write_text(json.dumps(prep))
+        metrics = json.loads((stage / "metrics.json").read_text())
+        candle = metrics["candles"]
+        del candle["mean_range"], candle["range_rms_ratio"], candle["range"]["network_qlike_skill"]
+        for key in ("method", "gamma", "level"):
+            candle["interval"].pop(key, None)
+        (stage / "metrics.json").write_text(json.dumps(metrics))
+        har = json.loads((stage / "har.json").read_text())
+        del har["log_variance"]
+        (stage / "har.json").write_text(json.dumps(har))
+        saved = dict(np.load(stage / "predictions.npz"))
+        np.savez(stage / "predictions.npz", **{k: v for k, v in saved.items() if not k.startswith(("expected_",
+                                                                                                   "interval_"))})
+        config = yaml.safe_load((stage / "config.yaml").read_text())
+        del config["evaluation"], config["features"]["market"]
+        for head in config["heads"]:
+            del head["har"]
+        (stage / "config.yaml").write_text(yaml.safe_dump(config))
+    recommit(job_dir, as_before)
+
+    before = predict_next(job_dir, candles, JobDir(job_dir).config())
+    pd.testing.assert_frame_equal(before, now)  # the same forecast, the interval's margin split conformal's
+    assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
+    with RunDir.open(cfg.run_dir) as opened:
+        page = write_report(opened, tmp_path / "report.html").read_text()
+    assert "unreadable" not in page and "no price chart" not in page
+
+
 def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(job_dir):
     """The job's model card (what the Hub shows): the next candle's skill vs each baseline, the network's weight,
     the interval's coverage - in the text and in the model-index metrics."""

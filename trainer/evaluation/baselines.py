@@ -136,12 +136,12 @@ class Har:
     coefficients: np.ndarray  # (H, 5) of HAR_TERMS, per step, of ln range
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
     shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
-    log_variance: np.ndarray | None = None  # (H,) of ln range about it (har_tod_rms); None: har.json before 0.4
+    log_variance: np.ndarray | None = None  # (H,) of ln range about it (har_tod_rms); None: written before HAR heads
 
     def inputs(self, frame: pd.DataFrame) -> np.ndarray:
         """(1, H, 3) what a HAR head reads after the last row of `frame`, as Baselines.har_inputs holds it."""
         if self.log_variance is None:
-            raise JobError("har.json holds no log_variance (written before HAR heads): train the job again")
+            raise JobError("this HAR + time of day has no log_variance (written before HAR heads): train the job again")
         forecast = self.forecast(frame)
         return np.stack([forecast["high"], forecast["low"],
                          forecast["range"] * np.exp(self.log_variance)], axis=-1)[None]

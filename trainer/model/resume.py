@@ -123,7 +123,8 @@ def replay_budget(history: pd.DataFrame, train: TrainConfig) -> int | None:
     the recorded epochs. Early stopping decides as it does in training (ResumableEarlyStopping.observe)."""
     limit = train.epochs if train.epochs <= len(history) else None
     if train.early_stopping is not None:
-        early_stopping = ResumableEarlyStopping(**train.early_stopping.model_dump())
+        early_stopping = ResumableEarlyStopping(**train.early_stopping.model_dump(),
+                                                mode=_mode(train.early_stopping.monitor))
         early_stopping.on_train_begin()
         for epoch, logs in enumerate(history.to_dict("records")[:limit]):
             if early_stopping.observe(epoch, early_stopping.get_monitor_value(logs)).stops:
@@ -299,7 +300,7 @@ class ResumableEarlyStopping(keras.callbacks.EarlyStopping):
         loss goes down; the trainer compiles no other metric), compared in float32 as Keras compares it."""
         if self.mode == "auto" and self.monitor.removeprefix("val_") != "loss":
             raise ValueError(f"early_stopping.monitor {self.monitor}: whether it should go up or down is "
-                             "unknown (Keras's mode 'auto' knows it for loss and val_loss alone)")
+                             "unknown (a loss goes down: loss, val_loss, or a head's, e.g. val_ohlc_loss)")
         if self.best is None:
             return True
         if self.mode == "max":
@@ -339,10 +340,17 @@ def resumable_callbacks(train: TrainConfig, resumed: Resumed) -> tuple[Resumable
     """train's early stopping and LR reduction (None where off), going on from the last resumed epoch's row."""
     last = resumed.rows[-1] if resumed.rows else None
     early_stopping = ResumableEarlyStopping(last and last.early_stopping, resumed.best_weights,
-                                            **train.early_stopping.model_dump()) if train.early_stopping else None
-    reduce_lr = ResumableReduceLROnPlateau(last and last.reduce_lr, **train.reduce_lr.model_dump()) \
-        if train.reduce_lr else None
+                                            **train.early_stopping.model_dump(),
+                                            mode=_mode(train.early_stopping.monitor)) if train.early_stopping else None
+    reduce_lr = ResumableReduceLROnPlateau(last and last.reduce_lr, **train.reduce_lr.model_dump(),
+                                           mode=_mode(train.reduce_lr.monitor)) if train.reduce_lr else None
     return early_stopping, reduce_lr
+
+
+def _mode(monitor: str) -> str:
+    """A loss goes down - the whole one, or a head's (val_ohlc_loss): Keras's mode "auto" tells it from the
+    compiled metrics, which do not hold a head's loss."""
+    return "min" if monitor.endswith("loss") else "auto"
 
 
 def assign(variables: list, values: list[np.ndarray]) -> None:

@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..evaluation.baselines import VOLATILITY_NAMES
 from ..evaluation.results import DataInfo, JobMetrics, JobSummary
 from ..formatting import direction, number
-from ..run.jobdir import HISTORY, MODEL, PLOT, PREPROCESSING, JobDir
+from ..run.jobdir import HAR, HISTORY, MODEL, PLOT, PREPROCESSING, JobDir
 
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
@@ -252,7 +252,7 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         f"scaled as `(x - offset) / scale` with `{PREPROCESSING}`'s scaler; its outputs are a dict of heads, "
         "scaled by each head's own scaler (log returns from the last close for prices). A head started at HAR + "
         f"time of day (`\"har\": true` in `{PREPROCESSING}`) also reads HAR's forecast after the window, the inputs "
-        "`har_high`, `har_low` and `har_range` (`har.json`; `trainer.evaluation.baselines.Har.inputs`), and "
+        f"`har_high`, `har_low` and `har_range` (`{HAR}`; `trainer.evaluation.baselines.Har.inputs`), and "
         "outputs its log range as `HEAD_range`. `trainer.data.windows.Preprocessing` does both ways."
     )
 

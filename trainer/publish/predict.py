@@ -26,7 +26,7 @@ from ..evaluation.evaluate import COMBINED
 from ..evaluation.results import CandleScores
 from ..model.device import setup
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
-from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
+from ..run.jobdir import HAR, MANIFEST, PREPROCESSING, JobConfig, JobDir
 from ..run.rundir import CONFIG
 
 
@@ -129,7 +129,7 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
     har = job.har()
     if prep.har_head is not None and har is None:
         raise UserError(f"{job_dir}: head {prep.har_head.name} starts at HAR + time of day, but the job holds no "
-                        "har.json; train the job again")
+                        f"{HAR}; train the job again")
     inputs = prep.model_inputs(x, None if prep.har_head is None else har.inputs(candles))
     setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = job.model()
