@@ -51,7 +51,9 @@ from trainer.run.jobdir import JobDir
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
-RESULTS = BENCH_DIR / "results" / "skill.json"
+# Candles outside the 48 (BTC, ETH, SOL of 2024, freqtrade's files as they are): --elsewhere checks the figures there
+SHARED_FREQTRADE = (REPO.parent / "shared" / "data" / "freqtrade" / "binance").resolve()
+RESULTS = BENCH_DIR / "results" / "skill.json"  # skill-elsewhere.json with --elsewhere
 NARROW = {256: 16, 128: 16, 64: 16, 32: 8}  # the family's units -> these
 COVERAGE, TERCILE_TOLERANCE, CLOSE_WORST = (0.77, 0.83), 0.05, -0.005
 # figure -> (median at least, worst at least, positive on at least this share of series) for the network's own
@@ -64,15 +66,16 @@ LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae"
 
 
 def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs: int, run_dir: Path,
-                 cache_dir: Path) -> dict:
+                 cache_dir: Path, elsewhere: bool = False) -> dict:
     """configs/<family>.yaml with the series here, fewer units, epochs and a larger batch: nothing else changed."""
     config = yaml.safe_load((REPO / "configs" / f"{family}.yaml").read_text())
     layers = [{**layer, "units": NARROW.get(layer["units"], layer["units"])} if "units" in layer else layer
               for layer in config["model"]["layers"]]
     return {
         **config, "name": f"bench_skill_{family}", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
-        "data": {"source": "local", "local": {"path": str(SHARED_OHLCV)}, "symbols": symbols,
-                 "timeframes": timeframes},
+        "data": {**({"source": "freqtrade", "freqtrade": {"path": str(SHARED_FREQTRADE)}} if elsewhere else
+                    {"source": "local", "local": {"path": str(SHARED_OHLCV)}}),
+                 "symbols": symbols, "timeframes": timeframes},
         "model": {**config["model"], "layers": layers},
         "train": {**config["train"], "batch_size": 64, "epochs": epochs,
                   "early_stopping": {**config["train"].get("early_stopping", {}), "patience": 2},
@@ -80,20 +83,23 @@ def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs:
     }
 
 
-def series_of(pattern: str) -> list[str]:
-    return sorted(p.name.removesuffix(".csv.gz") for p in SHARED_OHLCV.glob("*.csv.gz")
-                  if fnmatch.fnmatch(p.name.removesuffix(".csv.gz"), pattern))
+def series_of(pattern: str, elsewhere: bool = False) -> list[str]:
+    """SYMBOL_TIMEFRAME of every series (BTCUSDT_1h), of the 48 or (elsewhere) freqtrade's files, matching `pattern`."""
+    names = [p.name.removesuffix(".feather").replace("_", "").replace("-", "_")
+             for p in SHARED_FREQTRADE.glob("*.feather")] if elsewhere else \
+        [p.name.removesuffix(".csv.gz") for p in SHARED_OHLCV.glob("*.csv.gz")]
+    return sorted(name for name in names if fnmatch.fnmatch(name, pattern))
 
 
-def train(family: str, series: list[str], epochs: int, scratch: Path,
-          overrides: list[str]) -> tuple[dict[str, dict], float]:
+def train(family: str, series: list[str], epochs: int, scratch: Path, overrides: list[str],
+          elsewhere: bool = False) -> tuple[dict[str, dict], float]:
     """Runs `cryptotrain run` over the series; job name -> metrics.json, and the wall time."""
     symbols = sorted({s.split("_")[0] for s in series})
     timeframes = sorted({s.split("_")[1] for s in series})
     config = scratch / f"{family}.yaml"
     run_dir = scratch / "run"
-    config.write_text(yaml.safe_dump(bench_config(family, symbols, timeframes, epochs, run_dir, scratch / "cache"),
-                                     sort_keys=False))
+    config.write_text(yaml.safe_dump(bench_config(family, symbols, timeframes, epochs, run_dir, scratch / "cache",
+                                                  elsewhere), sort_keys=False))
     started = time.perf_counter()
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
     only = [arg for s in series for arg in ("--only", s)]
@@ -184,22 +190,26 @@ def main() -> int:
     parser.add_argument("--keep", type=Path, metavar="DIR",
                         help="train into DIR and keep it (the run directory, its config and cache), to look into the "
                              "jobs afterwards; default: a temporary directory")
+    parser.add_argument("--elsewhere", action="store_true",
+                        help=f"the series outside the 48 instead: {SHARED_FREQTRADE} (BTC, ETH, SOL of 2024, "
+                             "freqtrade's files as they are), to check that a figure holds beyond the 48")
     args = parser.parse_args()
     console = Console(width=140)
-    if not SHARED_OHLCV.is_dir():
-        console.print(f"bench-skill runs over every series in {SHARED_OHLCV} (../shared beside the checkout); "
+    corpus = SHARED_FREQTRADE if args.elsewhere else SHARED_OHLCV
+    if not corpus.is_dir():
+        console.print(f"bench-skill runs over every series in {corpus} (../shared beside the checkout); "
                       "it is not there, so nothing was measured")
         return 2
-    series = series_of(args.only)
+    series = series_of(args.only, args.elsewhere)
     if not series:
-        console.print(f"no series matching {args.only!r} in {SHARED_OHLCV}")
+        console.print(f"no series matching {args.only!r} in {corpus}")
         return 2
 
     with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="bench-skill-")) \
             as scratch:
         Path(scratch).mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
-        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides)
+        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides, args.elsewhere)
     rows = {s: row(results.get(s)) for s in series}
 
     variant = f" with {' '.join(args.overrides)}" if args.overrides else ""
@@ -242,14 +252,15 @@ def main() -> int:
             console.print(f"  {'MET    ' if met else 'NOT MET'}  {target}")
     else:
         console.print("no job finished")
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d"), "machine": f"{platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cpus", "family": args.family, "overrides": args.overrides, "epochs": args.epochs,
-        "units": NARROW, "series": series,
+    results_file = RESULTS.with_stem("skill-elsewhere") if args.elsewhere else RESULTS
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    results_file.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "corpus": str(corpus),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus", "family": args.family,
+        "overrides": args.overrides, "epochs": args.epochs, "units": NARROW, "series": series,
         "seconds": seconds, "overall": figures, "per_series": rows,
     }, indent=1))
-    console.print(f"written: {RESULTS}")
+    console.print(f"written: {results_file}")
     return 0
 
 

@@ -132,6 +132,17 @@ class RunConfig(Strict):
                              "symbol is left out of its references); list other symbols")
         return self
 
+    @model_validator(mode="after")
+    def _monitors_a_loss_of_the_model(self) -> RunConfig:
+        outputs = [h.name for h in self.heads] + [range_output(h.name) for h in self.heads if h.har]
+        losses = {f"{prefix}{name}" for prefix in ("", "val_") for name in ("loss", *(f"{o}_loss" for o in outputs))}
+        for section in ("early_stopping", "reduce_lr"):
+            monitor = getattr(getattr(self.train, section), "monitor", None)
+            if monitor is not None and monitor.endswith("loss") and monitor not in losses:
+                raise ValueError(f"train.{section}.monitor: {monitor} is no loss of this model (one of "
+                                 f"{', '.join(sorted(losses))})")
+        return self
+
     @property
     def network(self) -> NetworkSpec:
         """The sections the network is built from (models.build_model, flops, training.ModelCache)."""

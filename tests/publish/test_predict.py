@@ -396,8 +396,8 @@ def test_a_job_of_the_version_before_har_heads_still_loads_predicts_and_reports(
         del har["log_variance"]
         (stage / "har.json").write_text(json.dumps(har))
         saved = dict(np.load(stage / "predictions.npz"))
-        np.savez(stage / "predictions.npz", **{k: v for k, v in saved.items() if not k.startswith(("expected_",
-                                                                                                   "interval_"))})
+        served = ("expected_", "network_", "interval_")
+        np.savez(stage / "predictions.npz", **{k: v for k, v in saved.items() if not k.startswith(served)})
         config = yaml.safe_load((stage / "config.yaml").read_text())
         del config["evaluation"], config["features"]["market"]
         for head in config["heads"]:

@@ -242,7 +242,8 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     day's (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
     "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
     "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
-    "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return)."""
+    "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return),
+    and the network's own range beside its candles: "network_range" (median), "network_range_rms"."""
     steps = test_prices.reshape(len(test_prices), -1, len(head.columns)).shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
@@ -288,7 +289,8 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
                                                 val, fitted, settings.interval)
     served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
-              "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper}
+              "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
+              "network_range": network["range"], "network_range_rms": rms}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
                         range_rms_ratio=rms_ratio.tolist()), served
 
