@@ -55,7 +55,7 @@ def log_epochs(epoch_log: Path, patch=setattr) -> None:
 
 def install(point: str, marker: Path) -> None:
     if point == "features":
-        pipeline.load_features = pause_once(pipeline.load_features, marker)
+        pipeline.job_features = pause_once(pipeline.job_features, marker)
     elif point == "mid-epoch":
         def in_second_epoch(self, batch, logs=None):
             return self._epoch_start is not None and self.model._kill_points_epoch >= 1 and batch >= 1

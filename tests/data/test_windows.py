@@ -130,8 +130,8 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
     cfg = load_config(REPO / "configs" / "v8_stable.yaml", [
         f"data.local.path={CANDLES_DIR}", "data.max_rows=1500", f"window.scaler={kind}",
         f"window.relative_to={relative_to or 'null'}", f"window.lookback={lookback}", f"window.horizon={horizon}",
-        f"heads.0.candle={relative_to is not None}", "heads.0.har=false",
-        "features.market=null"])
+        f"heads.0.candle={relative_to is not None}", "heads.0.har=false", "train.early_stopping.monitor=val_loss",
+        "train.reduce_lr.monitor=val_loss", "features.market=null"])
     heads = [*cfg.heads, cfg.heads[0].model_copy(update={"name": "momentum", "columns": ["rsi", "macd", "atr"],
                                                             "candle": False, "har": False})]
     frame = compute_features(load_candles(cfg, "SOLUSDT", "1h"), cfg.features)
