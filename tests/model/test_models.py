@@ -39,9 +39,9 @@ def layernorm(width: int) -> int:
 
 
 def har_head(width: int, features: int, steps: int) -> int:
-    """A HAR candle head (models._har_candle): open, close and three corrections of the trunk per step, and three
-    corrections of the last input row, one per step each."""
-    return 5 * dense(width, 1) + 3 * dense(features, steps)
+    """A HAR candle head (models._har_candle): open, close and the correction of the trunk per step, and the
+    correction of the last input row, one per step."""
+    return 3 * dense(width, 1) + dense(features, steps)
 
 
 def _v7_decoder_and_heads(encoder_width: int) -> int:
@@ -54,7 +54,7 @@ EXPECTED_PARAMS = {
     # Dense 128, 64, 32; head ohlc, HAR-started.
     "v8_stable": (17, 2 * lstm(256, 17) + layernorm(512) + 2 * lstm(128, 512) + layernorm(256)
                   + 2 * lstm(64, 256) + layernorm(128) + lstm(32, 128) + layernorm(32)
-                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + har_head(32, 17, 1)),  # 1,419,131
+                  + dense(32, 128) + dense(128, 64) + dense(64, 32) + har_head(32, 17, 1)),  # 1,419,029
     # 24 inputs (OHLC, V7's 8 indicators, 10 of the candles' size and time, volume_surprise, market_range):
     # BiLSTM 128 -> BiLSTM 64 -> LSTM 32 encoder, each with LayerNorm.
     "v7": (24, 2 * lstm(128, 24) + layernorm(256) + 2 * lstm(64, 256) + layernorm(128)

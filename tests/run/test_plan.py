@@ -12,7 +12,7 @@ def test_plan_of_a_real_family_lists_jobs_and_model_size(tmp_path, monkeypatch):
                                 terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "v8_stable: 20 jobs" in result.output
-    assert "1,419,131 parameters" in result.output
+    assert "1,419,029 parameters" in result.output
     assert "BTCUSDT_15m" in result.output and "APEUSDT_15m" in result.output and "BTCUSDT_1h" not in result.output
     assert "heads: ohlc (open, high, low, close)" in result.output
     assert list(tmp_path.iterdir()) == []  # planning writes nothing

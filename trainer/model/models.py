@@ -180,13 +180,13 @@ def _har_candle(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, har:
                 inputs: keras.KerasTensor) -> dict[str, keras.KerasTensor]:
     """A candle head started at HAR + time of day (HeadConfig.har; HARNet): the high excursion, the low one and
     the root-mean-square log range are HAR's forecast of each (the HAR_INPUTS, scaled as the head's columns) times
-    exp(a correction): tanh of a Dense of the trunk plus a Dense of the window's last input row less the window's
-    mean (what HAR's regression could add linearly: a volume or market surprise, its own terms reweighed; less the
-    mean, so that a level the train split never saw - a regime of high volatility, which HAR's own terms already
-    carry - is not extrapolated), both starting at zero. tanh bounds the correction to a factor of e^-1 .. e^1.
-    An untrained head forecasts exactly HAR's high, low and range, and a body of open = close = the last close
-    ("no change").
-    high = max(open, close, HAR's high x exp(c_high)), low = min(open, close, -HAR's low x exp(c_low)): a candle.
+    exp(c), one correction of the coming volatility per step: tanh of a Dense of the trunk plus a Dense of the
+    window's last input row less the window's mean (what HAR's regression could add linearly: a volume or market
+    surprise, its own terms reweighed; less the mean, so that a level the train split never saw - a regime of high
+    volatility, which HAR's own terms already carry - is not extrapolated), both starting at zero. tanh bounds the
+    correction to a factor of e^-1 .. e^1. An untrained head forecasts exactly HAR's high, low and range, and a
+    body of open = close = the last close ("no change").
+    high = max(open, close, HAR's high x exp(c)), low = min(open, close, -HAR's low x exp(c)): a candle.
     -> the head's candle, and its range (range_output), each per step."""
     dense = _dense(trunk, per_step, "zeros")
     open_, close = dense(1, f"{head.name}_open"), dense(1, f"{head.name}_close")
@@ -196,22 +196,20 @@ def _har_candle(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, har:
     if not per_step:  # horizon 1 on a trunk that ends in one vector: (batch, 1, 1) -> (batch, 1)
         har = {name: keras.layers.Reshape((1,), **F32)(tensor) for name, tensor in har.items()}
 
-    def started(quantity: str) -> keras.KerasTensor:
-        name = f"{head.name}_{quantity}_correction"
-        linear = keras.layers.Dense(steps, kernel_initializer="zeros", name=f"{name}_linear", **F32)(surprise)
-        if per_step:
-            linear = keras.layers.Reshape((steps, 1), **F32)(linear)
-        correction = keras.layers.Activation("tanh", **F32)(keras.layers.Add(**F32)([dense(1, name), linear]))
-        return keras.layers.Multiply(**F32)([har[f"har_{quantity}"],
-                                             keras.layers.Activation("exponential", **F32)(correction)])
-
+    linear = keras.layers.Dense(steps, kernel_initializer="zeros", name=f"{head.name}_correction_linear",
+                                **F32)(surprise)
+    if per_step:
+        linear = keras.layers.Reshape((steps, 1), **F32)(linear)
+    correction = keras.layers.Activation("tanh", **F32)(keras.layers.Add(**F32)([dense(1, f"{head.name}_correction"),
+                                                                                 linear]))
+    scale = keras.layers.Activation("exponential", **F32)(correction)
     parts = {
         "open": open_, "close": close,
-        "high": keras.layers.Maximum(**F32)([open_, close, started("high")]),
-        "low": keras.layers.Minimum(**F32)([open_, close, started("low")]),
+        "high": keras.layers.Maximum(**F32)([open_, close, keras.layers.Multiply(**F32)([har["har_high"], scale])]),
+        "low": keras.layers.Minimum(**F32)([open_, close, keras.layers.Multiply(**F32)([har["har_low"], scale])]),
     }
     candle = keras.layers.Concatenate(name=head.name, **F32)([parts[column] for column in head.columns])
-    range_ = keras.layers.Identity(name=range_output(head.name), **F32)(started("range"))
+    range_ = keras.layers.Multiply(name=range_output(head.name), **F32)([har["har_range"], scale])
     return {head.name: candle, range_output(head.name): range_}
 
 
