@@ -105,10 +105,13 @@ def test_a_row_no_reference_covers_fails_the_job_naming_it(btc, references):
         add_market(btc, holed, train=0.7)
 
 
-def test_predict_needs_a_reference_candle_at_the_last_candles_time(btc, references):
+def test_predict_follows_the_last_candle_a_reference_covers(btc, references):
     _, levels = add_market(btc, references, train=0.7)
-    with pytest.raises(JobError, match="needs a candle of a reference series at the last candle's time"):
-        apply_market(btc, {symbol: candles.iloc[:-10] for symbol, candles in references.items()}, levels)
+    shorter = {symbol: candles.iloc[:-10] for symbol, candles in references.items()}
+    applied = apply_market(btc, shorter, levels)
+    assert applied.index[-1] == max(candles.index[-1] for candles in shorter.values()) < btc.index[-1]
+    with pytest.raises(JobError, match="has no candle of a reference series at the times of these candles"):
+        apply_market(btc, {symbol: candles.iloc[:0] for symbol, candles in references.items()}, levels)
     with pytest.raises(JobError, match="the market input needs the candles of SOLUSDT"):
         apply_market(btc, {"ETHUSDT": references["ETHUSDT"]}, levels)
 

@@ -493,9 +493,10 @@ def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp
                             JobDir(job_dir).config(), references)
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
 
-    # BTC's own file goes on two hours past ETH's: no reference candle at its last candle's time
-    with pytest.raises(JobError, match="needs a candle of a reference series at the last candle's time"):
-        predict_job(str(job_dir), None, None, None, None)
+    # BTC's own file goes on two hours past ETH's: the forecast follows the last candle ETH's covers, and says so
+    followed = predict_job(str(job_dir), None, None, None, None)
+    assert (followed.last_candle, followed.left_out) == (references["ETHUSDT"].index[-1], 2)
+    assert "the 2 later candle(s) given have no reference series' candle yet" in predict_cli("--model", str(job_dir))
     ending = tmp_path / "btc.csv"
     candles[candles.index <= references["ETHUSDT"].index[-1]].to_csv(ending)
     assert predict_job(str(job_dir), None, None, ending, None).last_candle == references["ETHUSDT"].index[-1]

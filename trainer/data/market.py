@@ -93,20 +93,21 @@ def add_market(frame: pd.DataFrame, references: dict[str, pd.DataFrame],
 def apply_market(frame: pd.DataFrame, references: dict[str, pd.DataFrame],
                  levels: tuple[Reference, ...]) -> pd.DataFrame:
     """predict: the candles' feature rows with the column market_range, from the references' candles and the levels
-    fitted when the job trained; the rows from the first one a reference candle covers. JobError where the last row
-    has none: the input after the latest candle needs a reference candle at its time."""
+    fitted when the job trained; the rows from the first to the last one a reference candle covers (a forecast
+    follows the last candle whose market input is known: the caller says so where later candles are left out).
+    JobError where no row is covered."""
     missing = [level.symbol for level in levels if level.symbol not in references]
     if missing:
         raise JobError(f"{_where(frame)}: the market input needs the candles of {', '.join(missing)}")
     references = {level.symbol: references[level.symbol] for level in levels}
     ranges = _aligned(frame.index, references)
-    if not any(np.isfinite(r[-1]) for r in ranges.values()):
+    first, last = _span(ranges, list(ranges))
+    if last < first:
         lasts = ", ".join(f"{s} {c.index[-1]:%Y-%m-%d %H:%M}" if len(c) else f"{s} none"
                           for s, c in references.items())
-        raise JobError(f"{_where(frame)}: the market input needs a candle of a reference series at the last candle's "
-                       f"time, {frame.index[-1]:%Y-%m-%d %H:%M} UTC; their last candles: {lasts}")
-    first = _span(ranges, list(ranges))[0]
-    return _joined(frame.iloc[first:], {s: r[first:] for s, r in ranges.items()}, levels)
+        raise JobError(f"{_where(frame)}: the market input has no candle of a reference series at the times of these "
+                       f"candles (the last {frame.index[-1]:%Y-%m-%d %H:%M} UTC); their last candles: {lasts}")
+    return _joined(frame.iloc[first:last + 1], {s: r[first:last + 1] for s, r in ranges.items()}, levels)
 
 
 def _aligned(index: pd.DatetimeIndex, references: dict[str, pd.DataFrame]) -> dict[str, np.ndarray]:

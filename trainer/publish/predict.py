@@ -65,15 +65,16 @@ class Prediction:
     model: str  # the reference given (an hf:// one completed with symbol and timeframe)
     candles_source: str | None  # where the candles came from (their attrs["source"])
     synthetic: bool  # made from synthetic candles: a demonstration, not a market
-    last_candle: pd.Timestamp  # open time of the last candle given; the forecast follows it
+    last_candle: pd.Timestamp  # open time of the last candle used; the forecast follows it
     forecast: pd.DataFrame  # predict_next's frame
     test_skill: TrackRecord
+    left_out: int = 0  # later candles given but not used: the market input's reference candles stop before them
 
     def as_dict(self) -> dict:
         """JSON-ready, as `cryptotrain predict --json` prints it."""
         return {
             "symbol": self.symbol, "timeframe": self.timeframe, "model": self.model,
-            "last_candle": self.last_candle.isoformat(), "source": self.candles_source,
+            "last_candle": self.last_candle.isoformat(), "left_out": self.left_out, "source": self.candles_source,
             "synthetic": self.synthetic,
             "test_skill": self.test_skill.model_dump(),
             "forecast": [{"timestamp": t.isoformat(), **row} for t, row in zip(self.forecast.index,
@@ -99,8 +100,10 @@ def predict_job(model_ref: str, symbol: str | None, timeframe: str | None, data_
     config = job.config()
     candles = _candles(config, prep, data_path, config_path)
     forecast = predict_next(job_dir, candles, config, _references(config, prep, config_path))
+    last = forecast.index[0] - timeframe_delta(prep.timeframe)
     return Prediction(prep.symbol, prep.timeframe, model_ref, candles.attrs.get("source"),
-                      bool(candles.attrs.get("synthetic")), candles.index[-1], forecast, track_record(job_dir))
+                      bool(candles.attrs.get("synthetic")), last, forecast, track_record(job_dir),
+                      left_out=int((candles.index > last).sum()))
 
 
 def track_record(job_dir: Path) -> TrackRecord:
@@ -117,14 +120,16 @@ def track_record(job_dir: Path) -> TrackRecord:
 
 def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
                  references: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """The next `horizon` candles after the last of `candles`: index = their open times (UTC), columns =
+    """The next `horizon` candles after the last of `candles` (with a market input: the last whose reference
+    candles are given, Prediction.left_out says how many were not used): index = their open times (UTC), columns =
     the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's;
     `references`: the candles of its market input's reference series (symbol -> candles), where it has one."""
     job = JobDir(job_dir)
     prep = job.preprocessing()
     frame = compute_features(candles, config.features)
-    if prep.market:
+    if prep.market:  # the forecast follows the last candle whose market input is known
         frame = apply_market(frame, references or {}, prep.market)
+        candles = candles.loc[:frame.index[-1]]
     x, last_close = prep.make_inputs(frame)
     har = job.har()
     if prep.har_head is not None and har is None:

@@ -403,6 +403,9 @@ def print_prediction(prediction: Prediction, as_json: bool) -> None:
     synthetic = " (SYNTHETIC candles: a demonstration, not a market)" if prediction.synthetic else ""
     title = (f"{prediction.symbol} {prediction.timeframe}: the next {len(forecast)} candle(s) after "
              f"{prediction.last_candle:%Y-%m-%d %H:%M} UTC, from {prediction.candles_source}{synthetic}")
+    if prediction.left_out:
+        title += (f"\n(the last candle whose market input is known: the {prediction.left_out} later candle(s) given "
+                  "have no reference series' candle yet)")
     # pandas' plain text never truncates a number to fit a narrow (or non-)terminal, unlike a rich table.
     table = forecast.set_axis(forecast.index.strftime("%Y-%m-%d %H:%M").rename("open time (UTC)"))
     print(f"{title}\n{table.to_string(float_format=lambda value: f'{value:.8g}')}")
