@@ -19,6 +19,7 @@ from trainer.evaluation.evaluate import (
     candle_scores,
     choose_shrink,
     evaluate,
+    mae_factor,
     metrics,
     predict_prices,
     significant_gain,
@@ -306,3 +307,15 @@ def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles
         assert interval.gamma == 0.005 and len(interval.level) == len(interval.margin) == 3
         assert 0.6 < interval.level[0] < 1 and interval.calibration == \
             f"adaptive conformal, level {interval.level[0]:.2f} after the test split"
+
+
+def test_the_mae_factor_is_the_scale_with_the_lowest_mae():
+    rng = np.random.default_rng(4)
+    forecast = rng.lognormal(-5, 0.5, (400, 2))
+    actual = forecast * rng.lognormal(0.2, 0.4, (400, 2))
+    factors = mae_factor(forecast, actual)
+    grid = np.linspace(0.5, 2, 1501)
+    for k in range(2):
+        errors = [np.abs(actual[:, k] - a * forecast[:, k]).mean() for a in grid]
+        assert factors[k] == pytest.approx(grid[int(np.argmin(errors))], abs=2e-3)
+    assert mae_factor(np.zeros((3, 1)), np.ones((3, 1))).tolist() == [1.0]  # no forecast to scale

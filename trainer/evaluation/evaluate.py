@@ -18,7 +18,7 @@ from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from ..model.training import INFERENCE_BATCH_SIZE
 from . import baselines
-from .baselines import Baselines
+from .baselines import EXCURSIONS, Baselines
 from .results import (
     CandleScores,
     CloseScores,
@@ -251,7 +251,8 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     val_har_rms = fitted.forecast(val.first_target_rows)["har_tod_rms"]["range"][:, :steps]
     network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
-    rms, val_rms, rms_ratio = _range_medians(network, val_network, val_actual["range"], fitted.floor, range_rms)
+    rms, val_rms, rms_ratio, excursion_factors = _range_medians(network, val_network, val_actual, fitted.floor,
+                                                                range_rms)
     weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
     served_rms = weights["range"] * rms + (1 - weights["range"]) * forecasts["har_tod_rms"]["range"]
     rms_of = {"model": served_rms, "network": rms, "har_tod_rms": forecasts["har_tod_rms"]["range"]}
@@ -292,26 +293,47 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
               "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
               "network_range": network["range"], "network_range_rms": rms}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
-                        range_rms_ratio=rms_ratio.tolist()), served
+                        range_rms_ratio=rms_ratio.tolist(),
+                        excursion_factors=None if excursion_factors is None else
+                        {q: f.tolist() for q, f in excursion_factors.items()}), served
 
 
-def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], val_actual: np.ndarray,
-                   floor: float, range_rms: tuple[np.ndarray, np.ndarray] | None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
+                   val_actual: dict[str, np.ndarray], floor: float, range_rms: tuple[np.ndarray, np.ndarray] | None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
     """The network's range as two forecasts: its median (what MAE scores), put in network["range"] and
     val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). A HAR head
-    forecasts the root mean square (range_rms): its median is that times the validation median of actual / it, per
-    step. A free candle's range is a median: its root mean square is that times sqrt(mean(actual^2 / it^2)) on
-    validation, the factor that minimises its QLIKE there. The third array: root mean square / median, per step
-    (CandleScores.range_rms_ratio)."""
+    forecasts the root mean square (range_rms): its median is that times the factor whose MAE on validation is
+    lowest, per step (mae_factor); its high and low excursions, one correction of the volatility away from the
+    range's, are put on their own medians the same way (in network and val_network). A free candle's range is a
+    median: its root mean square is that times sqrt(mean(actual^2 / it^2)) on validation, the factor that
+    minimises its QLIKE there. -> also root mean square / median, per step (CandleScores.range_rms_ratio), and a HAR
+    head's excursion factors (CandleScores.excursion_factors)."""
     if range_rms is None:
         median, val_median = (np.maximum(n["range"], floor) for n in (network, val_network))
-        factor = np.sqrt(np.mean((np.maximum(val_actual, floor) / val_median) ** 2, axis=0))
-        return median * factor, val_median * factor, factor
+        factor = np.sqrt(np.mean((np.maximum(val_actual["range"], floor) / val_median) ** 2, axis=0))
+        return median * factor, val_median * factor, factor, None
     rms, val_rms = range_rms
-    factor = np.median(val_actual / val_rms, axis=0)
-    network["range"], val_network["range"] = rms * factor, val_rms * factor
-    return rms, val_rms, 1 / factor
+    factors = {"range": mae_factor(val_rms, val_actual["range"]),
+               **{q: mae_factor(val_network[q], val_actual[q]) for q in EXCURSIONS}}
+    for q in EXCURSIONS:
+        network[q], val_network[q] = network[q] * factors[q], val_network[q] * factors[q]
+    network["range"], val_network["range"] = rms * factors["range"], val_rms * factors["range"]
+    return rms, val_rms, 1 / factors["range"], {q: factors[q] for q in EXCURSIONS}
+
+
+def mae_factor(forecast: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Per step (axis 1), the a > 0 whose a x forecast has the lowest MAE on these samples: the median of actual /
+    forecast weighted by forecast (forecasts > 0 only; 1 where there is none)."""
+    factors = np.ones(forecast.shape[1])
+    for k in range(forecast.shape[1]):
+        f, y = forecast[:, k], actual[:, k]
+        f, y = f[f > 0], y[f > 0]
+        if len(f):
+            order = np.argsort(y / f)
+            weight = np.cumsum(f[order])
+            factors[k] = (y / f)[order][np.searchsorted(weight, weight[-1] / 2)]
+    return factors
 
 
 def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np.ndarray, val_actual: np.ndarray,

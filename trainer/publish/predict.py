@@ -174,8 +174,10 @@ def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, price
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
     last_close = float(candles["close"].iloc[-1])
     network = quantities(high[None], low[None], close[None], np.array([last_close]))
-    if head.har:  # its range is an output of its own, a root mean square: its median as evaluation had it
+    if head.har:  # its range is an output of its own, a root mean square: its medians as evaluation had them
         network["range"] = prep.range_forecast(outputs) / np.asarray(scores.range_rms_ratio)
+        for q, factor in scores.excursion_factors.items():
+            network[q] = network[q] * np.asarray(factor)
     baseline = har.forecast(candles)
     weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
     combined = {q: weight[q] * network[q][0] + (1 - weight[q]) * baseline[q][:len(weight[q])] for q in COMBINED}
