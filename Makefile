@@ -68,7 +68,7 @@ bench-run: $(STAMP) ## N tiny jobs: old per-job scripts vs `cryptotrain run`
 bench-throughput: $(STAMP) ## training samples/s and achieved GFLOP/s per family shape
 	$(PY) benchmarks/bench_throughput.py
 
-bench-skill: $(STAMP) ## the V7 family on the 48 real series vs HAR + time of day: range, excursions, interval (~25 min)
+bench-skill: $(STAMP) ## the V7 family on the 48 real series vs HAR + time of day: range, excursions, interval (~10 min)
 	$(PY) benchmarks/bench_skill.py
 
 bench-baselines: $(STAMP) ## the baselines a quant tries first (EWMA, HAR + time of day, intervals) on every real series (seconds)
