@@ -95,10 +95,13 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(har["range"]), rtol=1e-12)
-        else:  # the network's own high and low, and the median of its range output (a root mean square)
-            np.testing.assert_allclose(forecast["expected_high"], forecast["high"], rtol=1e-9)
-            np.testing.assert_allclose(forecast["expected_low"], forecast["low"], rtol=1e-9)
-            job = JobDir(copy)
+        else:  # the network's own high and low, and the median of its range output (a root mean square), each
+            job = JobDir(copy)  # times the factor that put it on its median on validation
+            factors = job.metrics().candles.excursion_factors
+            np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(
+                np.log(forecast["high"] / last_close) * factors["high"]), rtol=1e-9)
+            np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(
+                -np.log(last_close / forecast["low"]) * factors["low"]), rtol=1e-9)
             prep = job.preprocessing()
             x, _ = prep.make_inputs(compute_features(candles, job.config().features))
             harness = Har.from_dict(json.loads((job_dir / "har.json").read_text()))
