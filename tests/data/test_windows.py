@@ -366,6 +366,30 @@ def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
     assert [h.shrink for h in saved.heads] == [factor, factor]
 
 
+@pytest.mark.parametrize("factor", [0.0, 0.35])
+def test_shrinking_a_har_heads_body_keeps_its_excursions_from_the_last_close(tmp_path, factor):
+    """A HAR head's high and low are excursions from the last close (HAR's, corrected): shrinking the body toward
+    no change leaves them where they are, unless the body still reaches past them; the candle stays a candle."""
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"][0].update(har=True, loss="mae")
+    windows = windows_of(feature_frame(), RunConfig.model_validate(raw))
+    test = windows.test
+    prep = windows.preprocessing.with_shrink({"ohlc": factor})
+    rng = np.random.default_rng(2)
+    body = rng.normal(0, 0.3, size=(len(test), 3, 2))
+    high = np.maximum(body.max(-1), np.abs(rng.normal(size=(len(test), 3))))
+    low = np.minimum(body.min(-1), -np.abs(rng.normal(size=(len(test), 3))))
+    outputs = {"ohlc": np.stack([body[..., 0], high, low, body[..., 1]], axis=-1).astype(np.float32),
+               "bb": rng.normal(size=(len(test), 3, 2)).astype(np.float32)}
+    prices, unshrunk = (p.to_prices(outputs, test.last_close)["ohlc"] for p in (prep, windows.preprocessing))
+    o, h, low_, c = (prices[..., i] for i in range(4))
+    assert np.all(h >= np.maximum(o, c)) and np.all(low_ <= np.minimum(o, c))
+    np.testing.assert_allclose(h, np.maximum(unshrunk[..., 1], np.maximum(o, c)), rtol=1e-12)
+    np.testing.assert_allclose(low_, np.minimum(unshrunk[..., 2], np.minimum(o, c)), rtol=1e-12)
+    if factor == 0.0:
+        np.testing.assert_allclose(h, unshrunk[..., 1], rtol=1e-12)  # the excursions exactly as forecast
+
+
 def test_a_new_scaler_kind_is_one_class_that_fits_and_is_saved_and_read_back(monkeypatch):
     """The config accepts every kind of trainer.data.scalers and nothing else; a kind defined anywhere is known by
     its name, fits, and is read back from a preprocessing file as the kind it is, with nothing else to change."""

@@ -233,7 +233,8 @@ class Preprocessing:
     def shrunk(self, head: HeadTarget, outputs: np.ndarray) -> np.ndarray:
         """A head's outputs with their deviation from "no change" weighted by head.shrink: its price levels
         framed relative to the last close (scaled without an offset, so 0 is no change) times the weight.
-        A candle's body (open, close) is shrunk and its wicks kept, so it stays a candle."""
+        A candle's body (open, close) is shrunk and its wicks kept, so it stays a candle; a HAR head's high and low,
+        excursions from the last close, are kept as they are (and still wrap the body)."""
         levels = self.framing.level[self.head_positions(head)] > 0
         if head.shrink == 1.0 or not levels.any():
             return outputs
@@ -242,6 +243,11 @@ class Preprocessing:
             out[..., levels] *= head.shrink
             return out
         o, h, low, c = (head.columns.index(column) for column in CANDLE)
+        if head.har:  # its high and low are excursions from the last close (HAR's, corrected): they stay
+            out[..., [o, c]] *= head.shrink
+            out[..., h] = np.maximum(out[..., h], np.maximum(out[..., o], out[..., c]))
+            out[..., low] = np.minimum(out[..., low], np.minimum(out[..., o], out[..., c]))
+            return out
         upper = out[..., h] - np.maximum(out[..., o], out[..., c])  # >= 0: the model's candles are candles
         lower = np.minimum(out[..., o], out[..., c]) - out[..., low]
         out[..., [o, c]] *= head.shrink
