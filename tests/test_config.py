@@ -178,6 +178,8 @@ BAD_CONFIGS = [
     ("missing section", _delete("window"), "window: required key is missing"),
     ("negative max_rows", _set("data.max_rows", -1), "data.max_rows: Input should be greater than 0"),
     ("bad precision", _set("train.precision", "fp8"), "train.precision: Input should be"),
+    ("a monitor the model does not report", _set("train.early_stopping.monitor", "val_olhc_loss"),
+     "train.early_stopping.monitor: val_olhc_loss is no loss of this model (one of bb_loss, loss, "),
     ("two kinds of clipping", _set("train", {"clipvalue": 1.0, "clipnorm": 1.0}),
      "train: set clipvalue or clipnorm, not both"),
     ("unknown framing", _set("window.relative_to", "first_close"), "window.relative_to: Input should be 'last_close'"),

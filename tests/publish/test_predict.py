@@ -106,8 +106,9 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
             x, _ = prep.make_inputs(compute_features(candles, job.config().features))
             harness = Har.from_dict(json.loads((job_dir / "har.json").read_text()))
             outputs = job.model()(prep.model_inputs(x, harness.inputs(candles)), training=False)
+            scores = job.metrics().candles  # the output times its QLIKE factor is the rms, over the ratio the median
             median = prep.range_forecast({k: np.asarray(v) for k, v in outputs.items()})[0] \
-                / np.asarray(job.metrics().candles.range_rms_ratio)
+                * np.asarray(scores.range_rms_factor) / np.asarray(scores.range_rms_ratio)
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(median), rtol=1e-6)
             assert not np.allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1))
 
@@ -391,7 +392,8 @@ def test_a_job_of_the_version_before_har_heads_still_loads_predicts_and_reports(
         (stage / "preprocessing.json").write_text(json.dumps(prep))
         metrics = json.loads((stage / "metrics.json").read_text())
         candle = metrics["candles"]
-        del candle["mean_range"], candle["range_rms_ratio"], candle["range"]["network_qlike_skill"]
+        del candle["mean_range"], candle["range_rms_ratio"], candle["range_rms_factor"]
+        del candle["range"]["network_qlike_skill"]
         for key in ("method", "gamma", "level"):
             candle["interval"].pop(key, None)
         (stage / "metrics.json").write_text(json.dumps(metrics))

@@ -251,8 +251,7 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     val_har_rms = fitted.forecast(val.first_target_rows)["har_tod_rms"]["range"][:, :steps]
     network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
-    rms, val_rms, rms_ratio, excursion_factors = _range_medians(network, val_network, val_actual, fitted.floor,
-                                                                range_rms)
+    rms, val_rms, factors = _range_medians(network, val_network, val_actual, fitted.floor, range_rms)
     weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
     served_rms = weights["range"] * rms + (1 - weights["range"]) * forecasts["har_tod_rms"]["range"]
     rms_of = {"model": served_rms, "network": rms, "har_tod_rms": forecasts["har_tod_rms"]["range"]}
@@ -293,33 +292,42 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
               "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
               "network_range": network["range"], "network_range_rms": rms}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
-                        range_rms_ratio=rms_ratio.tolist(),
-                        excursion_factors=None if excursion_factors is None else
-                        {q: f.tolist() for q, f in excursion_factors.items()}), served
+                        **factors), served
 
 
 def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
                    val_actual: dict[str, np.ndarray], floor: float, range_rms: tuple[np.ndarray, np.ndarray] | None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray] | None]:
+                   ) -> tuple[np.ndarray, np.ndarray, dict[str, list | dict | None]]:
     """The network's range as two forecasts: its median (what MAE scores), put in network["range"] and
-    val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). A HAR head
-    forecasts the root mean square (range_rms): its median is that times the factor whose MAE on validation is
-    lowest, per step (mae_factor); its high and low excursions, one correction of the volatility away from the
-    range's, are put on their own medians the same way (in network and val_network). A free candle's range is a
-    median: its root mean square is that times sqrt(mean(actual^2 / it^2)) on validation, the factor that
-    minimises its QLIKE there. -> also root mean square / median, per step (CandleScores.range_rms_ratio), and a HAR
-    head's excursion factors (CandleScores.excursion_factors)."""
+    val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). Each is the
+    network's forecast times the per-step factor that scores best on validation, as the network's other choices
+    (its epoch, the close's shrink) are made there; HAR + time of day, the baseline, stays as fitted on the train
+    split. A HAR head forecasts the root mean square (range_rms): that times qlike_factor is the root mean square,
+    and that times mae_factor its median; its high and low excursions, one correction of the volatility away
+    from the range's, are put on their own medians the same way (in network and val_network). A free candle's
+    range is a median: its root mean square is that times qlike_factor. -> also the factors as CandleScores
+    keeps them: range_rms_ratio (root mean square / median), and a HAR head's range_rms_factor and
+    excursion_factors."""
     if range_rms is None:
         median, val_median = (np.maximum(n["range"], floor) for n in (network, val_network))
-        factor = np.sqrt(np.mean((np.maximum(val_actual["range"], floor) / val_median) ** 2, axis=0))
-        return median * factor, val_median * factor, factor, None
-    rms, val_rms = range_rms
+        factor = qlike_factor(val_median, val_actual["range"], floor)
+        return median * factor, val_median * factor, {"range_rms_ratio": factor.tolist()}
+    calibration = qlike_factor(range_rms[1], val_actual["range"], floor)
+    rms, val_rms = (r * calibration for r in range_rms)
     factors = {"range": mae_factor(val_rms, val_actual["range"]),
                **{q: mae_factor(val_network[q], val_actual[q]) for q in EXCURSIONS}}
     for q in EXCURSIONS:
         network[q], val_network[q] = network[q] * factors[q], val_network[q] * factors[q]
     network["range"], val_network["range"] = rms * factors["range"], val_rms * factors["range"]
-    return rms, val_rms, 1 / factors["range"], {q: factors[q] for q in EXCURSIONS}
+    return rms, val_rms, {"range_rms_ratio": (1 / factors["range"]).tolist(),
+                          "range_rms_factor": calibration.tolist(),
+                          "excursion_factors": {q: factors[q].tolist() for q in EXCURSIONS}}
+
+
+def qlike_factor(forecast: np.ndarray, actual: np.ndarray, floor: float) -> np.ndarray:
+    """Per step (axis 1), the a > 0 whose a x forecast (a root mean square) has the lowest QLIKE on these samples:
+    the root mean square of actual / forecast (both floored)."""
+    return np.sqrt(np.mean((np.maximum(actual, floor) / np.maximum(forecast, floor)) ** 2, axis=0))
 
 
 def mae_factor(forecast: np.ndarray, actual: np.ndarray) -> np.ndarray:
@@ -342,7 +350,7 @@ def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np
     the factor that minimises its QLIKE on validation (the root mean square of a mean is not the mean of the
     root mean squares); every forecast scored so gets the same treatment."""
     mean, val_mean = np.maximum(actual.mean(axis=1), floor), np.maximum(val_actual.mean(axis=1), floor)
-    factor = np.sqrt(np.mean((val_mean / val_forecast.mean(axis=1)) ** 2))
+    factor = qlike_factor(val_forecast.mean(axis=1, keepdims=True), val_mean[:, None], floor)[0]
     return baselines.qlike(forecast.mean(axis=1) * factor, mean, floor)
 
 

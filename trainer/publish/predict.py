@@ -168,14 +168,15 @@ def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, price
     network's close widened by the job's margin x the volatility it was calibrated with: split conformal's on
     validation, or the one adaptive conformal ended the test split at): "expected_high", "expected_low",
     "expected_range_pct", "close_80_low", "close_80_high". A HAR head's range is its range output's median
-    (CandleScores.range_rms_ratio)."""
+    (CandleScores.range_rms_factor, CandleScores.range_rms_ratio)."""
     head = next(h for h in prep.heads if h.name == scores.head)
     candle = prices[head.name].reshape(prep.horizon, len(head.columns))
     high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
     last_close = float(candles["close"].iloc[-1])
     network = quantities(high[None], low[None], close[None], np.array([last_close]))
     if head.har:  # its range is an output of its own, a root mean square: its medians as evaluation had them
-        network["range"] = prep.range_forecast(outputs) / np.asarray(scores.range_rms_ratio)
+        rms = prep.range_forecast(outputs) * np.asarray(scores.range_rms_factor or 1.0)
+        network["range"] = rms / np.asarray(scores.range_rms_ratio)
         for q, factor in scores.excursion_factors.items():
             network[q] = network[q] * np.asarray(factor)
     baseline = har.forecast(candles)
