@@ -10,6 +10,8 @@ their parameters chosen on validation, scored on the test split:
     the horizon (every step) and of the mean range of the next 10 candles vs persistence; QLIKE skill of HAR's
     root-mean-square range (har_tod_rms) vs persistence and vs EWMA
   - next-candle high / low excursion, MAE skill of HAR + time of day vs no change and vs persistence
+  - HAR + time of day put on its level on validation (har_tod_level: per step, times the factor with the lowest
+    MAE there; its root-mean-square range by QLIKE's) vs as fitted: what that level alone is worth
   - a ceiling, not a forecast: HAR + time of day given also the future's local volatility (the mean ln range,
     less its time-of-day mean, of the 12 candles before and the 12 after the target candle; least squares with
     ln HAR's range on the train split, the excursions as shares of it as HAR's). Its high / low MAE skill vs
@@ -63,6 +65,10 @@ COLUMNS = {
     "mean_range_har_vs_persistence": ("mean range 10 HAR/pers", "+.3f"),
     "range_qlike_har_vs_persistence": ("range QLIKE HAR/pers", "+.3f"),
     "range_qlike_har_vs_ewma": ("range QLIKE HAR/EWMA", "+.3f"),
+    "range_har_level_vs_har": ("range HAR level/HAR", "+.3f"),
+    "range_qlike_har_level_vs_har": ("range QLIKE HAR level/HAR", "+.3f"),
+    "high_har_level_vs_har": ("high HAR level/HAR", "+.3f"),
+    "low_har_level_vs_har": ("low HAR level/HAR", "+.3f"),
     "high_har_vs_no_change": ("high HAR/no change", "+.3f"),
     "high_har_vs_persistence": ("high HAR/pers", "+.3f"),
     "low_har_vs_no_change": ("low HAR/no change", "+.3f"),
@@ -123,6 +129,10 @@ def series_figures(path: Path) -> dict:
         "range_qlike_har_vs_persistence": skill_of("range", "har_tod_rms", "persistence", "qlike"),
         "range_qlike_har_vs_ewma": skill_of("range", "har_tod_rms", "ewma", "qlike"),
         **{f"{q}_har_vs_{b}": skill_of(q, "har_tod", b) for q in bl.EXCURSIONS for b in ("no_change", "persistence")},
+        # What putting HAR on its level on validation (per step, the factor with the lowest MAE / QLIKE there, as a
+        # HAR head's network is put) is worth by itself: the gap between bench-skill's two bars
+        **{f"{q}_har_level_vs_har": skill_of(q, "har_tod_level", "har_tod") for q in ("range", *bl.EXCURSIONS)},
+        "range_qlike_har_level_vs_har": skill_of("range", "har_tod_level_rms", "har_tod_rms", "qlike"),
     }
     figures |= {f"{q}_oracle_vs_har": skill for q, skill in _ceiling(candles, fitted, windows).items()}
     returns = actual["return"][:, 0]

@@ -8,7 +8,9 @@ The family's config as shipped (configs/<family>.yaml: its features, window, hea
 scaled down only in units (128 -> 16, 64 -> 16, 32 -> 8), epochs (--epochs, early stopping patience 2) and
 batch size (64), is trained with `cryptotrain run` on every series in ../shared/data/ohlcv. Per series, on the
 held-out chronological test split, each against HAR + time of day (fitted on the train split), for the network's
-own forecast and for what users get (the network combined with HAR, its weight chosen on validation):
+own forecast and for what users get (the network combined with HAR, its weight chosen on validation); the network's
+own also against HAR put on its level on validation as the network is (per step, the factor with the lowest QLIKE
+or MAE there; the targets are against HAR as fitted on the train split):
   - the log range ln(high / low) of the next candle: QLIKE skill (of the root-mean-square range) and MAE skill (of
     the median);
   - the high excursion ln(high / last close) and the low excursion ln(last close / low) together: MAE skill of
@@ -61,6 +63,9 @@ TARGETS = {"range_qlike": (0.03, -0.03, 40 / 48), "range_mae": (0.01, -0.01, Non
            "high_low_mae": (0.0, -0.01, None), "mean_range_qlike": (0.02, None, None)}
 COVERAGE_SHARE, TERCILE_SHARE = 46 / 48, 43 / 48
 FIGURES = ("range_qlike", "range_mae", "high_low_mae", "mean_range_qlike")
+# Also against HAR + time of day put on its level on validation, per step, as the network is (the mean range's
+# QLIKE already puts every forecast on its validation level): how much of a figure is that level alone
+LEVEL_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
 LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae": "high + low MAE",
           "mean_range_qlike": "mean range QLIKE"}
 
@@ -117,18 +122,23 @@ def train(family: str, series: list[str], epochs: int, scratch: Path, overrides:
 
 def row(metrics: JobMetrics | None) -> dict | None:
     """The figures of one job; None when it did not finish or has no candle head. `{figure}_network`: the network's
-    own forecast vs HAR + time of day; `{figure}_served`: what users get."""
+    own forecast vs HAR + time of day; `{figure}_served`: what users get; `{figure}_level`: the network's own vs
+    HAR + time of day put on its level on validation as the network is (the stricter bar; LEVEL_FIGURES)."""
     if metrics is None or metrics.candles is None:
         return None
     candles, interval = metrics.candles, metrics.candles.interval
     high, low, range_ = candles.high, candles.low, candles.range
     har_high_low = high.baselines["har_tod"].mae + low.baselines["har_tod"].mae
+    level_high_low = high.baselines["har_tod_level"].mae + low.baselines["har_tod_level"].mae
     mean_range = candles.mean_range
     return {
         "range_qlike_network": range_.network_qlike_skill, "range_qlike_served": range_.qlike_skill,
+        "range_qlike_level": range_.network_qlike_skill_level,
         "range_mae_network": range_.network_skill["har_tod"], "range_mae_served": range_.skill["har_tod"],
+        "range_mae_level": range_.network_skill["har_tod_level"],
         "high_low_mae_network": 1 - (high.network.mae + low.network.mae) / har_high_low,
         "high_low_mae_served": 1 - (high.mae + low.mae) / har_high_low,
+        "high_low_mae_level": 1 - (high.network.mae + low.network.mae) / level_high_low,
         "mean_range_qlike_network": mean_range and mean_range.network_qlike_skill,
         "mean_range_qlike_served": mean_range and mean_range.qlike_skill,
         "correction_used": max(q.network_weight[0] for q in (high, low, range_)) > 0,
@@ -150,6 +160,7 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
 
     figures = {"jobs": len(done), **{f"{f}_{who}": spread(f"{f}_{who}") for f in FIGURES
                                      for who in ("network", "served")},
+               **{f"{f}_level": spread(f"{f}_level") for f in LEVEL_FIGURES},
                "coverage": spread("coverage"), "close_skill": spread("close_skill"),
                "correction_used": sum(r["correction_used"] for r in done)}
     covered = [COVERAGE[0] <= r["coverage"] <= COVERAGE[1] for r in done]
@@ -240,6 +251,12 @@ def main() -> int:
             console.print(f"{LABELS[f]:>16}: the network alone median {net['median']:+.4f} [{net['min']:+.4f}, "
                           f"{net['max']:+.4f}], > 0 on {net['above_0']}/{net['n']}; what users get median "
                           f"{served['median']:+.4f} [{served['min']:+.4f}, {served['max']:+.4f}]")
+        for f in LEVEL_FIGURES:
+            level = figures[f"{f}_level"]
+            if level is not None:
+                console.print(f"{LABELS[f]:>16}: the network alone vs HAR on its validation level median "
+                              f"{level['median']:+.4f} [{level['min']:+.4f}, {level['max']:+.4f}], > 0 on "
+                              f"{level['above_0']}/{level['n']}")
         console.print(f"the network's correction used (weight > 0) on {figures['correction_used']}/{figures['jobs']}")
         console.print(f"80 % interval: median coverage {figures['coverage']['median']:.1%} "
                       f"[{figures['coverage']['min']:.1%}, {figures['coverage']['max']:.1%}], in 77-83 % on "

@@ -268,6 +268,10 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     assert started.range.network_qlike_skill == pytest.approx(1 - started.range.network.qlike / baselines.qlike(
         rms[test][:, 0], actual_next["range"][:, 0], fitted.floor), rel=1e-9)
     assert started.mean_range.har_qlike > 0 and started.mean_range.steps == 3
+    # ... and against HAR put on its level on validation the same way (the stricter bar), it adds nothing: 0
+    assert started.range.network_qlike_skill_level == pytest.approx(0, abs=1e-12)
+    for quantity in ("high", "low", "range"):
+        assert getattr(started, quantity).network_skill["har_tod_level"] == pytest.approx(0, abs=1e-12)
 
     # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
     actual = fitted.actual(test.first_target_rows)

@@ -203,6 +203,8 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
     har_log_variance = np.var(log_range[train[:, None] + np.arange(1, horizon + 1)] - log_har[train], axis=0)
     har_range = np.exp(log_har)
     shares = {q: np.median(values[q][train] / har_range[train], axis=0) for q in EXCURSIONS}
+    har = {"range": har_range, **{q: shares[q] * har_range for q in EXCURSIONS}}
+    har_rms = har_range * np.exp(har_log_variance)
     levels = tuple(levels)
     variance = _ewma(values["return"][:, :1] ** 2, RISKMETRICS_ALPHA)  # (T, 1) of the one-candle return
     volatilities = _volatilities(variance, har_range, floor)
@@ -211,8 +213,11 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
         points={"no_change": {q: np.zeros_like(v) for q, v in values.items()},
                 "persistence": {q: _known(v) for q, v in values.items()},
                 "ewma": dict(zip(QUANTITIES, np.moveaxis(ewma, 1, 0))),
-                "har_tod": {"range": har_range, **{q: shares[q] * har_range for q in EXCURSIONS}},
-                "har_tod_rms": {"range": har_range * np.exp(har_log_variance)}},
+                "har_tod": har, "har_tod_rms": {"range": har_rms},
+                # The stricter bar: HAR put on its level on validation, per step, as a HAR head's network is there
+                # (evaluate._range_medians): its medians by mae_factor, its root-mean-square range by qlike_factor
+                "har_tod_level": {q: f * mae_factor(f[val], values[q][val]) for q, f in har.items()},
+                "har_tod_level_rms": {"range": har_rms * qlike_factor(har_rms[val], values["range"][val], floor)}},
         ewma_alphas=dict(zip(QUANTITIES, alphas)), har_coefficients=har_coefficients, time_of_day=time_of_day,
         har_log_variance=har_log_variance, excursion_shares=shares,
         volatilities=volatilities,
@@ -308,6 +313,26 @@ def combination_weights(forecast: np.ndarray, baseline: np.ndarray, actual: np.n
 
 
 # ----------------------------------------------------------------------------- scores
+def mae_factor(forecast: np.ndarray, actual: np.ndarray) -> np.ndarray:
+    """Per step (axis 1), the a > 0 whose a x forecast has the lowest MAE on these samples: the median of actual /
+    forecast weighted by forecast (forecasts > 0 only; 1 where there is none)."""
+    factors = np.ones(forecast.shape[1])
+    for k in range(forecast.shape[1]):
+        f, y = forecast[:, k], actual[:, k]
+        f, y = f[f > 0], y[f > 0]
+        if len(f):
+            order = np.argsort(y / f)
+            weight = np.cumsum(f[order])
+            factors[k] = (y / f)[order][np.searchsorted(weight, weight[-1] / 2)]
+    return factors
+
+
+def qlike_factor(forecast: np.ndarray, actual: np.ndarray, floor: float) -> np.ndarray:
+    """Per step (axis 1), the a > 0 whose a x forecast (a root mean square) has the lowest QLIKE on these samples:
+    the root mean square of actual / forecast (both floored)."""
+    return np.sqrt(np.mean((np.maximum(actual, floor) / np.maximum(forecast, floor)) ** 2, axis=0))
+
+
 def mae(forecast: np.ndarray, actual: np.ndarray) -> float:
     return float(np.mean(np.abs(forecast - actual)))
 

@@ -18,7 +18,7 @@ from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from ..model.training import INFERENCE_BATCH_SIZE
 from . import baselines
-from .baselines import EXCURSIONS, Baselines
+from .baselines import EXCURSIONS, Baselines, mae_factor, qlike_factor
 from .results import (
     CandleScores,
     CloseScores,
@@ -210,9 +210,9 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
 
 # ----------------------------------------------------------------------------- the size of the coming candles
 # Compared at the next candle (and over the horizon) with the baselines that fit each quantity.
-POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod"),
-                   "low": ("no_change", "persistence", "ewma", "har_tod"),
-                   "range": ("persistence", "ewma", "har_tod")}  # no change's range of 0 is no forecast of one
+POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod", "har_tod_level"),
+                   "low": ("no_change", "persistence", "ewma", "har_tod", "har_tod_level"),
+                   "range": ("persistence", "ewma", "har_tod", "har_tod_level")}  # no change's range 0 is no forecast
 INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
 INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
 INTERVAL_NORMALISER = "har_ewma"  # the volatility forecast the conformal residuals are divided by (baselines)
@@ -256,25 +256,27 @@ def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows,
     served_rms = weights["range"] * rms + (1 - weights["range"]) * forecasts["har_tod_rms"]["range"]
     rms_of = {"model": served_rms, "network": rms, "har_tod_rms": forecasts["har_tod_rms"]["range"]}
     qlikes = {name: {"qlike": baselines.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
-                     "qlike_horizon": baselines.qlike(f, actual["range"], fitted.floor)} for name, f in rms_of.items()}
+                     "qlike_horizon": baselines.qlike(f, actual["range"], fitted.floor)}
+              for name, f in {**rms_of, "har_tod_level_rms": forecasts["har_tod_level_rms"]["range"]}.items()}
     scores = {}
     for quantity, names in POINT_BASELINES.items():
         own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
         alone = baselines.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
-        qlike_skill = network_qlike_skill = None
+        qlike_skill = network_qlike_skill = network_qlike_skill_level = None
         if quantity == "range":  # QLIKE scores the root-mean-square range, MAE the median
             own, alone = own.model_copy(update=qlikes["model"]), alone.model_copy(update=qlikes["network"])
             qlike_skill = baselines.skill(own.qlike, qlikes["har_tod_rms"]["qlike"])
             network_qlike_skill = baselines.skill(alone.qlike, qlikes["har_tod_rms"]["qlike"])
+            network_qlike_skill_level = baselines.skill(alone.qlike, qlikes["har_tod_level_rms"]["qlike"])
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
             skill={name: baselines.skill(own.mae, b.mae) for name, b in of.items()},
             skill_horizon={name: baselines.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
             qlike_skill=qlike_skill, network=alone,
             network_skill={name: baselines.skill(alone.mae, b.mae) for name, b in of.items()},
-            network_qlike_skill=network_qlike_skill,
+            network_qlike_skill=network_qlike_skill, network_qlike_skill_level=network_qlike_skill_level,
             network_weight=weights[quantity].tolist() if quantity in weights else None)
     mean_range = None
     if steps > 1:
@@ -322,26 +324,6 @@ def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.nda
     return rms, val_rms, {"range_rms_ratio": (1 / factors["range"]).tolist(),
                           "range_rms_factor": calibration.tolist(),
                           "excursion_factors": {q: factors[q].tolist() for q in EXCURSIONS}}
-
-
-def qlike_factor(forecast: np.ndarray, actual: np.ndarray, floor: float) -> np.ndarray:
-    """Per step (axis 1), the a > 0 whose a x forecast (a root mean square) has the lowest QLIKE on these samples:
-    the root mean square of actual / forecast (both floored)."""
-    return np.sqrt(np.mean((np.maximum(actual, floor) / np.maximum(forecast, floor)) ** 2, axis=0))
-
-
-def mae_factor(forecast: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    """Per step (axis 1), the a > 0 whose a x forecast has the lowest MAE on these samples: the median of actual /
-    forecast weighted by forecast (forecasts > 0 only; 1 where there is none)."""
-    factors = np.ones(forecast.shape[1])
-    for k in range(forecast.shape[1]):
-        f, y = forecast[:, k], actual[:, k]
-        f, y = f[f > 0], y[f > 0]
-        if len(f):
-            order = np.argsort(y / f)
-            weight = np.cumsum(f[order])
-            factors[k] = (y / f)[order][np.searchsorted(weight, weight[-1] / 2)]
-    return factors
 
 
 def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np.ndarray, val_actual: np.ndarray,

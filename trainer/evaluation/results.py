@@ -71,7 +71,8 @@ class PointScores(_Record):
 
 
 class QuantityScores(PointScores):
-    """The model's forecasts of a quantity, and each baseline's (no_change, persistence, ewma, har_tod)."""
+    """The model's forecasts of a quantity, and each baseline's (no_change, persistence, ewma, har_tod, and
+    har_tod_level: HAR + time of day put on its level on validation, as the network is; absent in runs before)."""
     baselines: dict[str, PointScores]
     skill: dict[str, float | None]  # MAE skill at the next candle vs each baseline
     skill_horizon: dict[str, float | None]  # over every step
@@ -83,6 +84,7 @@ class QuantityScores(PointScores):
     network_skill: dict[str, float | None] | None = None
     network_weight: list[float] | None = None
     network_qlike_skill: float | None = None  # the range: the network's own root-mean-square range's QLIKE skill
+    network_qlike_skill_level: float | None = None  # the same vs HAR's on its validation level (har_tod_level)
 
 
 class IntervalCoverage(_Record):
