@@ -303,13 +303,13 @@ def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.nda
     """The network's range as two forecasts: its median (what MAE scores), put in network["range"] and
     val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). Each is the
     network's forecast times the per-step factor that scores best on validation, as the network's other choices
-    (its epoch, the close's shrink) are made there; HAR + time of day, the baseline, stays as fitted on the train
-    split. A HAR head forecasts the root mean square (range_rms): that times qlike_factor is the root mean square,
-    and that times mae_factor its median; its high and low excursions, one correction of the volatility away
-    from the range's, are put on their own medians the same way (in network and val_network). A free candle's
-    range is a median: its root mean square is that times qlike_factor. -> also the factors as CandleScores
-    keeps them: range_rms_ratio (root mean square / median), and a HAR head's range_rms_factor and
-    excursion_factors."""
+    (its epoch, the close's shrink) are made there; HAR + time of day, the bar, stays as fitted on the train split
+    (har_tod_level, the stricter bar, is HAR put on its level so). A HAR head forecasts the root mean square
+    (range_rms): that times qlike_factor is the root mean square, and that times mae_factor its median; its high
+    and low excursions, one correction of the volatility away from the range's, are put on their own medians the
+    same way (in network and val_network). A free candle's range is a median: its root mean square is that times
+    qlike_factor. -> also the factors as CandleScores keeps them: range_rms_ratio (root mean square / median),
+    and a HAR head's range_rms_factor and excursion_factors."""
     if range_rms is None:
         median, val_median = (np.maximum(n["range"], floor) for n in (network, val_network))
         factor = qlike_factor(val_median, val_actual["range"], floor)
