@@ -146,10 +146,10 @@ class CandleScores(_Record):
     # forecasts the first, a free candle the second. None: written before.
     range_rms_ratio: list[float] | None = None
     # A HAR head: per step, what its range output is multiplied by to be its root-mean-square range, the factor
-    # with the lowest QLIKE on validation (evaluate.qlike_factor). None: a free candle, or written before (1).
+    # with the lowest QLIKE on validation (baselines.qlike_factor). None: a free candle, or written before (1).
     range_rms_factor: list[float] | None = None
     # A HAR head: "high" / "low" -> per step, what its excursions are multiplied by to be their medians on validation
-    # (evaluate.mae_factor). None: a free candle, or written before.
+    # (baselines.mae_factor). None: a free candle, or written before.
     excursion_factors: dict[str, list[float]] | None = None
 
     def skill_vs(self, baseline: str = "har_tod") -> dict[str, float | None]:
