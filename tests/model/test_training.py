@@ -21,7 +21,7 @@ from trainer.data.windows import make_windows
 from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.model.models import output_shapes
 from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay_budget, resume
-from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
+from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit, start_linear_term
 from trainer.run.pipeline import release_free_memory
 
 pytestmark = pytest.mark.train  # each test fits a tiny model
@@ -334,3 +334,25 @@ def test_a_har_heads_windows_train_on_the_device_and_its_saved_model_reads_them(
     expected, predicted = (predict_fixed_batches(m, windows.test.x) for m in (model, loaded))
     for name in ("ohlc", "ohlc_range"):
         np.testing.assert_array_equal(predicted[name], expected[name])
+
+
+def test_training_starts_a_har_heads_linear_term_at_its_least_squares_fit_on_the_train_split(tmp_path):
+    """Before its first epoch a HAR head's linear correction term is set to the least-squares fit, over the train
+    split, of each step's ln(range / HAR's) on the window's last row less its mean: on that split the forecast range
+    keeps HAR's level on average and tracks the actual ranges more closely than HAR's. Until then the model is HAR."""
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD]))
+    model = ModelCache().model_for(cfg.network, cfg.train)
+    windows, _ = har_windows(cfg, model)
+    train, prep = windows.train, windows.preprocessing
+    har = prep.range_forecast({"ohlc": train.y["ohlc"], "ohlc_range": train.x["har_range"]})
+    np.testing.assert_allclose(prep.range_forecast(predict_fixed_batches(model, train.x)), har, rtol=1e-6)
+
+    model.feed_for(windows)
+    start_linear_term(model, windows)
+    forecast = prep.range_forecast(predict_fixed_batches(model, train.x))
+    shift = np.log(forecast / har)
+    assert np.abs(shift).max() > 0.01 and abs(shift.mean()) < 0.01  # moved, on HAR's level
+    high, low = (prep.heads[0].columns.index(c) for c in ("high", "low"))
+    actual = (train.y["ohlc"][..., high] - train.y["ohlc"][..., low]) * prep.heads[0].scaler.scale[high]
+    kept = actual > 0
+    assert np.var(np.log(actual[kept] / forecast[kept])) < np.var(np.log(actual[kept] / har[kept]))

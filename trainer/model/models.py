@@ -183,7 +183,8 @@ def _har_candle(head: HeadConfig, trunk: keras.KerasTensor, per_step: bool, har:
     exp(c), one correction of the coming volatility per step: tanh of a Dense of the trunk plus a Dense of the
     window's last input row less the window's mean (what HAR's regression could add linearly: a volume or market
     surprise, its own terms reweighed; less the mean, so that a level the train split never saw - a regime of high
-    volatility, which HAR's own terms already carry - is not extrapolated), both starting at zero. tanh bounds the
+    volatility, which HAR's own terms already carry - is not extrapolated), both zero as built; training starts the
+    linear one at its least-squares fit on the train split (training.start_linear_term). tanh bounds the
     correction to a factor of e^-1 .. e^1. An untrained head forecasts exactly HAR's high, low and range, and a
     body of open = close = the last close ("no change").
     high = max(open, close, HAR's high x exp(c)), low = min(open, close, -HAR's low x exp(c)): a candle.

@@ -113,6 +113,8 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
     end = resumed.end(train)  # a job that early stopping had ended when it was killed trains no further epoch
     if resumed.epochs < end:
         model.feed_for(windows)
+        if resumed.epochs == 0:  # a resumed job's weights are its checkpoint's
+            start_linear_term(model, windows)
         train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
         val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
         # The checkpoint last, once everything the epoch changed is in the state it records: a job killed at any
@@ -123,6 +125,42 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
     elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
         model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
     return _result(checkpoint, restores_best, step_seconds=timer.seconds)
+
+
+# The ridge of start_linear_term, per train window: each coefficient shrunk by about var / (var + RIDGE), var the
+# variance of its input over the train split (the inputs are standardised, so about half). Measured on V7
+# (benchmarks/RESULTS.md, 2026-11-27): at 0.01 and 0.1 most series gained more, but BTCUSDT 15m's range MAE fell
+# to -0.04 and -0.02 against HAR; at 1.0 none is below -0.003, and the four series of 2024 gain too.
+LINEAR_TERM_RIDGE = 1.0
+
+
+def start_linear_term(model: WindowTrainer, windows: Windows) -> None:
+    """Start a HAR head's linear correction term (models._har_candle: a Dense of the window's last input row less
+    the window's mean) at its ridge least-squares fit over the train split: per step, ln(the actual range / HAR's
+    root-mean-square range) on those inputs, centred, so that over the train split the correction's mean is still 0
+    and the head still forecasts HAR's level. The term SGD would otherwise have to find from zero, a few
+    thousandths of the learning rate a step, in the epoch or two before the trunk's term starts to fit noise
+    (HAR itself is fitted by least squares too). A job whose model has no HAR head is left as built; so is one whose
+    train split has no candle with a range."""
+    head = windows.preprocessing.har_head
+    rows = windows.train.first_target_rows
+    if head is None or not len(rows):
+        return
+    surprises, ranges, hars = [], [], []
+    for batch in np.array_split(rows, math.ceil(len(rows) / INFERENCE_BATCH_SIZE)):
+        x, y = model.feed.gather(tf.constant(batch))  # what the model trains on
+        surprises.append((x["inputs"][:, -1] - tf.reduce_mean(x["inputs"], axis=1)).numpy())
+        ranges.append(y[range_output(head.name)].numpy().reshape(len(batch), -1))
+        hars.append(x["har_range"].numpy().reshape(len(batch), -1))
+    surprise, actual, har = (np.concatenate(parts).astype(np.float64) for parts in (surprises, ranges, hars))
+    if not (actual > 0).any():
+        return
+    residual = np.log(np.maximum(actual, actual[actual > 0].min()) / har)  # the floor: as HAR's, a flat candle's
+    mean = surprise.mean(axis=0)
+    centred = surprise - mean
+    kernel = np.linalg.solve(centred.T @ centred + LINEAR_TERM_RIDGE * len(rows) * np.eye(len(mean)),
+                             centred.T @ (residual - residual.mean(axis=0)))
+    model.network.get_layer(f"{head.name}_correction_linear").set_weights([float32(kernel), float32(-mean @ kernel)])
 
 
 def _result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float) -> FitResult:
