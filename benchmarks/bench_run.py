@@ -44,18 +44,21 @@ TARGETS = {"overhead_s": 0.5, "speedup": 2.5}
 
 
 def bench_config(jobs: list[str], epochs: int, rows: int, run_dir: Path, cache_dir: Path) -> dict:
-    """V8-stable's data path in miniature: same 15 features, lookback 60, horizon 1, tiny layers, the most
-    recent `rows` candles of each series."""
+    """V8-stable's data path in miniature: its 15 features of the old scripts (not volume_surprise, nor the market
+    input, which they never had), lookback 60, horizon 1, tiny layers, the most recent `rows` candles of each
+    series; its candle head with free wicks (har: false), as the old scripts' model had no HAR forecast to read."""
     family = yaml.safe_load((REPO / "configs" / "v8_stable.yaml").read_text())
+    features = {**{k: v for k, v in family["features"].items() if k != "market"},
+                "indicators": [i for i in family["features"]["indicators"] if i["name"] != "volume_surprise"]}
     symbols = sorted({job.split("_")[0] for job in jobs})
     timeframes = sorted({job.split("_")[1] for job in jobs})
     return {
         "name": "bench_run", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
         "data": {"source": "local", "local": {"path": str(SHARED_OHLCV)}, "symbols": symbols,
                  "timeframes": timeframes, "max_rows": rows},
-        "features": family["features"],
+        "features": features,
         "window": {"lookback": 60, "horizon": 1, "scaler": "minmax"},
-        "heads": family["heads"],
+        "heads": [{**head, "har": False} for head in family["heads"]],
         "model": {"layers": [{"kind": "lstm", "units": 16}, {"kind": "dense", "units": 16, "activation": "relu"}]},
         "train": {"batch_size": 64, "epochs": epochs, "learning_rate": 0.001, "seed": 1,
                   "early_stopping": {"patience": 20}, "reduce_lr": {"patience": 8}},
