@@ -128,7 +128,8 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
 
 
 # The ridge of start_linear_term, per train window: each coefficient shrunk by about var / (var + RIDGE), var the
-# variance of its input over the train split (the inputs are standardised, so about half). Measured on V7
+# variance of its input over the train split (about half with V7's and V8-aligned's standardised inputs; more with
+# V8-stable's min-max scaled ones, whose variances are smaller). Measured on V7
 # (benchmarks/RESULTS.md, 2026-11-27): at 0.01 and 0.1 most series gained more, but BTCUSDT 15m's range MAE fell
 # to -0.04 and -0.02 against HAR; at 1.0 none is below -0.003, and the four series of 2024 gain too.
 LINEAR_TERM_RIDGE = 1.0
