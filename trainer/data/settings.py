@@ -161,8 +161,9 @@ class HeadConfig(Strict):
     quantiles: list[float] = []
     # A candle head that starts at HAR + time of day (HARNet, Reisenhofer, Bayer & Hautsch 2022): its high and
     # low excursions, and a log range output of its own (range_output), are HAR's forecast for the window times
-    # exp(the network's correction), the correction's last layer zero at the start, so that an untrained network
-    # forecasts exactly HAR. The range is trained on QLIKE (its forecast: the root mean square range), the
+    # exp(the network's correction), the correction's last layer zero as built, so that an untrained network
+    # forecasts exactly HAR (training starts its linear term at its least-squares fit: training.start_linear_term).
+    # The range is trained on QLIKE (its forecast: the root mean square range), the
     # excursions on the head's loss (mae: their medians). false: the high and low are the body plus two free wicks.
     har: bool = False
 
