@@ -153,7 +153,9 @@ def trained_run(tmp_path_factory) -> TrainedRun:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """A test that reads the shared trained run is in the train tier (pyproject's markers) without saying so. The
     costliest tiers run first: under pytest-xdist the workers then end together, short tests filling the gaps
-    (a stable sort: each module's tests stay together, its module-scoped fixtures made once a worker)."""
+    (a stable sort: each module's tests stay together, its module-scoped fixtures made once a worker). xdist
+    hands each worker a run of consecutive tests at the start, so `make test` lets an idle worker take tests
+    queued on a busy one (--dist worksteal): otherwise one worker gets the Ray tests and the kill tests both."""
     for item in items:
         if "trained_run" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.train)

@@ -17,7 +17,10 @@ staging directory it commits. Faults:
 - the mailbox lost likewise: the driver makes a new one, and a job that may have lost messages in the old one
   (a checkpoint, an epoch's progress) goes on in its worker from the last checkpoint the driver holds;
 - this node's Ray (its raylet) or the cluster's GCS gone, or anything else Ray cannot do: the run stops with
-  errors.RunStopped (one line, exit 1), its jobs left to resume with the same command.
+  errors.RunStopped (one line, exit 1), its jobs left to resume with the same command. Ray itself ends a driver
+  whose raylet is gone at its next read from the object store (exit 1, no line: "Exiting because the Raylet IPC
+  connection failed" in Ray's log), so the driver waits for a reply without reading it, checks the raylet, then
+  reads: only a raylet lost in the milliseconds of that read ends the run Ray's way (it resumes the same).
 A job that fails for its own reasons (bad data, a non-finite loss) fails as it does locally.
 """
 from __future__ import annotations
@@ -44,7 +47,7 @@ from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
 try:
     import ray
     import ray.util.client
-    from ray.exceptions import GetTimeoutError, RayActorError, RayError, RayTaskError
+    from ray.exceptions import RayActorError, RayError, RayTaskError
 except ImportError:  # a local run never gets here; `--executor ray` says how to install it
     ray = None
 
@@ -162,11 +165,10 @@ class RayExecutor:
                 self._dispatch(self._submitted.pop(0))
             self._drain(events)
             waiting = [*self._running, *self._restarting]
-            ready, _ = ray.wait(waiting, num_returns=1, timeout=0.2)
+            ready, _ = ray.wait(waiting, num_returns=1, timeout=0.2, fetch_local=False)
             if not ready:
                 continue
-            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0)
-            self._check_ray()
+            ready, _ = ray.wait(waiting, num_returns=len(waiting), timeout=0, fetch_local=False)
             self._drain(events)  # every epoch of the jobs that ended is shown, and its checkpoint written
             outcomes = []
             for ref in ready:
@@ -188,7 +190,7 @@ class RayExecutor:
         worker (a new one in a dead one's place, or the same one after a lost mailbox)."""
         del self._tasks[task.token]
         try:
-            sent, result = ray.get(ref)
+            sent, result = self._read(ref)
         except RayTaskError as exc:  # raised in the worker
             if not isinstance(exc.cause, _MailboxLost):  # the job's own failure
                 self._free.append(task.actor)
@@ -221,7 +223,7 @@ class RayExecutor:
         """A dead worker's replacement answered, or not yet: its job is handed to it once it does."""
         task = self._restarting.pop(probe)
         try:
-            ray.get(probe)
+            self._read(probe)
         except RayActorError:  # Ray is still starting the new worker process
             time.sleep(0.2)
             self._restarting[task.actor.pid.remote()] = task
@@ -235,10 +237,10 @@ class RayExecutor:
             fresh = self._take is None
             if fresh:
                 self._take = self.mailbox.take.remote()
+            if not ray.wait([self._take], timeout=MAILBOX_WAIT_S, fetch_local=False)[0]:
+                return  # a Ray that is slow, or going away: _check_ray tells
             try:
-                messages = ray.get(self._take, timeout=MAILBOX_WAIT_S)
-            except GetTimeoutError:  # a Ray that is slow, or going away: _check_ray tells
-                return
+                messages = self._read(self._take)
             except RayActorError as exc:  # the mailbox is gone (unless Ray is: _check_ray tells)
                 self._check_ray()
                 self._new_mailbox(exc)
@@ -266,6 +268,12 @@ class RayExecutor:
         with contextlib.suppress(Exception):
             ray.kill(self.mailbox)  # should it still live: no worker's message goes where nobody reads
         self.mailbox, self._take = _Mailbox.remote(), None
+
+    def _read(self, ready):
+        """ray.get of a reply that is ready: one in the object store is read through this node's raylet, and Ray
+        ends the process there should the raylet be gone (the module's docstring), so the raylet is checked first."""
+        self._check_ray()
+        return ray.get(ready)
 
     def _check_ray(self) -> None:
         """RunStopped when the Ray this run uses is gone: this node's raylet not answering (its object store went
