@@ -43,6 +43,7 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.config import RunConfig, load_config
+from trainer.data.settings import HAR_INPUTS
 from trainer.model import device
 from trainer.model.flops import TRAINING_MULTIPLIER, flops_per_sample
 from trainer.model.models import build_model, output_shapes
@@ -137,9 +138,12 @@ def samples_per_second(cases: dict[Hashable, tuple[keras.Model, int]], timing: T
 
 
 def _fitter(model: keras.Model, batch_size: int) -> Callable[[int], None]:
-    lookback, n_features = model.input.shape[1:]
     rng = np.random.default_rng(0)
-    x = rng.standard_normal((batch_size, lookback, n_features), dtype=np.float32)
+    # The windows; with a HAR head, also HAR's forecasts of each step, positive scales as HAR's are
+    inputs = model.input if isinstance(model.input, dict) else {"inputs": model.input}
+    x = {name: rng.standard_normal((batch_size, *tensor.shape[1:]), dtype=np.float32)
+         for name, tensor in inputs.items()}
+    x = {name: np.abs(batch) + 0.1 if name in HAR_INPUTS else batch for name, batch in x.items()}
     y = {name: rng.standard_normal((batch_size, *shape), dtype=np.float32)
          for name, shape in output_shapes(model).items()}
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
