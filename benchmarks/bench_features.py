@@ -11,9 +11,10 @@ the whole preparation until the arrays are ready for `fit`:
              warm-up rows 0), the other indicators with pandas (ROC through np.roll), a scaler fit on the
              whole series, every window built by a Python loop, then a chronological 70/15/15 split.
   (b) cold   ours with an empty cache, what a job runs before fit (pipeline.prepare, then train_one's
-             make_windows): trainer.data.load_candles (parse + validate + store), load_features (compute +
+             job_windows): trainer.data.load_candles (parse + validate + store), load_features (compute +
              store), trainer.data.windows.make_windows (the rows the device gathers batches from, and the input
-             and target scalers fit on every framed train window).
+             and target scalers fit on every framed train window), and, for V8-stable's head that starts at
+             HAR, the baselines fitted on the train split with HAR's forecast of each window.
   (c) cached the same calls again: candles and features come from the on-disk cache.
   (d)        not in (b) or (c): what a job still frames on the host after fit, from the same windows: the
              validation inputs (window.shrink) and the test inputs to predict, with the raw values they are
@@ -54,7 +55,8 @@ from rich.table import Table
 from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
 from trainer.data.features import load_features
-from trainer.data.windows import Windows, make_windows
+from trainer.data.windows import Windows
+from trainer.run.pipeline import job_windows
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
@@ -123,7 +125,7 @@ def our_prepare(cfg: RunConfig, symbol: str, timeframe: str) -> tuple[bool, Wind
     frame, hit = load_features(candles, cfg.features, cfg.cache_path)
     horizon = cfg.window.horizon
     shapes = {h.name: (len(h.columns),) if horizon == 1 else (horizon, len(h.columns)) for h in cfg.heads}
-    return hit, make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, shapes)
+    return hit, job_windows(cfg, timeframe, frame, shapes)[0]
 
 
 def after_fit(windows: Windows, shrink: bool) -> None:

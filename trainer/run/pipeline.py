@@ -26,9 +26,9 @@ import pandas as pd
 from ..config import RunConfig
 from ..data.features import implausible_jump, job_features
 from ..data.market import Reference
-from ..data.windows import Preprocessing, SplitWindows, make_windows
+from ..data.windows import Preprocessing, SplitWindows, Windows, make_windows
 from ..errors import JobError
-from ..evaluation.baselines import Har, fit_baselines
+from ..evaluation.baselines import Baselines, Har, fit_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from ..evaluation.results import DataInfo, JobMetrics
 from ..model.models import output_shapes
@@ -115,14 +115,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                                                              write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg.network, cfg.train)
     with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
-        windows = make_windows(prepared.frame, cfg.window, cfg.features.columns, cfg.heads,
-                               output_shapes(model, cfg.heads))
-        # The baselines of the size of the coming candles, fitted on the train split (a HAR head starts at HAR's)
-        fitted = None if (head := candle_head(windows.preprocessing)) is None else \
-            fit_baselines(prepared.frame, job.timeframe, cfg.window.horizon, windows.train.first_target_rows,
-                          windows.val.first_target_rows)
-        if windows.preprocessing.har_head is not None:
-            windows = windows.with_har(fitted.har_inputs())
+        windows, fitted = job_windows(cfg, job.timeframe, prepared.frame, output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
                      callbacks=[*callbacks, ReportProgress(events, job.name)])
@@ -141,6 +134,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                           if any(head.quantiles for head in prep.heads) else None)
         candles, served = None, {}
         if fitted is not None:  # the size of the coming candles, against its baselines
+            head = candle_head(windows.preprocessing)
             candles, served = candle_scores(
                 head, predictions[head.name], windows.test,
                 prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted, cfg.evaluation,
@@ -163,6 +157,20 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
         result.history, windows.test, predictions, None if fitted is None else fitted.har, served)
+
+
+def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
+                target_shapes: dict[str, tuple[int, ...]]) -> tuple[Windows, Baselines | None]:
+    """A job's windows as fit takes them, and the baselines of the size of the coming candles fitted on its train
+    split (None without a candle head): a HAR head's windows carry HAR's forecast of each window, its start."""
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, target_shapes)
+    if candle_head(windows.preprocessing) is None:
+        return windows, None
+    fitted = fit_baselines(frame, timeframe, cfg.window.horizon, windows.train.first_target_rows,
+                           windows.val.first_target_rows)
+    if windows.preprocessing.har_head is not None:
+        windows = windows.with_har(fitted.har_inputs())
+    return windows, fitted
 
 
 @contextlib.contextmanager
