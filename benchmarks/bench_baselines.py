@@ -18,12 +18,12 @@ their parameters chosen on validation, scored on the test split:
     HAR bounds what any forecast of the candles' scale can add to HAR at the next candle
   - coverage of the next return's 80 % interval (quantiles 0.1 and 0.9): EWMA-scaled, overall and by tercile
     of the EWMA volatility; static (train) quantiles; split conformal around "no change" normalised by the
-    HAR volatility and by the geometric mean of HAR's and the EWMA's (calibrate), overall and by tercile of
-    that volatility; adaptive conformal inference (adapt, gamma 0.005) with the same normalisers, and how much
-    wider its intervals are than split conformal's on average.
+    HAR volatility and by the geometric mean of HAR's and the EWMA's (intervals.SplitConformal), overall and by
+    tercile of that volatility; adaptive conformal inference (intervals.AdaptiveConformal, gamma 0.005) with the
+    same normalisers, and how much wider its intervals are than split conformal's on average.
 Prints each series and the median [min, max] over series, for coverage how many series are inside 77-83 % and how
 many have every tercile within 5 points of 80 %; writes benchmarks/results/baselines.json.
-docs/forecasting.md gives the figures to expect.
+../shared/docs/forecasting.md gives the figures to expect.
 """
 from __future__ import annotations
 
@@ -44,11 +44,14 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.data import read_candles_file
-from trainer.data.settings import CANDLE, HeadConfig, WindowConfig
+from trainer.data.settings import WindowConfig
 from trainer.data.validate import timeframe_delta
 from trainer.data.windows import make_windows
 from trainer.evaluation import baselines as bl
+from trainer.evaluation.intervals import AdaptiveConformal, Forecasts, SplitConformal
+from trainer.evaluation.scores import coverage, mae, point_scores, skill
 from trainer.files import atomic_write, write_json
+from trainer.heads import CANDLE, CandleHead
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_OHLCV = (REPO.parent / "shared" / "data" / "ohlcv").resolve()
@@ -105,38 +108,39 @@ def series_figures(path: Path) -> dict:
     """The figures of one series (see COLUMNS) and the fitted parameters worth seeing."""
     timeframe = path.name.removesuffix(".csv.gz").split("_")[1]
     candles = read_candles_file(path, timeframe)
-    head = HeadConfig(name="ohlc", columns=list(CANDLE), candle=True)
+    head = CandleHead(kind="candle", name="ohlc", columns=list(CANDLE))
     windows = make_windows(candles, WINDOW, list(CANDLE), [head], {"ohlc": (WINDOW.horizon, len(CANDLE))})
     fitted = bl.fit_baselines(candles, timeframe, WINDOW.horizon, windows.train.first_target_rows,
                               windows.val.first_target_rows, LEVELS)
     test, val = windows.test.first_target_rows, windows.val.first_target_rows
     actual, forecast = fitted.actual(test), fitted.forecast(test)
-    scores = {name: {q: bl.point_scores(f, actual[q], q, fitted.floor) for q, f in by_quantity.items()}
+    scores = {name: {q: point_scores(f, actual[q], q, fitted.floor) for q, f in by_quantity.items()}
               for name, by_quantity in forecast.items()}
+    B = bl.Baseline
 
     def skill_of(quantity: str, model: str, baseline: str, key: str = "mae") -> float | None:
-        return bl.skill(getattr(scores[model][quantity], key), getattr(scores[baseline][quantity], key))
+        return skill(getattr(scores[model][quantity], key), getattr(scores[baseline][quantity], key))
 
     def mean_range_mae(name: str) -> float:
-        return bl.mae(forecast[name]["range"].mean(axis=1), actual["range"].mean(axis=1))
+        return mae(forecast[name]["range"].mean(axis=1), actual["range"].mean(axis=1))
 
     figures = {
-        "range_ewma_vs_persistence": skill_of("range", "ewma", "persistence"),
-        "range_har_vs_persistence": skill_of("range", "har_tod", "persistence"),
-        "range_har_vs_ewma": skill_of("range", "har_tod", "ewma"),
-        "range_har_vs_persistence_horizon": skill_of("range", "har_tod", "persistence", "mae_horizon"),
-        "mean_range_har_vs_persistence": bl.skill(mean_range_mae("har_tod"), mean_range_mae("persistence")),
-        "range_qlike_har_vs_persistence": skill_of("range", "har_tod_rms", "persistence", "qlike"),
-        "range_qlike_har_vs_ewma": skill_of("range", "har_tod_rms", "ewma", "qlike"),
-        **{f"{q}_har_vs_{b}": skill_of(q, "har_tod", b) for q in bl.EXCURSIONS for b in ("no_change", "persistence")},
-        # What putting HAR on its level on validation (per step, the factor with the lowest MAE / QLIKE there, as a
-        # HAR head's network is put) is worth by itself: the gap between bench-skill's two bars
-        **{f"{q}_har_level_vs_har": skill_of(q, "har_tod_level", "har_tod") for q in ("range", *bl.EXCURSIONS)},
-        "range_qlike_har_level_vs_har": skill_of("range", "har_tod_level_rms", "har_tod_rms", "qlike"),
+        "range_ewma_vs_persistence": skill_of("range", B.EWMA, B.PERSISTENCE),
+        "range_har_vs_persistence": skill_of("range", B.HAR_TOD, B.PERSISTENCE),
+        "range_har_vs_ewma": skill_of("range", B.HAR_TOD, B.EWMA),
+        "range_har_vs_persistence_horizon": skill_of("range", B.HAR_TOD, B.PERSISTENCE, "mae_horizon"),
+        "mean_range_har_vs_persistence": skill(mean_range_mae(B.HAR_TOD), mean_range_mae(B.PERSISTENCE)),
+        "range_qlike_har_vs_persistence": skill_of("range", B.HAR_TOD_RMS, B.PERSISTENCE, "qlike"),
+        "range_qlike_har_vs_ewma": skill_of("range", B.HAR_TOD_RMS, B.EWMA, "qlike"),
+        **{f"{q}_har_vs_{b}": skill_of(q, B.HAR_TOD, b) for q in bl.EXCURSIONS for b in (B.NO_CHANGE, B.PERSISTENCE)},
+        # What putting HAR on its level on validation (per step, the factor with the lowest MAE / QLIKE there, as the
+        # network's forecasts are put) is worth by itself: the gap between HAR as fitted and bench-skill's bar
+        **{f"{q}_har_level_vs_har": skill_of(q, B.HAR_TOD_LEVEL, B.HAR_TOD) for q in ("range", *bl.EXCURSIONS)},
+        "range_qlike_har_level_vs_har": skill_of("range", B.HAR_TOD_LEVEL_RMS, B.HAR_TOD_RMS, "qlike"),
     }
     figures |= {f"{q}_oracle_vs_har": skill for q, skill in _ceiling(candles, fitted, windows).items()}
     returns = actual["return"][:, 0]
-    quantiles = fitted.quantiles(test)
+    quantiles = fitted.quantile_forecasts(test)
     vol_test, vol_val = fitted.volatility(test), fitted.volatility(val)
     intervals = {
         "ewma_scaled": (quantiles["ewma_scaled"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
@@ -145,16 +149,16 @@ def series_figures(path: Path) -> dict:
     for normaliser in ("har", "har_ewma"):
         scale, val_scale = vol_test[normaliser][:, :1], vol_val[normaliser][:, :1]  # the next candle's: (N, 1)
         val_returns = fitted.actual(val)["return"][:, :1]
-        conformal = bl.calibrate(0.0, 0.0, val_returns, val_scale)
-        adaptive = bl.adapt(bl.conformity(0.0, 0.0, val_returns, val_scale),
-                            bl.conformity(0.0, 0.0, actual["return"][:, :1], scale), test)
-        for name, calibrated in (("conformal", conformal), ("adaptive", adaptive)):
-            intervals[f"{name}_{normaliser}"] = (tuple(b[:, 0] for b in calibrated.interval(0.0, 0.0, scale)),
-                                                 scale[:, 0])
-        figures[f"width_adaptive_{normaliser}"] = float(np.mean(adaptive.margin * scale)
-                                                        / np.mean(conformal.margin * scale) - 1)
+        no_change = Forecasts(*[np.zeros_like(val_returns)] * 2, val_returns, val_scale, val), \
+            Forecasts(*[np.zeros_like(scale)] * 2, actual["return"][:, :1], scale, test)
+        made = {"conformal": SplitConformal().intervals(*no_change),
+                "adaptive": AdaptiveConformal().intervals(*no_change)}
+        for name, calibrated in made.items():
+            intervals[f"{name}_{normaliser}"] = ((calibrated.lower[:, 0], calibrated.upper[:, 0]), scale[:, 0])
+        figures[f"width_adaptive_{normaliser}"] = float(np.mean(made["adaptive"].margin * scale)
+                                                        / np.mean(made["conformal"].margin * scale) - 1)
     for name, ((lower, upper), scale) in intervals.items():
-        covered = bl.coverage(lower, upper, returns, scale)
+        covered = coverage(lower, upper, returns, scale)
         figures[f"cover_{name}"] = covered.overall
         if name != "static":
             figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
@@ -175,16 +179,16 @@ def _ceiling(candles, fitted: bl.Baselines, windows) -> dict[str, float]:
     train, test = windows.train.first_target_rows, windows.test.first_target_rows  # target rows: t + 1
 
     def design(rows: np.ndarray) -> np.ndarray:
-        har = np.log(fitted.forecast(rows)["har_tod"]["range"][:, 0])
+        har = np.log(fitted.forecast(rows)[bl.Baseline.HAR_TOD]["range"][:, 0])
         return np.column_stack([np.ones(len(rows)), har, around.to_numpy()[rows]])
 
     ceiling = np.exp(design(test) @ np.linalg.lstsq(design(train), log_range[train], rcond=None)[0])
     fitted_train = np.exp(design(train) @ np.linalg.lstsq(design(train), log_range[train], rcond=None)[0])
-    actual_train, actual, har = fitted.actual(train), fitted.actual(test), fitted.forecast(test)["har_tod"]
+    actual_train, actual, har = fitted.actual(train), fitted.actual(test), fitted.forecast(test)[bl.Baseline.HAR_TOD]
     out = {}
     for q in bl.EXCURSIONS:
         share = np.median(actual_train[q][:, 0] / fitted_train)
-        out[q] = bl.skill(bl.mae(share * ceiling, actual[q][:, 0]), bl.mae(har[q][:, 0], actual[q][:, 0]))
+        out[q] = skill(mae(share * ceiling, actual[q][:, 0]), mae(har[q][:, 0], actual[q][:, 0]))
     return out
 
 
@@ -205,20 +209,24 @@ def summary(rows: dict[str, dict]) -> dict:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", default="*", help="series glob, e.g. 'BTC*' or '*_1h' (default: every series)")
-    args = parser.parse_args()
+    parser.add_argument("--data", type=Path, default=SHARED_OHLCV,
+                        help="a directory of SYMBOL_TIMEFRAME.csv.gz (default: ../shared/data/ohlcv; data/ohlcv: the "
+                             "bundled candles)")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the figures (default {RESULTS})")
+    args = parser.parse_args(argv)
     console = Console(width=200)
-    if not SHARED_OHLCV.is_dir():
-        console.print(f"bench-baselines runs over every series in {SHARED_OHLCV} (../shared beside the checkout); "
-                      "it is not there, so nothing was measured")
-        return 0
-    paths = sorted(path for path in SHARED_OHLCV.glob("*.csv.gz")
+    if not args.data.is_dir():
+        console.print(f"bench-baselines runs over every series in {args.data} (../shared beside the checkout, or "
+                      "--data); it is not there, so nothing was measured")
+        return 2
+    paths = sorted(path for path in args.data.glob("*.csv.gz")
                    if fnmatch.fnmatch(path.name.removesuffix(".csv.gz"), args.only))
     if not paths:
-        console.print(f"no series matching {args.only!r} in {SHARED_OHLCV}")
-        return 0
+        console.print(f"no series matching {args.only!r} in {args.data}")
+        return 2
 
     started, cpu_started = time.perf_counter(), time.process_time()
     rows = {path.name.removesuffix(".csv.gz"): series_figures(path) for path in paths}
@@ -247,8 +255,9 @@ def main() -> int:
         f"{os.cpu_count()} cpus", "window": {"lookback": WINDOW.lookback, "horizon": WINDOW.horizon},
         "levels": LEVELS, "seconds": seconds, "cpu_seconds": cpu_seconds, "overall": overall, "per_series": rows,
     }
-    atomic_write(RESULTS, lambda tmp: write_json(tmp, results))
-    console.print(f"written: {RESULTS}")
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(args.json, lambda tmp: write_json(tmp, results))
+    console.print(f"written: {args.json}")
     return 0
 
 

@@ -167,22 +167,25 @@ def time_series(cfg: RunConfig, path: Path, repeats: int, scratch: Path) -> dict
             "best": {k: min(v) for k, v in times.items()}}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3, help="timings per series and variant (median kept)")
-    parser.add_argument("--only", default="*", help="glob over ../shared/data/ohlcv file names")
+    parser.add_argument("--only", default="*", help="glob over the series' file names (SYMBOL_TIMEFRAME)")
+    parser.add_argument("--data", type=Path, default=SHARED_OHLCV,
+                        help="a directory of SYMBOL_TIMEFRAME.csv.gz (default: ../shared/data/ohlcv; data/ohlcv: the "
+                             "bundled candles)")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help="where to write the results")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
-    if not SHARED_OHLCV.is_dir():
-        sys.exit(f"bench-features runs over every series in {SHARED_OHLCV} (../shared beside the checkout); it is "
-                 "not there, so nothing was measured")
-    paths = sorted(SHARED_OHLCV.glob(f"{args.only}.csv.gz"))
+    if not args.data.is_dir():
+        sys.exit(f"bench-features runs over every series in {args.data} (../shared beside the checkout, or --data); "
+                 "it is not there, so nothing was measured")
+    paths = sorted(args.data.glob(f"{args.only}.csv.gz"))
     if not paths:
-        sys.exit(f"no series matching {args.only!r} in {SHARED_OHLCV}")
+        sys.exit(f"no series matching {args.only!r} in {args.data}")
     cfg = load_config(REPO / "configs" / "v8_stable.yaml",
                       # one job's own candles: the market input reads other series (timed by job_features)
-                      ["data.source=local", f"data.local.path={SHARED_OHLCV}", "features.market=null"])
+                      ["data.source=local", f"data.local.path={args.data}", "features.market=null"])
     console = Console(width=124)  # the table's width, in a terminal or not
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="bench-features-") as scratch:

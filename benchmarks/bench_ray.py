@@ -39,19 +39,19 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HF_HUB_OFFLINE": "1", "RAY_US
 
 STARTUP = """
 import time
+from trainer.config import ExecutorConfig, load_config
+from trainer.run.distributed import RayExecutor
+executor = RayExecutor(load_config(%r), ExecutorConfig(kind="ray", workers=2, cpus_per_worker=1))
 started = time.perf_counter()
-import ray
-from trainer.config import load_config
-from trainer.run.distributed import _Worker
-ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="ERROR", _node_ip_address="127.0.0.1")
-initialised = time.perf_counter()
-cfg = load_config(%r)
-workers = [_Worker.options(num_cpus=1).remote(cfg, 1) for _ in range(2)]
-ray.get([worker.pid.remote() for worker in workers])
-ready = time.perf_counter()
-ray.shutdown()
+with executor:  # a Ray of its own on this machine, its 2 workers asked for
+    initialised = time.perf_counter()
+    executor.started()
+    ready = time.perf_counter()
 print(initialised - started, ready - started)
 """
+
+
+SERIES = {"symbols": ["BTCUSDT", "ETHUSDT", "SOLUSDT", "DOGEUSDT"], "timeframes": ["15m", "1h"]}
 
 
 def bench_config(run_dir: Path, cache_dir: Path, epochs: int, rows: int) -> dict:
@@ -61,9 +61,7 @@ def bench_config(run_dir: Path, cache_dir: Path, epochs: int, rows: int) -> dict
     features = {key: value for key, value in family["features"].items() if key != "market"}
     return {
         "name": "bench_ray", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
-        "data": {"source": "local", "local": {"path": str(REPO / "data" / "ohlcv")},
-                 "symbols": ["BTCUSDT", "ETHUSDT", "SOLUSDT", "DOGEUSDT"], "timeframes": ["15m", "1h"],
-                 "max_rows": rows},
+        "data": {"source": "local", "local": {"path": str(REPO / "data" / "ohlcv")}, **SERIES, "max_rows": rows},
         "features": features, "window": {**family["window"], "lookback": 30, "horizon": 5},
         "heads": family["heads"],
         # V7's shape, small: an encoder, then a sequence of `horizon` steps for the heads.
@@ -89,11 +87,14 @@ def job_seconds(run_dir: Path) -> float:
         return db.execute("SELECT SUM(seconds) FROM jobs WHERE status = 'done'").fetchone()[0]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--rows", type=int, default=3000)
-    args = parser.parse_args()
+    parser.add_argument("--only", default="*", help="the jobs to run, a glob as `cryptotrain run --only` takes it "
+                                                    "(default: all 8)")
+    parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the figures (default {RESULTS})")
+    args = parser.parse_args(argv)
     console = Console()
     try:
         import ray  # noqa: F401
@@ -106,18 +107,19 @@ def main() -> None:
         for name in ("local", "ray"):
             configs[name] = tmp / f"{name}.yaml"
             configs[name].write_text(yaml.safe_dump(bench_config(tmp / name, tmp / "cache", args.epochs, args.rows)))
-        subprocess.run([sys.executable, "-m", "trainer", "features", "--config", str(configs["local"])], cwd=REPO,
-                       capture_output=True, env=ENV, check=True)  # both start with the features cached
-        console.print(f"8 jobs, {args.epochs} epochs, the last {args.rows} candles each; "
+        subprocess.run([sys.executable, "-m", "trainer", "features", "--config", str(configs["local"]), "--only",
+                        args.only], cwd=REPO, capture_output=True, env=ENV, check=True)  # both start cached
+        console.print(f"jobs {args.only}, {args.epochs} epochs, the last {args.rows} candles each; "
                       f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})")
-        local = timed_run(configs["local"])
-        on_ray = timed_run(configs["ray"], "--executor", "ray", "--workers", "2", "--cpus-per-worker", "1")
+        local = timed_run(configs["local"], "--only", args.only)
+        on_ray = timed_run(configs["ray"], "--only", args.only, "--executor", "ray", "--workers", "2",
+                           "--cpus-per-worker", "1")
         out = subprocess.run([sys.executable, "-c", STARTUP % str(configs["local"])], cwd=REPO, capture_output=True,
                              text=True, env=ENV, check=True).stdout.split()
         ray_init, workers_ready = float(out[0]), float(out[1])
         local_jobs, ray_jobs = job_seconds(tmp / "local"), job_seconds(tmp / "ray")
 
-    table = Table(title="same 8 real-data jobs: one local process vs 2 single-threaded Ray workers")
+    table = Table(title=f"the same real-data jobs ({args.only}): one local process vs 2 single-threaded Ray workers")
     for column in ("executor", "wall s", "sum of job s (ledger)"):
         table.add_column(column, justify="right" if column != "executor" else "left")
     table.add_row("local (1 process)", f"{local:.1f}", f"{local_jobs:.1f}")
@@ -127,14 +129,14 @@ def main() -> None:
                   else f"ray / local wall time: x{on_ray / local:.2f} slower")
     console.print(f"Ray start-up: ray.init {ray_init:.1f} s, 2 workers ready (TensorFlow imported) "
                   f"{workers_ready:.1f} s")
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "jobs": 8, "epochs": args.epochs, "rows": args.rows, "cpus": os.cpu_count(),
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "jobs": args.only, "epochs": args.epochs, "rows": args.rows, "cpus": os.cpu_count(),
         "local_wall_s": round(local, 2), "ray_wall_s": round(on_ray, 2), "speedup": round(local / on_ray, 3),
         "local_job_s": round(local_jobs, 2), "ray_job_s": round(ray_jobs, 2),
         "ray_init_s": round(ray_init, 2), "ray_workers_ready_s": round(workers_ready, 2),
     }, indent=1))
-    console.print(f"written {RESULTS.relative_to(REPO)}")
+    console.print(f"written {args.json}")
 
 
 if __name__ == "__main__":

@@ -43,10 +43,10 @@ SERIES = ["BTCUSDT_1h", "ETHUSDT_1h", "SOLUSDT_1h", "XRPUSDT_1h", "BNBUSDT_1h", 
 TARGETS = {"overhead_s": 0.5, "speedup": 2.5}
 
 
-def bench_config(jobs: list[str], epochs: int, rows: int, run_dir: Path, cache_dir: Path) -> dict:
+def bench_config(jobs: list[str], epochs: int, rows: int, run_dir: Path, cache_dir: Path, data: Path) -> dict:
     """V8-stable's data path in miniature: its 15 features of the old scripts (not volume_surprise, nor the market
     input, which they never had), lookback 60, horizon 1, tiny layers, the most recent `rows` candles of each
-    series; its candle head with free wicks (har: false), as the old scripts' model had no HAR forecast to read."""
+    series; its candle head with free wicks (kind: candle), as the old scripts' model had no HAR forecast to read."""
     family = yaml.safe_load((REPO / "configs" / "v8_stable.yaml").read_text())
     features = {**{k: v for k, v in family["features"].items() if k != "market"},
                 "indicators": [i for i in family["features"]["indicators"] if i["name"] != "volume_surprise"]}
@@ -54,11 +54,12 @@ def bench_config(jobs: list[str], epochs: int, rows: int, run_dir: Path, cache_d
     timeframes = sorted({job.split("_")[1] for job in jobs})
     return {
         "name": "bench_run", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
-        "data": {"source": "local", "local": {"path": str(SHARED_OHLCV)}, "symbols": symbols,
+        "data": {"source": "local", "local": {"path": str(data), "pattern": "{symbol}_{timeframe}.csv.gz"},
+                 "symbols": symbols,
                  "timeframes": timeframes, "max_rows": rows},
         "features": features,
         "window": {"lookback": 60, "horizon": 1, "scaler": "minmax"},
-        "heads": [{**head, "har": False} for head in family["heads"]],
+        "heads": [{**head, "kind": "candle"} for head in family["heads"]],
         "model": {"layers": [{"kind": "lstm", "units": 16}, {"kind": "dense", "units": 16, "activation": "relu"}]},
         "train": {"batch_size": 64, "epochs": epochs, "learning_rate": 0.001, "seed": 1,
                   "early_stopping": {"patience": 20}, "reduce_lr": {"patience": 8}},
@@ -78,7 +79,7 @@ def old_job(config_path: Path, job: str, out_dir: Path) -> None:
     from trainer.model.training import StepTimer
 
     cfg = load_config(config_path)
-    x_train, y_train, x_val, y_val, _, _ = old_prepare(SHARED_OHLCV / f"{job}.csv.gz", cfg.window.lookback,
+    x_train, y_train, x_val, y_val, _, _ = old_prepare(cfg.data.local.path / f"{job}.csv.gz", cfg.window.lookback,
                                                        cfg.window.horizon, cfg.data.max_rows)
     keras.utils.set_random_seed(cfg.train.seed)
     assert x_train.shape[-1] == cfg.network.n_features  # the old features: as many as the config's
@@ -126,28 +127,31 @@ def run_ours(config_path: Path, run_dir: Path, jobs: list[str]) -> tuple[float, 
     return total, rows
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--jobs", type=int, default=6, help=f"number of jobs (series), at most {len(SERIES)}")
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--rows", type=int, default=3000, help="most recent candles per series")
+    parser.add_argument("--data", type=Path, default=SHARED_OHLCV,
+                        help="a directory of SYMBOL_TIMEFRAME.csv.gz (default: ../shared/data/ohlcv; data/ohlcv: the "
+                             "bundled candles, the series of SERIES it holds)")
     parser.add_argument("--json", type=Path, default=RESULTS)
     parser.add_argument("--old-job", help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--scratch", type=Path, help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     if args.old_job:
         return old_job(args.config, args.old_job, args.scratch)
-    if not SHARED_OHLCV.is_dir():
-        sys.exit(f"bench-run trains on series in {SHARED_OHLCV} (../shared beside the checkout); it is not there, "
-                 "so nothing was measured")
+    if not args.data.is_dir():
+        sys.exit(f"bench-run trains on series in {args.data} (../shared beside the checkout, or --data); it is not "
+                 "there, so nothing was measured")
 
-    jobs = SERIES[:args.jobs]
+    jobs = [job for job in SERIES if (args.data / f"{job}.csv.gz").is_file()][:args.jobs]
     with tempfile.TemporaryDirectory(prefix="bench-run-") as scratch:
         scratch = Path(scratch)
         run_dir = scratch / "run"
         config_path = scratch / "bench.yaml"
-        config = bench_config(jobs, args.epochs, args.rows, run_dir, scratch / "cache")
+        config = bench_config(jobs, args.epochs, args.rows, run_dir, scratch / "cache", args.data.resolve())
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         ours_total, ours = run_ours(config_path, run_dir, jobs)
         old = run_old(config_path, [row["job"] for row in ours], scratch)

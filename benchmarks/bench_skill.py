@@ -6,24 +6,30 @@
 
 The family's config as shipped (configs/<family>.yaml: its features, window, heads, losses, layer kinds),
 scaled down only in units (128 -> 16, 64 -> 16, 32 -> 8), epochs (--epochs, early stopping patience 2) and
-batch size (64), is trained with `cryptotrain run` on every series in ../shared/data/ohlcv. Per series, on the
-held-out chronological test split, each against HAR + time of day (fitted on the train split), for the network's
-own forecast and for what users get (the network combined with HAR, its weight chosen on validation); the network's
-own also against HAR put on its level on validation as the network is (per step, the factor with the lowest QLIKE
-or MAE there; the targets are against HAR as fitted on the train split):
+batch size (64), is trained with `cryptotrain run` on every series in ../shared/data/ohlcv (or --data). Per series,
+on the held-out chronological test split, like with like: the network's forecasts are put on their level on
+validation (per step, the factor with the lowest MAE there, and QLIKE's for the range's root mean square), and the
+bar is HAR + time of day put on its level the same way (har_tod_level); HAR as fitted on the train split is shown
+beside, labelled "as fitted". For the network's own forecast, and for what users get (the network combined with HAR,
+its weight chosen on validation):
   - the log range ln(high / low) of the next candle: QLIKE skill (of the root-mean-square range) and MAE skill (of
     the median);
   - the high excursion ln(high / last close) and the low excursion ln(last close / low) together: MAE skill of
     their sum of MAEs;
-  - the mean range of the next `horizon` candles: QLIKE skill;
+  - the mean range of the next `horizon` candles: QLIKE skill (every forecast put on its validation level);
   - whether the network's correction is used in what users get (its weight > 0 at the next candle);
-  - the 80 % interval of the close's return: coverage overall and by tercile of the forecast volatility;
+  - the 80 % interval of the close's return, the conformal method's (evaluation.interval.method): coverage overall
+    and by tercile of the forecast volatility. The method gives as much around any forecast (bench-baselines:
+    around "no change"): the figure is the method's, not the network's;
   - the close over every horizon step: skill vs persistence (after the validation-chosen shrink).
-Targets (issue 28, the network's own forecast): range QLIKE median >= +0.03, positive on >= 40 of 48, none below
--0.03; range MAE median >= +0.01, none below -0.01; high + low MAE median >= 0, none below -0.01; next-10 mean range
-QLIKE median >= +0.02; the interval covers 77-83 % on >= 46 of 48 series and every tercile within 5 points of 80 %
-on >= 43 of 48; the close's skill >= -0.005 on every series. Prints the table and the overall figures; writes JSON
-to benchmarks/results/skill.json.
+The same three figures of the next candle on the validation split (the network's own against HAR on its level there,
+both put on their level there alike: results.ValidationSkill) are what a choice among variants is made on: compare
+variants (--set) by them, never by the test split's.
+Targets (issue 28, the network's own forecast against the bar): range QLIKE median >= +0.03, positive on >= 40 of
+48, none below -0.03; range MAE median >= +0.01, none below -0.01; high + low MAE median >= 0, none below -0.01;
+next-10 mean range QLIKE median >= +0.02; the interval covers 77-83 % on >= 46 of 48 series and every tercile within
+5 points of 80 % on >= 43 of 48; the close's skill >= -0.005 on every series. Prints the table and the overall
+figures; writes JSON (--json; default benchmarks/results/skill.json, skill-elsewhere.json with --elsewhere).
 """
 from __future__ import annotations
 
@@ -34,21 +40,26 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TensorFlow loads
 
 import yaml
 from rich.console import Console
 from rich.table import Table
 
-from trainer.evaluation.results import JobMetrics
+from trainer.config import load_config
+from trainer.evaluation.baselines import Baseline
+from trainer.evaluation.results import BAR, BAR_RMS, JobMetrics
+from trainer.report.console import JobProgress
 from trainer.run.artifacts import jobs_dir
 from trainer.run.jobdir import JobDir
+from trainer.run.jobs import make_jobs
+from trainer.run.runner import run_config
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
@@ -63,23 +74,24 @@ TARGETS = {"range_qlike": (0.03, -0.03, 40 / 48), "range_mae": (0.01, -0.01, Non
            "high_low_mae": (0.0, -0.01, None), "mean_range_qlike": (0.02, None, None)}
 COVERAGE_SHARE, TERCILE_SHARE = 46 / 48, 43 / 48
 FIGURES = ("range_qlike", "range_mae", "high_low_mae", "mean_range_qlike")
-# Also against HAR + time of day put on its level on validation, per step, as the network is (the mean range's
-# QLIKE already puts every forecast on its validation level): how much of a figure is that level alone
-LEVEL_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
+# Also against HAR + time of day as fitted on the train split, beside (the mean range's QLIKE puts every forecast on
+# its validation level already); and on the validation split, where variants are compared
+FITTED_FIGURES = VALIDATION_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
 LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae": "high + low MAE",
           "mean_range_qlike": "mean range QLIKE"}
 
 
 def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs: int, run_dir: Path,
-                 cache_dir: Path, elsewhere: bool = False) -> dict:
-    """configs/<family>.yaml with the series here, fewer units, epochs and a larger batch: nothing else changed."""
+                 cache_dir: Path, corpus: Path, elsewhere: bool = False) -> dict:
+    """configs/<family>.yaml with the series of `corpus` here, fewer units, epochs and a larger batch: nothing else
+    changed."""
     config = yaml.safe_load((REPO / "configs" / f"{family}.yaml").read_text())
     layers = [{**layer, "units": NARROW.get(layer["units"], layer["units"])} if "units" in layer else layer
               for layer in config["model"]["layers"]]
     return {
         **config, "name": f"bench_skill_{family}", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
-        "data": {**({"source": "freqtrade", "freqtrade": {"path": str(SHARED_FREQTRADE)}} if elsewhere else
-                    {"source": "local", "local": {"path": str(SHARED_OHLCV)}}),
+        "data": {**({"source": "freqtrade", "freqtrade": {"path": str(corpus)}} if elsewhere else
+                    {"source": "local", "local": {"path": str(corpus), "pattern": "{symbol}_{timeframe}.csv.gz"}}),
                  "symbols": symbols, "timeframes": timeframes},
         "model": {**config["model"], "layers": layers},
         "train": {**config["train"], "batch_size": 64, "epochs": epochs,
@@ -88,29 +100,29 @@ def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs:
     }
 
 
-def series_of(pattern: str, elsewhere: bool = False) -> list[str]:
-    """SYMBOL_TIMEFRAME of every series (BTCUSDT_1h), of the 48 or (elsewhere) freqtrade's files, matching `pattern`."""
+def series_of(pattern: str, corpus: Path, elsewhere: bool = False) -> list[str]:
+    """SYMBOL_TIMEFRAME of every series (BTCUSDT_1h) of the corpus (CSV files, or, elsewhere, freqtrade's files)
+    matching `pattern`."""
     names = [p.name.removesuffix(".feather").replace("_", "").replace("-", "_")
-             for p in SHARED_FREQTRADE.glob("*.feather")] if elsewhere else \
-        [p.name.removesuffix(".csv.gz") for p in SHARED_OHLCV.glob("*.csv.gz")]
+             for p in corpus.glob("*.feather")] if elsewhere else \
+        [p.name.removesuffix(".csv.gz") for p in corpus.glob("*.csv.gz")]
     return sorted(name for name in names if fnmatch.fnmatch(name, pattern))
 
 
-def train(family: str, series: list[str], epochs: int, scratch: Path, overrides: list[str],
+def train(family: str, series: list[str], epochs: int, scratch: Path, overrides: list[str], corpus: Path,
           elsewhere: bool = False) -> tuple[dict[str, dict], float]:
-    """Runs `cryptotrain run` over the series; job name -> metrics.json, and the wall time."""
+    """Trains the series as `cryptotrain run` does (run.runner.run_config, in this process); job name ->
+    metrics.json, and the wall time."""
     symbols = sorted({s.split("_")[0] for s in series})
     timeframes = sorted({s.split("_")[1] for s in series})
     config = scratch / f"{family}.yaml"
     run_dir = scratch / "run"
     config.write_text(yaml.safe_dump(bench_config(family, symbols, timeframes, epochs, run_dir, scratch / "cache",
-                                                  elsewhere), sort_keys=False))
+                                                  corpus, elsewhere), sort_keys=False))
     started = time.perf_counter()
+    cfg = load_config(config, overrides)
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
-    only = [arg for s in series for arg in ("--only", s)]
-    sets = [arg for override in overrides for arg in ("--set", override)]
-    subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), *only, *sets], cwd=REPO,
-                   env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, check=False)
+    run_config(cfg, make_jobs(cfg, only=tuple(series)), JobProgress())
     seconds = time.perf_counter() - started
     found = {}
     for name in series:
@@ -122,27 +134,33 @@ def train(family: str, series: list[str], epochs: int, scratch: Path, overrides:
 
 def row(metrics: JobMetrics | None) -> dict | None:
     """The figures of one job; None when it did not finish or has no candle head. `{figure}_network`: the network's
-    own forecast vs HAR + time of day; `{figure}_served`: what users get; `{figure}_level`: the network's own vs
-    HAR + time of day put on its level on validation as the network is (the stricter bar; LEVEL_FIGURES)."""
+    own forecast vs HAR + time of day on its validation level (the bar, like with like); `{figure}_served`: what
+    users get, against the same; `{figure}_fitted`: the network's own vs HAR as fitted on the train split
+    (FITTED_FIGURES); `{figure}_validation`: the network's own vs the bar on the validation split
+    (VALIDATION_FIGURES)."""
     if metrics is None or metrics.candles is None:
         return None
     candles, interval = metrics.candles, metrics.candles.interval
     high, low, range_ = candles.high, candles.low, candles.range
-    har_high_low = high.baselines["har_tod"].mae + low.baselines["har_tod"].mae
-    level_high_low = high.baselines["har_tod_level"].mae + low.baselines["har_tod_level"].mae
+
+    def high_low(who: str, baseline: Baseline) -> float:
+        mae = sum((q.network if who == "network" else q).mae for q in (high, low))
+        return 1 - mae / (high.baselines[baseline].mae + low.baselines[baseline].mae)
+
     mean_range = candles.mean_range
     return {
-        "range_qlike_network": range_.network_qlike_skill, "range_qlike_served": range_.qlike_skill,
-        "range_qlike_level": range_.network_qlike_skill_level,
-        "range_mae_network": range_.network_skill["har_tod"], "range_mae_served": range_.skill["har_tod"],
-        "range_mae_level": range_.network_skill["har_tod_level"],
-        "high_low_mae_network": 1 - (high.network.mae + low.network.mae) / har_high_low,
-        "high_low_mae_served": 1 - (high.mae + low.mae) / har_high_low,
-        "high_low_mae_level": 1 - (high.network.mae + low.network.mae) / level_high_low,
+        "range_qlike_network": range_.network_qlike_skill[BAR_RMS], "range_qlike_served": range_.qlike_skill[BAR_RMS],
+        "range_qlike_fitted": range_.network_qlike_skill[Baseline.HAR_TOD_RMS],
+        "range_mae_network": range_.network_skill[BAR], "range_mae_served": range_.skill[BAR],
+        "range_mae_fitted": range_.network_skill[Baseline.HAR_TOD],
+        "high_low_mae_network": high_low("network", BAR), "high_low_mae_served": high_low("served", BAR),
+        "high_low_mae_fitted": high_low("network", Baseline.HAR_TOD),
         "mean_range_qlike_network": mean_range and mean_range.network_qlike_skill,
         "mean_range_qlike_served": mean_range and mean_range.qlike_skill,
+        **{f"{figure}_validation": value for figure, value in candles.validation.model_dump().items()},
         "correction_used": max(q.network_weight[0] for q in (high, low, range_)) > 0,
-        "coverage": interval.coverage, "coverage_by_tercile": interval.coverage_by_tercile,
+        "interval_method": interval.method, "coverage": interval.coverage,
+        "coverage_by_tercile": interval.coverage_by_tercile,
         "close_skill": metrics.heads[metrics.headline.head].close.skill, "shrink": metrics.headline.shrink,
         "epochs": metrics.epochs_run,
     }
@@ -160,7 +178,8 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
 
     figures = {"jobs": len(done), **{f"{f}_{who}": spread(f"{f}_{who}") for f in FIGURES
                                      for who in ("network", "served")},
-               **{f"{f}_level": spread(f"{f}_level") for f in LEVEL_FIGURES},
+               **{f"{f}_fitted": spread(f"{f}_fitted") for f in FITTED_FIGURES},
+               **{f"{f}_validation": spread(f"{f}_validation") for f in VALIDATION_FIGURES},
                "coverage": spread("coverage"), "close_skill": spread("close_skill"),
                "correction_used": sum(r["correction_used"] for r in done)}
     covered = [COVERAGE[0] <= r["coverage"] <= COVERAGE[1] for r in done]
@@ -175,14 +194,15 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
         if got is None:
             targets[f"{LABELS[figure]}: measured"] = False
             continue
-        targets[f"{LABELS[figure]}, the network alone vs HAR: median >= {median:+.2f}"] = got["median"] >= median
+        who = "the network alone vs HAR on its level"
+        targets[f"{LABELS[figure]}, {who}: median >= {median:+.2f}"] = got["median"] >= median
         if worst is not None:
-            targets[f"{LABELS[figure]}, the network alone vs HAR: none below {worst:+.2f}"] = got["min"] >= worst
+            targets[f"{LABELS[figure]}, {who}: none below {worst:+.2f}"] = got["min"] >= worst
         if positive is not None:
-            targets[f"{LABELS[figure]}, the network alone vs HAR: positive on >= {positive:.0%} of series"] = \
+            targets[f"{LABELS[figure]}, {who}: positive on >= {positive:.0%} of series"] = \
                 got["above_0"] >= positive * n_series
-    targets[f"80 % interval covers {COVERAGE[0]:.0%}-{COVERAGE[1]:.0%} on >= {COVERAGE_SHARE:.0%} of series"] = \
-        sum(covered) >= COVERAGE_SHARE * n_series
+    targets[f"80 % interval (the conformal method's) covers {COVERAGE[0]:.0%}-{COVERAGE[1]:.0%} on >= "
+            f"{COVERAGE_SHARE:.0%} of series"] = sum(covered) >= COVERAGE_SHARE * n_series
     targets[f"each tercile within {TERCILE_TOLERANCE:.0%} of 80 % on >= {TERCILE_SHARE:.0%} of series"] = \
         sum(terciles) >= TERCILE_SHARE * n_series
     targets[f"close vs persistence >= {CLOSE_WORST} on every series"] = figures["close_skill"]["min"] >= CLOSE_WORST
@@ -190,7 +210,7 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
     return figures
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--family", default="v7", choices=["v7", "v8_stable", "v8_aligned"],
                         help="the bundled config to train (default: v7)")
@@ -204,14 +224,17 @@ def main() -> int:
     parser.add_argument("--elsewhere", action="store_true",
                         help=f"the series outside the 48 instead: {SHARED_FREQTRADE} (BTC, ETH, SOL of 2024, "
                              "freqtrade's files as they are), to check that a figure holds beyond the 48")
-    args = parser.parse_args()
+    parser.add_argument("--data", type=Path, help=f"a directory of SYMBOL_TIMEFRAME.csv.gz to train on instead of "
+                                                  f"{SHARED_OHLCV} (e.g. data/ohlcv, the bundled candles)")
+    parser.add_argument("--json", type=Path, help="where to write the figures (default benchmarks/results/skill.json)")
+    args = parser.parse_args(argv)
     console = Console(width=140)
-    corpus = SHARED_FREQTRADE if args.elsewhere else SHARED_OHLCV
+    corpus = args.data or (SHARED_FREQTRADE if args.elsewhere else SHARED_OHLCV)
     if not corpus.is_dir():
-        console.print(f"bench-skill runs over every series in {corpus} (../shared beside the checkout); "
+        console.print(f"bench-skill runs over every series in {corpus} (../shared beside the checkout, or --data); "
                       "it is not there, so nothing was measured")
         return 2
-    series = series_of(args.only, args.elsewhere)
+    series = series_of(args.only, corpus, args.elsewhere)
     if not series:
         console.print(f"no series matching {args.only!r} in {corpus}")
         return 2
@@ -220,16 +243,33 @@ def main() -> int:
             as scratch:
         Path(scratch).mkdir(parents=True, exist_ok=True)
         console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
-        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides, args.elsewhere)
+        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides, corpus,
+                                 args.elsewhere)
     rows = {s: row(results.get(s)) for s in series}
+    figures = overall(rows, len(series))
+    print_figures(console, args, series, rows, figures, seconds)
+    results_file = args.json or (RESULTS.with_stem("skill-elsewhere") if args.elsewhere else RESULTS)
+    results_file.parent.mkdir(parents=True, exist_ok=True)
+    results_file.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "corpus": str(corpus),
+        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus", "family": args.family,
+        "overrides": args.overrides, "epochs": args.epochs, "units": NARROW, "series": series,
+        "seconds": seconds, "overall": figures, "per_series": rows,
+    }, indent=1))
+    console.print(f"written: {results_file}")
+    return 0
 
+
+def print_figures(console: Console, args: argparse.Namespace, series: list[str], rows: dict[str, dict | None],
+                  figures: dict, seconds: float) -> None:
     variant = f" with {' '.join(args.overrides)}" if args.overrides else ""
-    table = Table(title=f"{args.family}{variant} (scaled down, {args.epochs} epochs): skill vs HAR + time of day on "
-                        "the test split, the network alone / what users get",
+    table = Table(title=f"{args.family}{variant} (scaled down, {args.epochs} epochs): skill on the test split vs HAR "
+                        "+ time of day on its validation level, the network alone / what users get",
                   caption="range: the next candle's ln(high / low), QLIKE of the root-mean-square range and MAE of "
                           "the median; high + low: MAE of the two excursions from the last close; mean range: QLIKE "
                           "of the mean range of the next steps; used: the network's weight beside HAR > 0; 80 %: the "
-                          "interval's coverage, overall and by volatility tercile; close: vs persistence, every step")
+                          "conformal method's interval, its coverage overall and by volatility tercile; close: vs "
+                          "persistence, every step")
     for column in ("series", "range QLIKE", "range MAE", "high + low", "mean range", "used", "80 %", "by tercile",
                    "close"):
         table.add_column(column, justify="left" if column == "series" else "right")
@@ -242,43 +282,39 @@ def main() -> int:
                       "yes" if r["correction_used"] else "no", _fmt(r["coverage"], ".1%"),
                       "/".join(_fmt(c, ".0%") for c in r["coverage_by_tercile"]), _fmt(r["close_skill"], "+.4f"))
     console.print(table)
-    figures = overall(rows, len(series))
-    if figures["jobs"]:
-        for f in FIGURES:
-            net, served = figures[f"{f}_network"], figures[f"{f}_served"]
-            if net is None:
-                continue
-            console.print(f"{LABELS[f]:>16}: the network alone median {net['median']:+.4f} [{net['min']:+.4f}, "
-                          f"{net['max']:+.4f}], > 0 on {net['above_0']}/{net['n']}; what users get median "
-                          f"{served['median']:+.4f} [{served['min']:+.4f}, {served['max']:+.4f}]")
-        for f in LEVEL_FIGURES:
-            level = figures[f"{f}_level"]
-            if level is not None:
-                console.print(f"{LABELS[f]:>16}: the network alone vs HAR on its validation level median "
-                              f"{level['median']:+.4f} [{level['min']:+.4f}, {level['max']:+.4f}], > 0 on "
-                              f"{level['above_0']}/{level['n']}")
-        console.print(f"the network's correction used (weight > 0) on {figures['correction_used']}/{figures['jobs']}")
-        console.print(f"80 % interval: median coverage {figures['coverage']['median']:.1%} "
-                      f"[{figures['coverage']['min']:.1%}, {figures['coverage']['max']:.1%}], in 77-83 % on "
-                      f"{figures['coverage_in_range']}/{len(series)}; by tercile (medians) "
-                      + " / ".join(f"{c:.1%}" for c in figures["median_coverage_by_tercile"])
-                      + f", all three within 5 points on {figures['terciles_within_tolerance']}/{len(series)}")
-        console.print(f"close vs persistence: median {figures['close_skill']['median']:+.4f}, worst "
-                      f"{figures['close_skill']['min']:+.4f}; {seconds:.0f} s")
-        for target, met in figures["targets"].items():
-            console.print(f"  {'MET    ' if met else 'NOT MET'}  {target}")
-    else:
+    if not figures["jobs"]:
         console.print("no job finished")
-    results_file = RESULTS.with_stem("skill-elsewhere") if args.elsewhere else RESULTS
-    results_file.parent.mkdir(parents=True, exist_ok=True)
-    results_file.write_text(json.dumps({
-        "date": time.strftime("%Y-%m-%d"), "corpus": str(corpus),
-        "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus", "family": args.family,
-        "overrides": args.overrides, "epochs": args.epochs, "units": NARROW, "series": series,
-        "seconds": seconds, "overall": figures, "per_series": rows,
-    }, indent=1))
-    console.print(f"written: {results_file}")
-    return 0
+        return
+
+    def spread(got: dict) -> str:
+        return f"median {got['median']:+.4f} [{got['min']:+.4f}, {got['max']:+.4f}], > 0 on {got['above_0']}/{got['n']}"
+
+    console.print("[bold]vs HAR + time of day on its validation level (like with like):[/]")
+    for f in FIGURES:
+        net, served = figures[f"{f}_network"], figures[f"{f}_served"]
+        if net is not None:
+            console.print(f"{LABELS[f]:>16}: the network alone {spread(net)}; what users get median "
+                          f"{served['median']:+.4f} [{served['min']:+.4f}, {served['max']:+.4f}]")
+    console.print("[bold]as fitted[/] (the network alone vs HAR + time of day as fitted on the train split):")
+    for f in FITTED_FIGURES:
+        if (fitted := figures[f"{f}_fitted"]) is not None:
+            console.print(f"{LABELS[f]:>16}: {spread(fitted)}")
+    console.print("[bold]on the validation split[/] (the network alone vs HAR on its level there; compare variants "
+                  "by these):")
+    for f in VALIDATION_FIGURES:
+        if (validation := figures[f"{f}_validation"]) is not None:
+            console.print(f"{LABELS[f]:>16}: {spread(validation)}")
+    console.print(f"the network's correction used (weight > 0) on {figures['correction_used']}/{figures['jobs']}")
+    methods = sorted({r["interval_method"] for r in rows.values() if r is not None})
+    console.print(f"80 % interval, the conformal method's ({', '.join(methods)}): median coverage "
+                  f"{figures['coverage']['median']:.1%} [{figures['coverage']['min']:.1%}, "
+                  f"{figures['coverage']['max']:.1%}], in 77-83 % on {figures['coverage_in_range']}/{len(series)}; "
+                  "by tercile (medians) " + " / ".join(f"{c:.1%}" for c in figures["median_coverage_by_tercile"])
+                  + f", all three within 5 points on {figures['terciles_within_tolerance']}/{len(series)}")
+    console.print(f"close vs persistence: median {figures['close_skill']['median']:+.4f}, worst "
+                  f"{figures['close_skill']['min']:+.4f}; {seconds:.0f} s")
+    for target, met in figures["targets"].items():
+        console.print(f"  {'MET    ' if met else 'NOT MET'}  {target}")
 
 
 def _fmt(value, spec: str = ".3f") -> str:

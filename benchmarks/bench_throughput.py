@@ -43,10 +43,10 @@ from rich.console import Console
 from rich.table import Table
 
 from trainer.config import RunConfig, load_config
-from trainer.data.settings import HAR_INPUTS
+from trainer.heads import HAR_INPUTS
 from trainer.model import device
 from trainer.model.flops import TRAINING_MULTIPLIER, flops_per_sample
-from trainer.model.models import build_model, output_shapes
+from trainer.model.models import build_model
 
 FAMILIES = ("v7", "v8_aligned", "v8_stable")
 BATCH_SIZES = (16, 32, 64, 128, 256, 512)  # V7 and V8-aligned peak at 512 here (+10 % over 256)
@@ -65,20 +65,20 @@ progress = Console(stderr=True, log_path=False)
 
 
 # ----------------------------------------------------------------------------- peaks
-def measured_peak_gflops() -> float:
+def measured_peak_gflops(repeats: int = PEAK_REPEATS) -> float:
     """Measured in a fresh process: this one's thread pools are sized for training (trainer.model.device gives
     each op half the CPUs), while the peak is what one matmul reaches on all of them."""
     with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_matmul_gflops)
+        return pool.apply(_matmul_gflops, (repeats,))
 
 
-def _matmul_gflops() -> float:
+def _matmul_gflops(repeats: int) -> float:
     tf.config.experimental.enable_tensor_float_32_execution(False)
     a = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
     b = tf.random.normal((MATMUL_SIZE, MATMUL_SIZE))
     matmul = tf.function(tf.linalg.matmul)
     matmul(a, b).numpy()
-    best = min(_timed(lambda: matmul(a, b).numpy()) for _ in range(PEAK_REPEATS))
+    best = min(_timed(lambda: matmul(a, b).numpy()) for _ in range(repeats))
     return 2 * MATMUL_SIZE**3 / best / 1e9
 
 
@@ -144,8 +144,8 @@ def _fitter(model: keras.Model, batch_size: int) -> Callable[[int], None]:
     x = {name: rng.standard_normal((batch_size, *tensor.shape[1:]), dtype=np.float32)
          for name, tensor in inputs.items()}
     x = {name: np.abs(batch) + 0.1 if name in HAR_INPUTS else batch for name, batch in x.items()}
-    y = {name: rng.standard_normal((batch_size, *shape), dtype=np.float32)
-         for name, shape in output_shapes(model).items()}
+    y = {name: rng.standard_normal((batch_size, *tensor.shape[1:]), dtype=np.float32)
+         for name, tensor in model.output.items()}
     dataset = tf.data.Dataset.from_tensors((x, y)).repeat()
     return lambda steps: model.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, shuffle=False)
 
@@ -236,6 +236,8 @@ def print_report(result: dict, console: Console) -> None:
         console.print(table)
         console.print("MFLOP: forward, per sample; all batch sizes are in the JSON.")
 
+    if not result["variants"]:
+        return
     variants = Table(title="V7: settings against the default")
     for column in ("setting", "batch", "samples/s", "speed-up"):
         variants.add_column(column, justify="right")
@@ -245,25 +247,29 @@ def print_report(result: dict, console: Console) -> None:
     console.print(variants)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=FAMILIES)
     parser.add_argument("--batch-sizes", nargs="+", type=int, default=list(BATCH_SIZES))
     parser.add_argument("--budget", type=float, default=0.6, help="seconds per timed fit (default 0.6)")
     parser.add_argument("--repeats", type=int, default=5, help="timed fits per figure, the best counts (default 5)")
+    parser.add_argument("--variants", action=argparse.BooleanOptionalAction, default=True,
+                        help="also compare V7's settings (XLA, steps_per_execution, bfloat16) (default: yes)")
+    parser.add_argument("--peak-repeats", type=int, default=PEAK_REPEATS,
+                        help=f"timed matmuls for the measured peak, the best counts (default {PEAK_REPEATS})")
     parser.add_argument("--json", type=Path, default=DEFAULT_JSON, help=f"JSON output (default {DEFAULT_JSON})")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     configured = device.setup(load_config("v7").train)
     tf.config.experimental.enable_tensor_float_32_execution(False)  # float32 means float32, on a GPU too
     load_before = os.getloadavg()[0]
     cpus = device.usable_cpus()
-    peak_before = measured_peak_gflops()
+    peak_before = measured_peak_gflops(args.peak_repeats)
     timing = Timing(args.budget, args.repeats)
     families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
-    variants = variant_throughput(VARIANT_BATCH_SIZES, timing)
+    variants = variant_throughput(VARIANT_BATCH_SIZES, timing) if args.variants else []
     theoretical = None if configured["gpus"] else theoretical_peak(cpus)  # no table of GPU peaks here
-    peaks = {"measured": max(peak_before, measured_peak_gflops()),
+    peaks = {"measured": max(peak_before, measured_peak_gflops(args.peak_repeats)),
              **({"theoretical": theoretical["gflops"]} if theoretical else {})}
     for family in families:
         add_achieved(family, peaks)

@@ -5,7 +5,6 @@ the suite on its own."""
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 from pathlib import Path
@@ -17,6 +16,11 @@ import yaml
 from trainer.evaluation.results import JobSummary
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Each pytest-xdist worker's TensorFlow, and the processes it starts, size their thread pools to its share of the
+# CPUs, not to all of them (trainer.model.device.CPUS_ENV): with two workers a core, pools as wide as the machine in
+# every one oversubscribe it (2026-11-27, tests/run/test_resume.py and test_training.py: 381 s -> 345 s).
+os.environ.setdefault("CRYPTOTRAIN_CPUS", str(max(1, len(os.sched_getaffinity(0))
+                                                  // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 REPO = Path(__file__).resolve().parents[1]
 CANDLES_DIR = REPO / "data" / "ohlcv"  # real Binance candles, the last 3,000 rows of 8 series (its SOURCES.md)
@@ -73,7 +77,7 @@ def tiny_config_dict(tmp_path: Path, **sections) -> dict:
         },
         "window": {"lookback": 16, "horizon": 3, "scaler": "standard"},
         "heads": [
-            {"name": "ohlc", "columns": ["open", "high", "low", "close"], "weight": 1.0, "candle": True},
+            {"name": "ohlc", "kind": "candle", "columns": ["open", "high", "low", "close"], "weight": 1.0},
             {"name": "bb", "columns": ["bb_upper", "bb_lower"], "weight": 0.8},
         ],
         "model": {"layers": [
@@ -94,14 +98,6 @@ def job_summary(job: str = "BTCUSDT_1h", **fields) -> JobSummary:
     """A done job's summary row with made-up figures; fields replace them."""
     return JobSummary(**{"job": job, "epochs": 2, "best_epoch": 2, "best_val_loss": 0.1, "head": "ohlc.close",
                          "test_mae": 0.5, "persistence_mae": 0.6, "skill": 1 - 0.5 / 0.6, "seconds": 1.0, **fields})
-
-
-def as_format_1(job_dir: Path) -> None:
-    """A committed job directory made one of format 1, as cryptotrain wrote them before format 2: its manifest
-    without a format (its files are what the test wrote)."""
-    manifest = json.loads((job_dir / "manifest.json").read_text())
-    del manifest["format"]
-    (job_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
 
 
 class TrainedRun(NamedTuple):
@@ -138,10 +134,13 @@ def trained_run(tmp_path_factory) -> TrainedRun:
         if not output.exists():
             shutil.rmtree(root, ignore_errors=True)  # what a worker that failed here left
             root.mkdir()
-            # Its candle head starts at HAR + time of day, as the families' do
+            # Its candle head starts at HAR + time of day, as the families' do; its interval is split conformal's
+            # (one margin throughout: what predict serves after a test window is what predictions.npz holds for it)
             heads = tiny_config_dict(root)["heads"]
-            heads[0].update(har=True, loss="mae")
-            config.write_text(yaml.safe_dump(tiny_config_dict(root, heads=heads), sort_keys=False))
+            heads[0].update(kind="har_candle", loss="mae")
+            config.write_text(yaml.safe_dump(tiny_config_dict(root, heads=heads,
+                                                              evaluation={"interval": {"method": "split"}}),
+                                             sort_keys=False))
             with pytest.MonkeyPatch.context() as env:
                 env.setenv("HF_HUB_OFFLINE", "1")
                 result = CliRunner().invoke(main, ["run", "--config", str(config), "-v"], catch_exceptions=False)

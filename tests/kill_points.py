@@ -4,10 +4,10 @@
 
 POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch
 of the first job, after one epoch was backed up), checkpoint (writing the first job's second epoch
-checkpoint: half of it is on disk), artifacts (the first job's files are staged but not yet
+checkpoint: half of it is on disk), artifacts (the first job's files are staged and sealed but not yet
 committed), write:GLOB (the first atomic write whose temp file's path matches GLOB: the temp file is
 whole on disk, not yet renamed into place; write:GLOB#N: the Nth such write), none (no pause). On reaching
-it the process writes MARKER_FILE and sleeps until killed.
+it the process writes MARKER_FILE and waits until killed, or until the test removes MARKER_FILE (then it goes on).
 Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
 a resumed job from one trained again from scratch.
 """
@@ -25,12 +25,26 @@ from trainer.model import resume, training
 from trainer.run import artifacts, executors, pipeline
 
 
-def pause_once(original, marker: Path, when=lambda *a, **k: True):
+def pause_once(original, marker: Path, when=lambda *a, **k: True, after: bool = False):
+    """`original`, pausing once before it is called (or, `after`, once it returned) where `when` holds, unless the
+    marker is there already (an earlier process of the test paused at it)."""
+    paused = []
+
+    def pause() -> None:
+        paused.append(True)
+        marker.write_text("paused")
+        deadline = time.monotonic() + 600
+        while marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
     def wrapper(*args, **kwargs):
-        if when(*args, **kwargs) and not marker.exists():
-            marker.write_text("paused")
-            time.sleep(600)
-        return original(*args, **kwargs)
+        due = not paused and not marker.exists() and when(*args, **kwargs)
+        if due and not after:
+            pause()
+        result = original(*args, **kwargs)
+        if due and after:
+            pause()
+        return result
     return wrapper
 
 
@@ -79,12 +93,12 @@ def install(point: str, marker: Path) -> None:
                 time.sleep(600)
         resume.EpochCheckpoint._write = staticmethod(half_written_then_paused)
     elif point == "artifacts":
-        artifacts.commit = pause_once(artifacts.commit, marker)
-    elif point.startswith("write:"):  # files.atomic_write syncs its temp file before the rename
+        artifacts.stage_job = pause_once(artifacts.stage_job, marker, after=True)
+    elif point.startswith("write:"):  # files.atomic_write renames its temp file, whole, into place
         pattern, _, nth = point.removeprefix("write:").partition("#")
         matches = itertools.count(1)
-        files.fsync = pause_once(files.fsync, marker,
-                                 when=lambda path: fnmatch(str(path), pattern) and next(matches) == int(nth or 1))
+        files.os.replace = pause_once(files.os.replace, marker, when=lambda source, target: fnmatch(
+            str(source), pattern) and next(matches) == int(nth or 1))
     elif point != "none":
         raise SystemExit(f"unknown kill point {point}")
 

@@ -140,8 +140,12 @@ def plan(config_path, overrides, only, timeframes):
               help="CPUs each Ray worker takes (and its TensorFlow thread pools) [default: 1].")
 @click.option("--gpus-per-worker", type=click.FloatRange(0), default=None,
               help="GPUs each Ray worker takes, e.g. 1 for one worker per GPU [default: 0].")
+@click.option("--stale-after", type=click.FloatRange(1), default=None, metavar="SECONDS",
+              help="Several processes on one run directory: a job whose process sent no heartbeat for this long (a "
+                   "laptop asleep, a paused process) is taken over by another; the first, woken, discards its own "
+                   "files of it [default: 300].")
 def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push, verbose, tensorboard,
-        executor, ray_address, workers, cpus_per_worker, gpus_per_worker):
+        executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after):
     """Train and evaluate every job of a config, in one process; resumable.
 
     Interrupt it at any moment (Ctrl-C, SIGTERM, kill -9) and run the same command again: finished
@@ -173,7 +177,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
         from .publish.hub import push_pending as publish
     try:
         outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries,
-                             push=publish, retry_failed=retry_failed, executor=on)
+                             push=publish, retry_failed=retry_failed, executor=on,
+                             **({} if stale_after is None else {"stale_after": stale_after}))
     except Interrupted as stop:
         print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)
         sys.exit(stop.exit_code)

@@ -24,13 +24,14 @@ from pydantic import (
 )
 
 from .data.indicators import Indicator
-from .data.settings import DataConfig, FeaturesConfig, HeadConfig, WindowConfig, range_output
+from .data.settings import DataConfig, FeaturesConfig, WindowConfig
 from .data.sources import FilePattern, check_file_pattern, check_repo_id
 from .errors import ConfigError
 from .evaluation.settings import EvaluationConfig
 from .files import beside_package
+from .heads import Head
 from .model.settings import BUDGET_KEYS, ModelConfig, NetworkSpec, TrainConfig
-from .specs import Strict, no_duplicates
+from .specs import Strict, listed, no_duplicates
 
 INDICATORS = tuple(Indicator.kinds)  # every indicator's name, in the order of trainer/data/indicators.py
 
@@ -81,7 +82,7 @@ class RunConfig(Strict):
     data: DataConfig
     features: FeaturesConfig = FeaturesConfig()
     window: WindowConfig
-    heads: list[HeadConfig] = Field(min_length=1)
+    heads: list[listed(Head)] = Field(min_length=1)
     model: ModelConfig
     train: TrainConfig = TrainConfig()
     evaluation: EvaluationConfig = EvaluationConfig()
@@ -95,15 +96,19 @@ class RunConfig(Strict):
 
     @field_validator("heads")
     @classmethod
-    def _unique_heads(cls, heads: list[HeadConfig]) -> list[HeadConfig]:
+    def _unique_heads(cls, heads: list[Head]) -> list[Head]:
+        """Every output of the model has a name of its own, as every input the heads read beside the windows."""
         no_duplicates([h.name for h in heads], "head names")
-        started = [h.name for h in heads if h.har]
-        if len(started) > 1:
-            raise ValueError(f"har: true on one head only (it is on {', '.join(started)}): the HAR inputs are "
-                             "scaled as that head's candle")
-        if started and range_output(started[0]) in [h.name for h in heads]:
-            raise ValueError(f"head '{range_output(started[0])}': the name of head '{started[0]}''s range output "
-                             "(har: true); rename it")
+        owner = {}
+        for head in heads:
+            for output in head.outputs[1:]:  # a head's other outputs: their names are taken too
+                if output in [h.name for h in heads]:
+                    raise ValueError(f"head '{output}': the name of head '{head.name}''s output {output}; rename it")
+            for name in head.input_shapes(1):
+                if name in owner:
+                    raise ValueError(f"heads '{owner[name]}' and '{head.name}' both read the model input {name}: one "
+                                     f"head of kind {head.kind} at most")
+                owner[name] = head.name
         return heads
 
     @model_validator(mode="after")
@@ -117,8 +122,10 @@ class RunConfig(Strict):
                     f"heads[{i}].columns: head '{head.name}' targets {', '.join(missing)}, which is not a "
                     f"feature column (features are: {', '.join(columns)})"
                 )
-            if head.candle and self.window.relative_to is None:
-                raise ValueError(f"heads[{i}].candle: a candle head needs window.relative_to: last_close")
+            try:
+                head.check(relative=self.window.relative_to is not None)
+            except ValueError as exc:
+                raise ValueError(f"heads[{i}].kind: {exc}") from None
         if self.window.relative_to == "last_close" and "close" not in columns:
             raise ValueError("window.relative_to: last_close needs close among features.base")
         return self
@@ -134,7 +141,7 @@ class RunConfig(Strict):
 
     @model_validator(mode="after")
     def _monitors_a_loss_of_the_model(self) -> RunConfig:
-        outputs = [h.name for h in self.heads] + [range_output(h.name) for h in self.heads if h.har]
+        outputs = [output for head in self.heads for output in head.outputs]
         losses = {f"{prefix}{name}" for prefix in ("", "val_") for name in ("loss", *(f"{o}_loss" for o in outputs))}
         for section in ("early_stopping", "reduce_lr"):
             monitor = getattr(getattr(self.train, section), "monitor", None)

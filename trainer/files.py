@@ -11,14 +11,16 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
-def atomic_write(path: Path, write: Callable[[Path], object]) -> None:
+def atomic_write(path: Path, write: Callable[[Path], object], durable: bool = True) -> None:
     """`write(tmp_path)`, fsync, rename: a kill leaves the old file or the new one, never half of one
-    (and perhaps the temp file, which remove_abandoned_temp_files clears)."""
+    (and perhaps the temp file, which remove_abandoned_temp_files clears). Not `durable` (no fsync): after a power
+    cut the new file may be empty or partial, for a file its reader checks anyway (a cache entry's checksum)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
     try:
         write(tmp)
-        fsync(tmp)
+        if durable:
+            fsync(tmp)
         os.replace(tmp, path)
     except BaseException:  # a full disk, say: no half-written temp file left behind
         with contextlib.suppress(OSError):

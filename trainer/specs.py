@@ -22,6 +22,7 @@ class Kind(Strict):
     (intermediate bases, whose tag field is not a Literal, are not)."""
     tag: ClassVar[str]
     kinds: ClassVar[dict[str, type[Kind]]]
+    default: ClassVar[str | None] = None  # the kind of a mapping without the tag (None: the tag is required)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -47,10 +48,10 @@ def listed(family: type[Kind]) -> Any:
 
     def choose(value: Any, handler: Any) -> Any:
         if isinstance(value, dict):
-            kind = value.get(family.tag)
+            kind = value.get(family.tag, family.default)
             if kind not in family.kinds:
                 raise ValueError(f"unknown kind {kind!r}; expected one of: {', '.join(map(repr, family.kinds))}")
-            return family.kinds[kind].model_validate(value)
+            return family.kinds[kind].model_validate({**value, family.tag: kind})
         return handler(value)
 
     return Annotated[SerializeAsAny[family], WrapValidator(choose)]

@@ -18,6 +18,7 @@ from trainer.data.features import compute_features
 from trainer.data.scalers import Scaler
 from trainer.data.windows import Preprocessing, framing, make_windows
 from trainer.errors import JobError, UserError
+from trainer.heads import PlainHead
 
 SEQ_SHAPES = {"ohlc": (3, 4), "bb": (3, 2)}  # the tiny config: horizon 3, heads ohlc (4 columns), bb (2)
 
@@ -38,7 +39,7 @@ def feature_frame(rows: int = 400) -> pd.DataFrame:
 def tiny_cfg(tmp_path, **window) -> RunConfig:
     raw = tiny_config_dict(tmp_path)
     raw["window"].update(window)
-    raw["heads"][0]["candle"] = raw["window"].get("relative_to", "last_close") is not None
+    raw["heads"][0]["kind"] = "candle" if raw["window"].get("relative_to", "last_close") is not None else "plain"
     return RunConfig.model_validate(raw)
 
 
@@ -109,7 +110,7 @@ def test_price_targets_framed_relative_to_the_last_close_keep_zero_at_zero(tmp_p
     """Price levels' targets are log returns from the last close, scaled without an offset: an all-zero model
     output is "no change"; unitless columns keep an ordinary scaler."""
     raw = tiny_config_dict(tmp_path)
-    raw["heads"] = [{"name": "ohlc", "columns": ["open", "high", "low", "close"], "candle": True},
+    raw["heads"] = [{"name": "ohlc", "kind": "candle", "columns": ["open", "high", "low", "close"]},
                     {"name": "momentum", "columns": ["rsi", "atr"]}]
     cfg = RunConfig.model_validate(raw)
     prep = windows_of(feature_frame(), cfg, {"ohlc": (3, 4), "momentum": (3, 2)}).preprocessing
@@ -130,10 +131,9 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
     cfg = load_config(REPO / "configs" / "v8_stable.yaml", [
         f"data.local.path={CANDLES_DIR}", "data.max_rows=1500", f"window.scaler={kind}",
         f"window.relative_to={relative_to or 'null'}", f"window.lookback={lookback}", f"window.horizon={horizon}",
-        f"heads.0.candle={relative_to is not None}", "heads.0.har=false", "train.early_stopping.monitor=val_loss",
+        f"heads.0.kind={'candle' if relative_to is not None else 'plain'}", "train.early_stopping.monitor=val_loss",
         "train.reduce_lr.monitor=val_loss", "features.market=null"])
-    heads = [*cfg.heads, cfg.heads[0].model_copy(update={"name": "momentum", "columns": ["rsi", "macd", "atr"],
-                                                            "candle": False, "har": False})]
+    heads = [*cfg.heads, PlainHead(kind="plain", name="momentum", columns=["rsi", "macd", "atr"])]
     frame = compute_features(load_candles(cfg, "SOLUSDT", "1h"), cfg.features)
     columns = cfg.features.columns
     windows = make_windows(frame, cfg.window, columns, heads, {h.name: (horizon, len(h.columns)) for h in heads})
@@ -159,7 +159,7 @@ def test_the_scalers_are_those_of_every_train_window_materialised(tmp_path, kind
         ahead = np.stack([values[row:row + horizon, positions] for row in train])
         assert_same_scaler(target.scaler, Scaler.of(kind).fit(
             head.columns, framed_values(ahead, last_close, head.columns, relative),
-            anchored=[relative and framing(c) == "level" for c in head.columns], shared=head.candle))
+            anchored=[relative and framing(c) == "level" for c in head.columns], shared=head.shares_scale))
 
 
 def assert_same_scaler(actual: Scaler, expected: Scaler) -> None:
@@ -371,7 +371,7 @@ def test_shrinking_a_har_heads_body_keeps_its_excursions_from_the_last_close(tmp
     """A HAR head's high and low are excursions from the last close (HAR's, corrected): shrinking the body toward
     no change leaves them where they are, unless the body still reaches past them; the candle stays a candle."""
     raw = tiny_config_dict(tmp_path)
-    raw["heads"][0].update(har=True, loss="mae")
+    raw["heads"][0].update(kind="har_candle", loss="mae")
     windows = windows_of(feature_frame(), RunConfig.model_validate(raw))
     test = windows.test
     prep = windows.preprocessing.with_shrink({"ohlc": factor})

@@ -13,8 +13,7 @@ from tests.data.test_windows import feature_frame, positions
 from trainer.config import RunConfig
 from trainer.data.windows import make_windows
 from trainer.errors import JobError
-from trainer.evaluation import baselines
-from trainer.evaluation.baselines import fit_baselines
+from trainer.evaluation.baselines import Baseline, fit_baselines
 from trainer.evaluation.evaluate import (
     candle_scores,
     choose_shrink,
@@ -25,8 +24,10 @@ from trainer.evaluation.evaluate import (
     qlike_factor,
     significant_gain,
 )
-from trainer.evaluation.results import CandleScores, IntervalScores
+from trainer.evaluation.results import BAR, BAR_RMS, CandleScores
+from trainer.evaluation.scores import qlike
 from trainer.evaluation.settings import EvaluationConfig, IntervalConfig
+from trainer.heads import quantities
 from trainer.model.models import build_model, output_shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
@@ -71,7 +72,7 @@ def tiny_cfg(tmp_path, **heads) -> RunConfig:
 
 
 def windows_of(frame, cfg: RunConfig, model: keras.Model):
-    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model, cfg.heads))
 
 
 def zero_model(cfg: RunConfig) -> keras.Model:
@@ -129,7 +130,7 @@ def test_inconsistent_candles_are_counted(tmp_path):
 def test_evaluate_a_trained_model_in_price_units(tmp_path, relative_to):
     raw = tiny_config_dict(tmp_path)
     raw["window"]["relative_to"] = relative_to
-    raw["heads"][0]["candle"] = relative_to is not None
+    raw["heads"][0]["kind"] = "candle" if relative_to is not None else "plain"
     cfg = RunConfig.model_validate(raw)
     frame = feature_frame()
     model = build_model(cfg.network, cfg.train)
@@ -206,10 +207,11 @@ def test_a_shrink_is_kept_only_for_a_gain_beyond_chance_counting_overlapping_hor
     assert not significant_gain(episode, block=10)
 
 
-def _prices(last_close: np.ndarray, high: np.ndarray, low: np.ndarray, ret: np.ndarray) -> np.ndarray:
-    """Candles (N, steps, 4: open, high, low, close) from excursions and returns relative to the last close."""
-    close = last_close[:, None] * np.exp(ret)
-    return np.stack([close, last_close[:, None] * np.exp(high), last_close[:, None] * np.exp(-low), close], axis=-1)
+def _candles(split, high: np.ndarray, low: np.ndarray, ret: np.ndarray) -> dict[str, np.ndarray]:
+    """A candle head's forecasts of the size of the coming candles (Head.candle_quantities) from its candles' high
+    and low excursions and return relative to the last close, (N, steps) each."""
+    last = split.last_close[:, None]
+    return quantities(last * np.exp(high), last * np.exp(-low), last * np.exp(ret), split.last_close)
 
 
 def _windows_and_baselines(tmp_path, rows: int):
@@ -226,84 +228,87 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     test, val = windows.test, windows.val
     head = windows.preprocessing.heads[0]
 
-    def forecast_of(baseline: str, split) -> np.ndarray:
-        points = fitted.forecast(split.first_target_rows)[baseline]
-        return _prices(split.last_close, points["high"], points["low"], np.zeros_like(points["high"]))
+    def har(split) -> dict[str, np.ndarray]:
+        points = fitted.forecast(split.first_target_rows)[Baseline.HAR_TOD]
+        return _candles(split, points["high"], points["low"], np.zeros_like(points["high"]))
 
-    scores, served = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val,
-                                   fitted, EvaluationConfig())
+    scores, served = candle_scores(head, har(test), har(val), test, val, fitted, EvaluationConfig())
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores  # what metrics.json holds
-    # HAR's own excursions score 0 against HAR; against no change, what HAR scores - from the frame itself.
-    assert scores.high.skill["har_tod"] == pytest.approx(0, abs=1e-9)
-    assert scores.low.skill["har_tod"] == pytest.approx(0, abs=1e-9)
+    # HAR's own excursions, put on their level on validation as the network's are: HAR on its level (the bar) exactly
+    assert scores.high.network_skill[BAR] == pytest.approx(0, abs=1e-12)
+    assert scores.low.network_skill[BAR] == pytest.approx(0, abs=1e-12)
+    # HAR against no change, from the frame itself
     rows = positions(frame, test.target_times)
     high_next = np.log(frame["high"].to_numpy()[rows] / frame["close"].to_numpy()[rows - 1])
-    har_high = fitted.forecast(test.first_target_rows)["har_tod"]["high"][:, 0]
-    assert scores.high.skill["no_change"] == pytest.approx(
-        1 - np.abs(har_high - high_next).mean() / np.abs(high_next).mean(), rel=1e-9)
-    assert scores.high.skill["no_change"] > 0.2  # the size of a candle is predictable: HAR beats no change
-    assert scores.range.qlike_skill is not None
+    har_high = fitted.forecast(test.first_target_rows)[Baseline.HAR_TOD]["high"][:, 0]
+    assert scores.high.baselines[Baseline.HAR_TOD].mae == pytest.approx(np.abs(har_high - high_next).mean(), rel=1e-9)
+    assert scores.high.baselines[Baseline.NO_CHANGE].mae == pytest.approx(np.abs(high_next).mean(), rel=1e-9)
+    assert scores.high.baselines[Baseline.HAR_TOD].mae < 0.8 * scores.high.baselines[Baseline.NO_CHANGE].mae
+    assert set(scores.range.qlike_skill) == {Baseline.HAR_TOD_RMS, BAR_RMS}
     # predictions.npz keeps what users get per window and step: re-scoring it gives the scores
     actual_next = fitted.actual(test.first_target_rows)
     for quantity in ("high", "low", "range"):
         assert served[f"expected_{quantity}"].shape == (len(test), 3)
         assert np.abs(served[f"expected_{quantity}"][:, 0] - actual_next[quantity][:, 0]).mean() == pytest.approx(
             getattr(scores, quantity).mae, rel=1e-12)
-    assert baselines.qlike(served["expected_range_rms"][:, 0], actual_next["range"][:, 0], fitted.floor) == \
+    assert qlike(served["expected_range_rms"][:, 0], actual_next["range"][:, 0], fitted.floor) == \
         pytest.approx(scores.range.qlike, rel=1e-12)
     inside = (served["interval_low"][:, 0] <= actual_next["return"][:, 0]) & \
         (actual_next["return"][:, 0] <= served["interval_high"][:, 0])
     assert inside.mean() == pytest.approx(scores.interval.coverage)
 
-    # A HAR head that outputs HAR's root-mean-square range exactly: its forecast is that put on its level on
-    # validation, per step (HAR, the baseline, stays as fitted on the train split); its median is that scaled again
-    rms = {split: fitted.forecast(split.first_target_rows)["har_tod_rms"]["range"] for split in (test, val)}
-    started, served = candle_scores(head, forecast_of("har_tod", test), test, forecast_of("har_tod", val), val,
-                                    fitted, EvaluationConfig(), range_rms=(rms[test], rms[val]))
+    # A HAR head that forecasts HAR's root-mean-square range exactly: its forecast is that put on its level on
+    # validation, per step; so is the bar, HAR on its level, which it then equals
+    rms = {split: fitted.forecast(split.first_target_rows)[Baseline.HAR_TOD_RMS]["range"] for split in (test, val)}
+    started, served = candle_scores(head, {**har(test), "range": rms[test]}, {**har(val), "range": rms[val]},
+                                    test, val, fitted, EvaluationConfig())
     factor = qlike_factor(rms[val], fitted.actual(val.first_target_rows)["range"], fitted.floor)
-    assert started.range_rms_factor == pytest.approx(factor.tolist(), rel=1e-12) and factor[0] != 1
+    assert started.rms_factor == pytest.approx(factor.tolist(), rel=1e-12) and factor[0] != 1
     np.testing.assert_allclose(served["network_range_rms"], rms[test] * factor, rtol=1e-12)
     assert started.range.network.qlike == pytest.approx(
-        baselines.qlike(rms[test][:, 0] * factor[0], actual_next["range"][:, 0], fitted.floor), rel=1e-12)
-    assert started.range.network_qlike_skill == pytest.approx(1 - started.range.network.qlike / baselines.qlike(
-        rms[test][:, 0], actual_next["range"][:, 0], fitted.floor), rel=1e-9)
+        qlike(rms[test][:, 0] * factor[0], actual_next["range"][:, 0], fitted.floor), rel=1e-12)
+    assert started.range.network_qlike_skill[Baseline.HAR_TOD_RMS] == pytest.approx(
+        1 - started.range.network.qlike / qlike(rms[test][:, 0], actual_next["range"][:, 0], fitted.floor), rel=1e-9)
+    assert started.range.network_qlike_skill[BAR_RMS] == pytest.approx(0, abs=1e-12)
     assert started.mean_range.har_qlike > 0 and started.mean_range.steps == 3
-    # ... and against HAR put on its level on validation the same way (the stricter bar), it adds nothing: 0
-    assert started.range.network_qlike_skill_level == pytest.approx(0, abs=1e-12)
     for quantity in ("high", "low", "range"):
-        assert getattr(started, quantity).network_skill["har_tod_level"] == pytest.approx(0, abs=1e-12)
+        assert getattr(started, quantity).network_skill[BAR] == pytest.approx(0, abs=1e-12)
+    # ... on the validation split too, where choices among variants are made
+    assert started.validation.model_dump() == pytest.approx(dict.fromkeys(("range_qlike", "range_mae", "high_low_mae"),
+                                                                          0), abs=1e-12)
 
     # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
-    actual = fitted.actual(test.first_target_rows)
-    val_actual = fitted.actual(val.first_target_rows)
-    perfect, _ = candle_scores(head, _prices(test.last_close, actual["high"], actual["low"], actual["return"]), test,
-                               _prices(val.last_close, val_actual["high"], val_actual["low"], val_actual["return"]),
-                               val, fitted, EvaluationConfig())
+    actual, val_actual = fitted.actual(test.first_target_rows), fitted.actual(val.first_target_rows)
+    perfect, _ = candle_scores(head, _candles(test, actual["high"], actual["low"], actual["return"]),
+                               _candles(val, val_actual["high"], val_actual["low"], val_actual["return"]),
+                               test, val, fitted, EvaluationConfig())
     for quantity in ("high", "low", "range"):
         assert all(v == pytest.approx(1) for v in getattr(perfect, quantity).skill.values()), quantity
     assert perfect.interval.margin == pytest.approx([0, 0, 0], abs=1e-12)
     assert perfect.high.network_weight == perfect.low.network_weight == [1, 1, 1]  # HAR adds nothing
 
-    # A network of noise: validation gives it (almost) no weight beside HAR, and what is scored is HAR's.
+    # A network of noise (on its level it is a noisy constant, the actual values' median on validation): validation
+    # gives it little weight beside HAR, and what is scored is mostly HAR's.
     rng = np.random.default_rng(1)
 
-    def noise(split) -> np.ndarray:
-        return _prices(split.last_close, *np.abs(rng.normal(0, 0.02, (2, len(split), 3))), np.zeros((len(split), 3)))
+    def noise(split) -> dict[str, np.ndarray]:
+        return _candles(split, *np.exp(rng.normal(-5, 1.5, (2, len(split), 3))), np.zeros((len(split), 3)))
 
-    noisy, _ = candle_scores(head, noise(test), test, noise(val), val, fitted, EvaluationConfig())
+    noisy, _ = candle_scores(head, noise(test), noise(val), test, val, fitted, EvaluationConfig())
     for quantity in ("high", "low"):
-        assert max(getattr(noisy, quantity).network_weight) <= 0.1, getattr(noisy, quantity).network_weight
-        assert getattr(noisy, quantity).network_skill["har_tod"] < -0.5 < getattr(noisy, quantity).skill["har_tod"]
+        scores_of = getattr(noisy, quantity)
+        assert max(scores_of.network_weight) <= 0.3, scores_of.network_weight
+        assert scores_of.network_skill[Baseline.HAR_TOD] < -0.1 < scores_of.skill[Baseline.HAR_TOD]
 
 
 @pytest.mark.parametrize("method", ["adaptive", "split"])
 def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles(tmp_path, method):
     windows, _, fitted = _windows_and_baselines(tmp_path, 2900)
     test, val = windows.test, windows.val
-    zeros = np.zeros((len(test), 3))
+    zeros, val_zeros = np.zeros((len(test), 3)), np.zeros((len(val), 3))
     settings = EvaluationConfig(interval=IntervalConfig(method=method))
-    interval = candle_scores(windows.preprocessing.heads[0], _prices(test.last_close, zeros, zeros, zeros), test,
-                             _prices(val.last_close, *[np.zeros((len(val), 3))] * 3), val, fitted,
+    interval = candle_scores(windows.preprocessing.heads[0], _candles(test, zeros, zeros, zeros),
+                             _candles(val, val_zeros, val_zeros, val_zeros), test, val, fitted,
                              settings)[0].interval
     # ~430 test samples: a binomial standard error of 2 points around 80 %.
     assert 0.72 <= interval.coverage <= 0.88, interval
@@ -311,8 +316,6 @@ def test_the_interval_of_no_change_covers_about_its_nominal_rate_on_real_candles
     assert interval.method == method
     if method == "split":
         assert (interval.gamma, interval.level, interval.calibration) == (None, None, "split conformal on validation")
-        # metrics.json of earlier versions: split's, without a method
-        assert IntervalScores.model_validate(interval.model_dump(exclude={"method", "gamma", "level"})) == interval
     else:  # where its level ended, per step, and the margin at that level, the next interval's
         assert interval.gamma == 0.005 and len(interval.level) == len(interval.margin) == 3
         assert 0.6 < interval.level[0] < 1 and interval.calibration == \
@@ -339,7 +342,6 @@ def test_the_qlike_factor_is_the_scale_with_the_lowest_qlike():
     factors = qlike_factor(forecast, actual, floor=1e-6)
     grid = np.linspace(0.5, 2, 1501)
     for k in range(2):
-        losses = [baselines.qlike(a * forecast[:, k], actual[:, k], 1e-6) for a in grid]
+        losses = [qlike(a * forecast[:, k], actual[:, k], 1e-6) for a in grid]
         assert factors[k] == pytest.approx(grid[int(np.argmin(losses))], abs=2e-3)
-        assert baselines.qlike(factors[k] * forecast[:, k], actual[:, k], 1e-6) < \
-            baselines.qlike(forecast[:, k], actual[:, k], 1e-6)
+        assert qlike(factors[k] * forecast[:, k], actual[:, k], 1e-6) < qlike(forecast[:, k], actual[:, k], 1e-6)

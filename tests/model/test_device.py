@@ -20,7 +20,7 @@ from trainer.cli import main
 from trainer.config import RunConfig, TrainConfig
 from trainer.errors import UserError
 from trainer.model import device
-from trainer.model.models import build_model, output_shapes
+from trainer.model.models import build_model
 from trainer.report import console as reporting
 
 
@@ -51,8 +51,9 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
     assert {k: v for k, v in again.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
 
 
-def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them():
-    # in a fresh process: TensorFlow's thread pools can be sized only before its first op
+def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them(monkeypatch):
+    # in a fresh process: TensorFlow's thread pools can be sized only before its first op; every CPU it may run on
+    monkeypatch.delenv(device.CPUS_ENV, raising=False)  # (the suite gives each of its workers a share)
     script = ("import json; import tensorflow as tf; from trainer.model import device; "
               "from trainer.config import TrainConfig; threads = device.setup(TrainConfig())['threads']; "
               "print(json.dumps([threads, tf.config.threading.get_intra_op_parallelism_threads(), "
@@ -62,6 +63,19 @@ def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them():
     cpus = device.usable_cpus()
     assert (intra_op, inter_op) == (max(1, cpus // 2), cpus)
     assert threads == {"usable_cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}
+
+
+def test_cryptotrain_cpus_gives_a_process_fewer_cpus_than_it_may_run_on(monkeypatch):
+    """Several processes sharing a machine (one per GPU, a suite's workers) each take a share of its CPUs."""
+    monkeypatch.delenv(device.CPUS_ENV, raising=False)
+    every = device.usable_cpus()
+    monkeypatch.setenv(device.CPUS_ENV, "1")
+    assert device.usable_cpus() == 1
+    monkeypatch.setenv(device.CPUS_ENV, "999")
+    assert device.usable_cpus() == every  # never more than it may run on
+    monkeypatch.setenv(device.CPUS_ENV, "two")
+    with pytest.raises(UserError, match=r"^CRYPTOTRAIN_CPUS='two': expected a whole number of CPUs, at least 1"):
+        device.usable_cpus()
 
 
 def test_unknown_precision_is_a_user_error():
@@ -87,7 +101,7 @@ def test_precision_builds_and_trains_with_float32_heads(tmp_path, precision, com
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((32, 16, 8), dtype=np.float32)
-    y = {name: rng.standard_normal((32, *shape), dtype=np.float32) for name, shape in output_shapes(model).items()}
+    y = {name: rng.standard_normal((32, *tensor.shape[1:]), dtype=np.float32) for name, tensor in model.output.items()}
     before = [w.copy() for w in model.get_weights()]
     history = model.fit(x, y, batch_size=16, epochs=1, verbose=0)
     predictions = model.predict(x[:4], verbose=0)

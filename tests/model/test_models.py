@@ -17,10 +17,11 @@ from trainer.data import load_candles
 from trainer.data.features import load_features
 from trainer.data.windows import make_windows
 from trainer.errors import UserError
-from trainer.evaluation.baselines import fit_baselines, quantities
+from trainer.evaluation.baselines import Baseline, fit_baselines
 from trainer.evaluation.evaluate import predict_fixed_batches
+from trainer.heads.losses import Pinball
 from trainer.model.layers import Layer
-from trainer.model.models import Pinball, build_model, count_params, output_shapes
+from trainer.model.models import build_model, count_params, output_shapes
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 
@@ -127,15 +128,17 @@ def test_family_models_match_their_specification(family):
                                                                       spec.dropout)
     horizon = cfg.window.horizon
     per_step = horizon > 1
-    assert output_shapes(model) == {h.name: (horizon, len(h.columns)) if per_step else (len(h.columns),)
-                                    for h in cfg.heads} | {"ohlc_range": (horizon, 1) if per_step else (1,)}
+    assert output_shapes(model, cfg.heads) == {h.name: (horizon, len(h.columns)) if per_step else (len(h.columns),)
+                                               for h in cfg.heads}
+    assert tuple(model.output["ohlc_range"].shape[1:]) == ((horizon, 1) if per_step else (1,))
     for head in cfg.heads:
         layer = model.get_layer(head.name)
-        assert type(layer).__name__ == ("Concatenate" if head.candle else "TimeDistributed" if per_step else "Dense")
+        assert type(layer).__name__ == ("Concatenate" if head.name == "ohlc" else
+                                        "TimeDistributed" if per_step else "Dense")
         assert layer.dtype_policy.compute_dtype == "float32"
-    assert cfg.heads[0].candle and cfg.window.relative_to == "last_close"  # the families' defaults
+    assert cfg.heads[0].kind == "har_candle" and cfg.window.relative_to == "last_close"  # the families' defaults
     compiled = model.get_compile_config()
-    assert cfg.heads[0].har and compiled["loss"]["ohlc_range"]["class_name"] == "Qlike"  # the range on QLIKE
+    assert compiled["loss"]["ohlc_range"]["class_name"] == "Qlike"  # the range on QLIKE
     assert {k: v for k, v in compiled["loss"].items() if k != "ohlc_range"} == {h.name: h.loss for h in cfg.heads}
     assert compiled["loss_weights"] == {h.name: h.weight for h in cfg.heads} | {"ohlc_range": 1.0}
     assert isinstance(model.optimizer, keras.optimizers.Adam)
@@ -144,8 +147,8 @@ def test_family_models_match_their_specification(family):
 
     # Targets come out with exactly the output shapes: (N, 4) for V8-stable, (N, 10, 4) seq2seq.
     windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
-                           output_shapes(model))
-    windows = windows.with_har(np.full((300, horizon, 3), 0.01))  # HAR's forecasts, as train_one gives them
+                           output_shapes(model, cfg.heads))
+    windows = windows.with_forecasts(np.full((300, horizon, 3), 0.01))  # HAR's forecasts, as train_one gives them
     outputs = model({k: v[:2] for k, v in windows.test.x.items()}, training=False)
     for head in cfg.heads:
         assert tuple(outputs[head.name].shape) == windows.test.y[head.name][:2].shape
@@ -189,7 +192,7 @@ def test_config_choices_reach_the_keras_layers_and_optimizer(tmp_path):
     assert (bigru.merge_mode, bigru.forward_layer.recurrent_dropout) == ("sum", 0.1)
     assert model.get_layer("trunk_1_time_dense").output.shape == (None, 16, 5)
     assert model.get_layer("trunk_3_repeat_vector").output.shape == (None, 3, 6)
-    assert output_shapes(model) == {"ohlc": (3, 4), "bb": (3, 2)}
+    assert output_shapes(model, cfg.heads) == {"ohlc": (3, 4), "bb": (3, 2)}
     assert isinstance(model.optimizer, keras.optimizers.AdamW) and model.optimizer.clipnorm == 0.5
 
 
@@ -211,8 +214,7 @@ def test_candle_heads_give_consistent_candles_whatever_the_weights(tmp_path, hor
     and the inversion to prices keep it so."""
     raw = tiny_config_dict(tmp_path)
     raw["window"]["horizon"] = horizon
-    raw["heads"][0]["candle"] = True
-    raw["heads"][0]["columns"] = ["close", "low", "open", "high"]  # any order
+    raw["heads"][0]["columns"] = ["close", "low", "open", "high"]  # a candle head's, in any order
     if horizon == 1:
         raw["model"]["layers"] = [{"kind": "lstm", "units": 8}]
     cfg = RunConfig.model_validate(raw)
@@ -220,7 +222,7 @@ def test_candle_heads_give_consistent_candles_whatever_the_weights(tmp_path, hor
     rng = np.random.default_rng(0)
     model.set_weights([rng.normal(scale=3.0, size=w.shape) for w in model.get_weights()])
     windows = make_windows(random_frame(cfg.features.columns, 300), cfg.window, cfg.features.columns, cfg.heads,
-                           output_shapes(model))
+                           output_shapes(model, cfg.heads))
     x = rng.normal(scale=3.0, size=(500, *windows.test.x.shape[1:])).astype("float32")
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
     prices = windows.preprocessing.to_prices(outputs, rng.uniform(1, 1000, size=500))["ohlc"]
@@ -239,7 +241,7 @@ def test_relative_heads_start_at_no_change(tmp_path):
     assert np.all(np.asarray(outputs["ohlc"])[..., [0, 3]] == 0) and np.all(np.asarray(outputs["bb"]) == 0)
 
 
-QUANTILE_HEAD = {"name": "close_q", "columns": ["close", "rsi"], "quantiles": [0.1, 0.5, 0.9]}
+QUANTILE_HEAD = {"name": "close_q", "kind": "quantile", "columns": ["close", "rsi"], "quantiles": [0.1, 0.5, 0.9]}
 
 
 @pytest.mark.parametrize("horizon", [3, 1])
@@ -285,7 +287,7 @@ def test_the_pinball_loss_is_each_levels_quantile_loss_averaged():
     ({"quantiles": [0.5, 0.1]}, "increasing"),
     ({"quantiles": [0.5]}, "at least two"),
     ({"quantiles": [0.0, 0.5]}, "between 0 and 1"),
-    ({"loss": "mae"}, "pinball"),
+    ({"loss": "mae"}, "loss"),  # a quantile head is trained with the pinball loss: it has no loss to choose
 ])
 def test_quantile_heads_are_checked(tmp_path, change, message):
     raw = tiny_config_dict(tmp_path)
@@ -293,12 +295,12 @@ def test_quantile_heads_are_checked(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
         RunConfig.model_validate(raw)
     raw = tiny_config_dict(tmp_path)
-    raw["heads"][0]["quantiles"] = [0.1, 0.9]  # on the candle head
-    with pytest.raises(ValueError, match="a candle head forecasts one candle"):
+    raw["heads"][0]["quantiles"] = [0.1, 0.9]  # on the candle head: a head of another kind
+    with pytest.raises(ValueError, match="quantiles"):
         RunConfig.model_validate(raw)
 
 
-HAR_HEAD = {"name": "ohlc", "columns": ["open", "high", "low", "close"], "candle": True, "har": True, "loss": "mae"}
+HAR_HEAD = {"name": "ohlc", "kind": "har_candle", "columns": ["open", "high", "low", "close"], "loss": "mae"}
 
 
 def har_windows(cfg: RunConfig, model: keras.Model, symbol: str = "BTCUSDT"):
@@ -307,7 +309,7 @@ def har_windows(cfg: RunConfig, model: keras.Model, symbol: str = "BTCUSDT"):
     windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model, cfg.heads))
     fitted = fit_baselines(frame, "1h", cfg.window.horizon, windows.train.first_target_rows,
                            windows.val.first_target_rows)
-    return windows.with_har(fitted.har_inputs()), fitted
+    return windows.with_forecasts(fitted.har_inputs()), fitted
 
 
 def test_an_untrained_har_head_forecasts_exactly_har(tmp_path):
@@ -319,26 +321,29 @@ def test_an_untrained_har_head_forecasts_exactly_har(tmp_path):
     assert set(model.output) == {"ohlc", "ohlc_range"}
     windows, fitted = har_windows(cfg, model)
     test, prep = windows.test, windows.preprocessing
-    outputs = predict_fixed_batches(model, test.x)
-    candle = prep.to_prices(prep.point(outputs), test.last_close)["ohlc"]
-    forecast = quantities(*(candle[..., prep.heads[0].columns.index(c)] for c in ("high", "low", "close")),
-                          test.last_close)
+    head = prep.heads[0]
+
+    def forecast(x) -> dict[str, np.ndarray]:
+        outputs = predict_fixed_batches(model, x)
+        candle = prep.to_prices(prep.point(outputs), test.last_close)["ohlc"]
+        return prep.candle_quantities(head, outputs, candle, test.last_close)
+
     har = fitted.forecast(test.first_target_rows)
-    np.testing.assert_allclose(forecast["high"], har["har_tod"]["high"], rtol=1e-6)
-    np.testing.assert_allclose(forecast["low"], har["har_tod"]["low"], rtol=1e-6)
-    np.testing.assert_allclose(prep.range_forecast(outputs), har["har_tod_rms"]["range"], rtol=1e-6)
-    np.testing.assert_allclose(forecast["return"], 0, atol=1e-12)
+    untrained = forecast(test.x)
+    np.testing.assert_allclose(untrained["high"], har[Baseline.HAR_TOD]["high"], rtol=1e-6)
+    np.testing.assert_allclose(untrained["low"], har[Baseline.HAR_TOD]["low"], rtol=1e-6)
+    np.testing.assert_allclose(untrained["range"], har[Baseline.HAR_TOD_RMS]["range"], rtol=1e-6)
+    np.testing.assert_allclose(untrained["return"], 0, atol=1e-12)
     # Not HAR's through some other path: give the head other HAR forecasts and its candles follow them
-    doubled = windows.with_har(2 * fitted.har_inputs())
-    outputs = predict_fixed_batches(model, doubled.test.x)
-    np.testing.assert_allclose(prep.range_forecast(outputs), 2 * har["har_tod_rms"]["range"], rtol=1e-6)
+    doubled = forecast(windows.with_forecasts(2 * fitted.har_inputs()).test.x)
+    np.testing.assert_allclose(doubled["range"], 2 * har[Baseline.HAR_TOD_RMS]["range"], rtol=1e-6)
 
 
 def test_a_har_head_needs_a_candle_and_is_one(tmp_path):
-    with pytest.raises(ValidationError, match="har: true .* needs candle: true"):
-        RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[{**HAR_HEAD, "candle": False,
-                                                                    "columns": ["close"]}]))
-    with pytest.raises(ValidationError, match="one head only"):
+    with pytest.raises(ValidationError, match="a candle head needs exactly the columns open, high, low, close"):
+        RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[{**HAR_HEAD, "columns": ["close"]}]))
+    with pytest.raises(ValidationError, match="heads 'ohlc' and 'other' both read the model input har_high: one "
+                                              "head of kind har_candle at most"):
         RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD, {**HAR_HEAD, "name": "other"}]))
     with pytest.raises(ValidationError, match="ohlc_range"):
         RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD, {"name": "ohlc_range",

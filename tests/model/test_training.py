@@ -21,7 +21,7 @@ from trainer.data.windows import make_windows
 from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.model.models import output_shapes
 from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay_budget, resume
-from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit, start_linear_term
+from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
 from trainer.run.pipeline import release_free_memory
 
 pytestmark = pytest.mark.train  # each test fits a tiny model
@@ -38,7 +38,7 @@ def cfg(request, tmp_path):
 def _windows(cfg, symbol, model):
     candles = load_candles(cfg, symbol, "1h")
     frame, _ = load_features(candles, cfg.features, cfg.cache_path)
-    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model))
+    return make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model, cfg.heads))
 
 
 def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model(cfg, tmp_path, monkeypatch):
@@ -129,7 +129,7 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
 
     loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
     assert not isinstance(loaded, WindowTrainer) and loaded.name == cfg.name
-    assert output_shapes(loaded) == output_shapes(model)
+    assert output_shapes(loaded, cfg.heads) == output_shapes(model, cfg.heads)
     for saved, trained in zip(loaded.get_weights(), model.get_weights(), strict=True):
         np.testing.assert_array_equal(saved, trained)
     expected = predict_fixed_batches(model, btc.test.x)
@@ -344,15 +344,19 @@ def test_training_starts_a_har_heads_linear_term_at_its_least_squares_fit_on_the
     model = ModelCache().model_for(cfg.network, cfg.train)
     windows, _ = har_windows(cfg, model)
     train, prep = windows.train, windows.preprocessing
-    har = prep.range_forecast({"ohlc": train.y["ohlc"], "ohlc_range": train.x["har_range"]})
-    np.testing.assert_allclose(prep.range_forecast(predict_fixed_batches(model, train.x)), har, rtol=1e-6)
+    high, low = (prep.heads[0].columns.index(c) for c in ("high", "low"))
+
+    def range_of(outputs: dict) -> np.ndarray:  # the head's range output, in log units (N, steps)
+        return np.asarray(outputs["ohlc_range"]).reshape(len(train), -1) * prep.heads[0].scaler.scale[high]
+
+    har = range_of({"ohlc_range": train.x["har_range"]})
+    np.testing.assert_allclose(range_of(predict_fixed_batches(model, train.x)), har, rtol=1e-6)
 
     model.feed_for(windows)
-    start_linear_term(model, windows)
-    forecast = prep.range_forecast(predict_fixed_batches(model, train.x))
+    model.warm_start(train)
+    forecast = range_of(predict_fixed_batches(model, train.x))
     shift = np.log(forecast / har)
     assert np.abs(shift).max() > 0.01 and abs(shift.mean()) < 0.01  # moved, on HAR's level
-    high, low = (prep.heads[0].columns.index(c) for c in ("high", "low"))
     actual = (train.y["ohlc"][..., high] - train.y["ohlc"][..., low]) * prep.heads[0].scaler.scale[high]
     kept = actual > 0
     assert np.var(np.log(actual[kept] / forecast[kept])) < np.var(np.log(actual[kept] / har[kept]))

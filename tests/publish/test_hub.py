@@ -1,7 +1,7 @@
 """Pushing to and downloading from the Hub: the real huggingface_hub client against tests/hub_server.py.
 
 Job directories are fabricated with trainer.run.artifacts (the same writer the runner uses), holding small
-files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML, a PNG and an .npz.
+files of the real kinds: a binary model file (stored in LFS), JSON, CSV, YAML and an .npz (a push adds a PNG).
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import CANDLES_DIR, as_format_1, tiny_config_dict
+from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import record_sleeps, serve_hub
 from huggingface_hub import constants
 
@@ -31,7 +31,7 @@ from trainer.errors import JobError, UserError
 from trainer.files import write_json
 from trainer.publish.hub import download_job, push_jobs, push_run
 from trainer.run import runner
-from trainer.run.artifacts import commit, jobs_dir, staging_dir
+from trainer.run.artifacts import commit, jobs_dir, seal, staging_dir
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
@@ -85,33 +85,42 @@ def model_file(seed: int) -> bytes:
 
 
 def make_job(run, name, cfg, seed, headline=None):
-    """A finished job's files, laid out as cryptotrain wrote them before format 2 (format 1: with its plot.png,
-    preprocessing.json without framing); `headline`: metrics.json's (jobs of earlier versions have none)."""
+    """A finished job's files, laid out as the runner writes them (the current format): a real model.keras, made-up
+    scores and forecasts of the real shapes; `headline`: metrics.json's (default: ohlc.close, skill 0.154)."""
     symbol, timeframe = name.split("_")
     rng = np.random.default_rng(seed)
     stage = staging_dir(run, name)
     (stage / "model.keras").write_bytes(model_file(seed))
-    (stage / "plot.png").write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00" + rng.bytes(2000))
-    np.savez(stage / "predictions.npz", ohlc=rng.normal(size=(20, 3, 4)), bb=rng.normal(size=(20, 3, 2)))
+    n = 20
+    times = np.datetime64("2024-01-22T00:00", "ns") + np.arange(n) * np.timedelta64(1, "h")
+    close = 40_000 + rng.normal(0, 100, n).cumsum()
+    np.savez(stage / "predictions.npz", target_times=times, ohlc=close[:, None, None] + rng.normal(size=(n, 3, 4)),
+             bb=rng.normal(size=(n, 3, 2)), actual_close=close[:, None] + rng.normal(size=(n, 3)),
+             persistence_close=close)
     (stage / "history.csv").write_text("epoch,loss,val_loss\n1,0.9,1.0\n2,0.5,0.7\n")
     (stage / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    columns = ["open", "high", "low", "close", "rsi"]
+
+    def scaler(names: list[str]) -> dict:
+        return {"kind": "standard", "columns": names, "offset": [0.0] * len(names), "scale": [2.0] * len(names)}
+
     write_json(stage / "preprocessing.json", {
-        "input_columns": ["open", "high", "low", "close", "rsi"], "lookback": 16, "horizon": 3,
-        "scaler": {"kind": "standard", "columns": ["open", "high", "low", "close", "rsi"], "offset": [1.0] * 5,
-                   "scale": [2.0] * 5},
-        "heads": [{"name": "ohlc", "columns": ["open", "high", "low", "close"], "target_shape": [3, 4]}],
-        "symbol": symbol, "timeframe": timeframe})
+        "input_columns": columns, "lookback": 16, "horizon": 3, "relative_to": "last_close", "scaler": scaler(columns),
+        "heads": [{"kind": "candle", "name": "ohlc", "columns": columns[:4], "loss": "mse", "weight": 1.0,
+                   "target_shape": [3, 4], "shrink": 1.0, "scaler": scaler(columns[:4])}],
+        "splits": {}, "symbol": symbol, "timeframe": timeframe, "indicators": [], "market": []})
     scores = {"mae": 101.5 + seed, "rmse": 150.25, "mape": 0.31, "direction_accuracy": 0.52}
     write_json(stage / "metrics.json", {
         "job": name, "symbol": symbol, "timeframe": timeframe, "run": "tiny", "fingerprint": "f" * 64,
         "data": {"source": f"local:/home/me/private/{name}.csv.gz", "synthetic": False,
                  "first": "2024-01-01T00:00:00+00:00", "last": "2024-01-26T00:00:00+00:00", "rows": 600, "gaps": 0},
-        "epochs_run": 2, "best_epoch": 2, "best_val_loss": 0.7, "seconds": 3.5, "n_test": 20,
+        "epochs_run": 2, "best_epoch": 2, "best_val_loss": 0.7, "seconds": 3.5, "n_test": n,
         "test_range": ["2024-01-22T00:00:00.000000000", "2024-01-26T00:00:00.000000000"],
         "heads": {"ohlc": {"model": scores, "persistence": {**scores, "mae": 120.0}, "skill": 0.154}},
-        **({"headline": headline} if headline else {})})
+        "headline": headline or {"head": "ohlc", "column": "close", "skill": 0.154, "mae": scores["mae"],
+                                 "persistence_mae": 120.0}})
+    seal(stage)
     commit(stage, jobs_dir(run) / name)
-    as_format_1(jobs_dir(run) / name)
 
 
 def local_files(run, name):
@@ -167,8 +176,8 @@ def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
     [index] = metadata["model-index"]
     assert index["name"] == "tiny-BTCUSDT_1h"
     results = {(m["name"], m["value"]) for r in index["results"] for m in r["metrics"]}
-    assert ("MAE of ohlc (price units)", 101.5) in results and ("skill vs persistence (1 - MAE / persistence MAE)",
-                                                                 0.154) in results
+    assert ("MAE of ohlc.close (price units)", 101.5) in results
+    assert ("skill vs persistence (1 - MAE / persistence MAE)", 0.154) in results
     assert {r["dataset"]["split"] for r in index["results"]} == {"test"}
     assert "pip install" in card and "pypi" not in card
 
@@ -438,7 +447,8 @@ def test_download_job_round_trip(hub, run_dir):
     job_dir = download_job(f"hf://{REPO}/ETHUSDT/1h")
     local = local_files(run_dir, "ETHUSDT_1h")
     unzipped = {"config.json", "metadata.json", "model.weights.h5"}  # model.keras as a folder, for Keras's hf://
-    assert {p.name: p.read_bytes() for p in job_dir.iterdir() if p.name not in {"README.md", *unzipped}} == local
+    added = {"README.md", "plot.png", *unzipped}  # what a push adds: the card, the plot, model.keras unzipped
+    assert {p.name: p.read_bytes() for p in job_dir.iterdir() if p.name not in added} == local
     assert json.loads((job_dir / "metrics.json").read_text())["job"] == "ETHUSDT_1h"
 
 

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import CANDLES_DIR, as_format_1, tiny_config_dict
+from conftest import CANDLES_DIR, tiny_config_dict
 from hub_server import serve_hub
 
 from trainer.cli import main
@@ -23,6 +23,7 @@ from trainer.data.scalers import Scaler
 from trainer.errors import JobError, UserError
 from trainer.evaluation.baselines import Har
 from trainer.publish.hub import push_run
+from trainer.publish.plots import job_plot
 from trainer.publish.predict import predict_job, predict_next
 from trainer.report.html import write_report
 from trainer.run import artifacts
@@ -62,12 +63,13 @@ def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
     last = candles.index[-1]
     assert list(forecast.index) == [last + pd.Timedelta(hours=k) for k in (1, 2, 3)]
     assert list(forecast.columns) == ["open", "high", "low", "close", "bb_upper", "bb_lower",
-                                      "expected_high", "expected_low", "expected_range_pct", "close_80_low",
-                                      "close_80_high"]
+                                      "expected_high", "expected_low", "expected_range_pct", "expected_range_rms_pct",
+                                      "close_80_low", "close_80_high"]
     assert np.isfinite(forecast.to_numpy()).all()
     ratio = forecast["close"] / candles["close"].iloc[-1]
     assert ratio.between(0.5, 2.0).all()  # prices, not scaled values
     assert (forecast["expected_low"] < forecast["expected_high"]).all()
+    assert (forecast["expected_range_pct"] < forecast["expected_range_rms_pct"]).all()  # a median below the rms
     assert (forecast["close_80_low"] < forecast["close"]).all()
     assert (forecast["close"] < forecast["close_80_high"]).all()
 
@@ -95,34 +97,50 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(har["range"]), rtol=1e-12)
-        else:  # the network's own high and low, and the median of its range output (a root mean square), each
-            job = JobDir(copy)  # times the factor that put it on its median on validation
-            factors = job.metrics().candles.excursion_factors
+        else:  # the network's own high, low and range (its range output), each put on its level on validation
+            job = JobDir(copy)
+            prep, scores = job.preprocessing(), job.metrics().candles
+            x, last = prep.make_inputs(compute_features(candles, job.config().features))
+            outputs = job.model()(prep.model_inputs(x, prep.forecast_inputs(job.har_tod().inputs(candles))),
+                                  training=False)
+            outputs = {k: np.asarray(v) for k, v in outputs.items()}
+            network = prep.candle_quantities(prep.heads[0], outputs, prep.to_prices(prep.point(outputs), last)["ohlc"],
+                                             last)
+            factors = scores.median_factors
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(
-                np.log(forecast["high"] / last_close) * factors["high"]), rtol=1e-9)
+                network["high"][0] * factors["high"]), rtol=1e-9)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(
-                -np.log(last_close / forecast["low"]) * factors["low"]), rtol=1e-9)
-            prep = job.preprocessing()
-            x, _ = prep.make_inputs(compute_features(candles, job.config().features))
-            harness = Har.from_dict(json.loads((job_dir / "har.json").read_text()))
-            outputs = job.model()(prep.model_inputs(x, harness.inputs(candles)), training=False)
-            scores = job.metrics().candles  # the output times its QLIKE factor is the rms, over the ratio the median
-            median = prep.range_forecast({k: np.asarray(v) for k, v in outputs.items()})[0] \
-                * np.asarray(scores.range_rms_factor) / np.asarray(scores.range_rms_ratio)
-            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(median), rtol=1e-6)
+                -network["low"][0] * factors["low"]), rtol=1e-9)
+            np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(
+                network["range"][0] * factors["range"]), rtol=1e-9)
+            np.testing.assert_allclose(forecast["expected_range_rms_pct"], 100 * np.expm1(
+                network["range"][0] * np.asarray(scores.rms_factor)), rtol=1e-9)
             assert not np.allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1))
 
 
-def test_forecast_reproduces_the_runners_test_predictions(run, job_dir):
-    """Forecasting from the candles before the last test sample's targets gives that sample's prediction."""
+@pytest.mark.parametrize("window", [-1, -40])
+def test_forecast_reproduces_the_runners_test_predictions(run, job_dir, window):
+    """Forecasting from the candles before a test sample's targets gives what predictions.npz holds for that sample:
+    each head's candles, and what users get of the size of the coming candles - the expected high, low, range, the
+    range's root mean square - and the 80 % interval of the close (split conformal's in this run: one margin
+    throughout; HAR's EWMA volatility, started afresh a week back, accounts for the tolerance)."""
     saved = np.load(job_dir / "predictions.npz")
-    first_target = saved["target_times"][-1]
+    first_target = saved["target_times"][window]
     candles = load_candles(run, "BTCUSDT", "1h")
-    forecast = predict_next(job_dir, candles[candles.index.values < first_target], JobDir(job_dir).config())
+    before = candles[candles.index.values < first_target]
+    forecast = predict_next(job_dir, before, JobDir(job_dir).config())
 
     assert forecast.index[0].to_datetime64() == first_target
-    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
-    np.testing.assert_allclose(forecast[["bb_upper", "bb_lower"]], saved["bb"][-1], rtol=1e-5)
+    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][window], rtol=1e-5)
+    np.testing.assert_allclose(forecast[["bb_upper", "bb_lower"]], saved["bb"][window], rtol=1e-5)
+    log = np.log(forecast / before["close"].iloc[-1])  # log units from the last close, as predictions.npz's
+    served = {"expected_high": log["expected_high"], "expected_low": -log["expected_low"],
+              "expected_range": np.log1p(forecast["expected_range_pct"] / 100),
+              "expected_range_rms": np.log1p(forecast["expected_range_rms_pct"] / 100),
+              "interval_low": log["close_80_low"], "interval_high": log["close_80_high"]}
+    for name, values in served.items():
+        np.testing.assert_allclose(values, saved[name][window], rtol=1e-4 if name.startswith("interval") else 1e-5,
+                                   atol=1e-7, err_msg=name)
 
 
 def test_predict_command_from_a_run_directory_and_a_data_file(run):
@@ -240,6 +258,7 @@ def recommit(job_dir, change) -> None:
         if path.name != MANIFEST:
             shutil.copy(path, stage)
     change(stage)
+    artifacts.seal(stage)
     artifacts.commit(stage, job_dir)
 
 
@@ -274,8 +293,8 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
 
 
 def test_a_push_uploads_a_plot_drawn_from_the_jobs_files(run, job_dir, monkeypatch, tmp_path):
-    """plot.png is no longer in a job directory (format 2): a push draws it from history.csv and predictions.npz,
-    the same bytes each time (a second push adds nothing)."""
+    """plot.png is not in a job directory: a push draws it from history.csv and predictions.npz, the same bytes each
+    time (a second push adds nothing)."""
     run_dir = Path(shutil.copytree(run.run_dir, tmp_path / "run"))  # a push records itself in the ledger
     assert not (job_dir / "plot.png").exists()
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache") as hub:
@@ -284,138 +303,71 @@ def test_a_push_uploads_a_plot_drawn_from_the_jobs_files(run, job_dir, monkeypat
                 push_run(opened, repo_id="tester/plot", private=True, overwrite_cards=False, only=())
         remote = hub.files("tester/plot")["BTCUSDT/1h/plot.png"]
         assert len(hub.commits("tester/plot")) == 1
-    assert remote == JobDir(job_dir).plot()
+    assert remote == job_plot(JobDir(job_dir))
     width, height = int.from_bytes(remote[16:20], "big"), int.from_bytes(remote[20:24], "big")
     assert remote[:8] == b"\x89PNG\r\n\x1a\n" and (width, height) == (792, 468)  # both charts: losses, closes
 
 
-def _headline_skill(value: float, interval_of_earlier_versions: bool):
+def _headline_skill(value: float, adaptive: bool):
     def change(stage) -> None:
         metrics = json.loads((stage / "metrics.json").read_text())
         metrics["headline"]["skill"] = value
-        if interval_of_earlier_versions:  # split conformal's, without a method
-            for key in ("method", "gamma", "level"):
-                del metrics["candles"]["interval"][key]
+        if adaptive:  # as adaptive conformal leaves it: the level it ended the test split at
+            metrics["candles"]["interval"] |= {"method": "adaptive", "gamma": 0.005, "level": [0.83, 0.81, 0.8]}
         (stage / "metrics.json").write_text(json.dumps(metrics))
     return change
 
 
-@pytest.mark.parametrize("skill, worse, earlier", [(-0.25, True, True), (0.03, False, False)])
-def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, tmp_path, skill, worse, earlier):
-    """With how its interval was calibrated: the level adaptive conformal ended the test split at (the run's
-    default), or split conformal's (a metrics.json of an earlier version)."""
+@pytest.mark.parametrize("skill, worse, adaptive", [(-0.25, True, True), (0.03, False, False)])
+def test_the_forecast_comes_with_the_models_test_skill_said_plainly(run, job_dir, tmp_path, skill, worse, adaptive):
+    """With how its interval was calibrated: split conformal's on validation, or the level adaptive conformal ended
+    the test split at."""
     copy = tmp_path / "run" / "jobs" / "BTCUSDT_1h"
     shutil.copytree(job_dir, copy)
-    recommit(copy, _headline_skill(skill, earlier))
-    level = JobDir(job_dir).metrics().candles.interval.level[0]
-    calibration = "split conformal on validation" if earlier else \
-        f"adaptive conformal, level {level:.2f} after the test split"
+    recommit(copy, _headline_skill(skill, adaptive))
+    calibration = "adaptive conformal, level 0.83 after the test split" if adaptive else \
+        "split conformal on validation"
 
     out = predict_cli("--model", str(copy), "--data", str(DATA_FILE))
     assert f"skill {skill:+.3f}" in out
-    assert "Its next candle against HAR + time of day (MAE skill): high " in out and "80 % interval held" in out
+    assert "Its next candle against HAR + time of day on its validation level (MAE skill): high " in \
+        " ".join(out.split()) and "80 % interval held" in out
     assert f"close_80_low / close_80_high: the 80 % interval ({calibration})." in " ".join(out.split())
     assert ("WORSE than persistence" in out) is worse
     record = json.loads(predict_cli("--model", str(copy), "--data", str(DATA_FILE), "--json"))["test_skill"]
     assert (record["skill"], record["worse_than_persistence"], record["column"]) == (skill, worse, "close")
     assert (record["candles"]["interval_method"], record["candles"]["interval_level"]) == \
-        (("split", None) if earlier else ("adaptive", level))
+        (("adaptive", 0.83) if adaptive else ("split", None))
 
 
-def test_a_job_of_an_earlier_version_with_absolute_levels_still_loads_predicts_and_reports(tmp_path):
-    """Run directories made before framing, of format 1 (no format in the manifest): no relative_to, targets
-    scaled with the inputs' scaler, no headline in metrics.json, no candle heads in config.yaml."""
+def test_a_job_on_absolute_levels_predicts_as_its_scaler_says_and_reports(tmp_path):
+    """window.relative_to null (the old scripts' framing): a plain head over the candle's columns, scaled on absolute
+    levels; predict inverts the scaled outputs to prices, and the report reads the job."""
     raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
     raw["data"]["symbols"] = ["BTCUSDT"]
     raw["window"]["relative_to"] = None
-    raw["heads"][0]["candle"] = False
+    raw["heads"][0]["kind"] = "plain"
     raw["train"]["epochs"] = 1
     cfg = RunConfig.model_validate(raw)
     assert run_config(cfg, make_jobs(cfg)).complete
     job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
-
-    def as_before(stage) -> None:
-        prep = json.loads((stage / "preprocessing.json").read_text())
-        del prep["relative_to"]
-        for head in prep["heads"]:
-            del head["scaler"], head["candle"]
-        (stage / "preprocessing.json").write_text(json.dumps(prep))
-        metrics = json.loads((stage / "metrics.json").read_text())
-        del metrics["headline"], metrics["candles"]
-        (stage / "metrics.json").write_text(json.dumps(metrics))
-        (stage / "har.json").unlink()
-        config = yaml.safe_load((stage / "config.yaml").read_text())
-        del config["window"]["relative_to"]
-        for head in config["heads"]:
-            del head["candle"]
-        (stage / "config.yaml").write_text(yaml.safe_dump(config))
-    recommit(job_dir, as_before)
-    as_format_1(job_dir)
 
     candles = load_candles(cfg, "BTCUSDT", "1h")
     forecast = predict_next(job_dir, candles, JobDir(job_dir).config())
     prep = json.loads((job_dir / "preprocessing.json").read_text())
-    scaler = Scaler.from_dict(prep["scaler"])  # the old way, spelled out: one scaler, absolute levels
+    scaler, head = Scaler.from_dict(prep["scaler"]), Scaler.from_dict(prep["heads"][0]["scaler"])
     frame = compute_features(candles, cfg.features).iloc[-16:]
-    x = scaler.transform(frame, cfg.features.columns)[None]
+    x = scaler.transform(frame, cfg.features.columns)[None]  # spelled out: absolute levels, scaled
     outputs = keras.saving.load_model(job_dir / "model.keras", compile=False)(x, training=False)
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]],
-                               scaler.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
+                               head.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
                                rtol=1e-6)
-    assert "expected_high" not in forecast.columns
     assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
 
-    with RunDir.open(cfg.run_dir) as opened:  # the report reads it too: its derived headline, its charts
+    with RunDir.open(cfg.run_dir) as opened:  # the report reads it too: its headline, its charts
         page = write_report(opened, tmp_path / "report.html").read_text()
     assert "from the run ledger" not in page and "unreadable" not in page and "no price chart" not in page
     assert f"{JobDir(job_dir).metrics().headline.skill:+.3f}" in page
-
-
-def test_a_job_of_the_version_before_har_heads_still_loads_predicts_and_reports(tmp_path):
-    """Run directories made before HAR-started heads, the market input and adaptive intervals: a free candle head,
-    har.json without the range's log variance, metrics.json without the range's QLIKE of the network's own, the
-    mean range, the range's rms ratio and the interval's method, predictions.npz without what users get."""
-    raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
-    raw["data"]["symbols"] = ["BTCUSDT"]
-    raw["train"]["epochs"] = 1
-    cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).complete
-    job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
-    candles = load_candles(cfg, "BTCUSDT", "1h")
-    now = predict_next(job_dir, candles, JobDir(job_dir).config())
-
-    def as_before(stage) -> None:
-        prep = json.loads((stage / "preprocessing.json").read_text())
-        del prep["market"]
-        for head in prep["heads"]:
-            del head["har"]
-        (stage / "preprocessing.json").write_text(json.dumps(prep))
-        metrics = json.loads((stage / "metrics.json").read_text())
-        candle = metrics["candles"]
-        del candle["mean_range"], candle["range_rms_ratio"], candle["range_rms_factor"]
-        del candle["range"]["network_qlike_skill"]
-        for key in ("method", "gamma", "level"):
-            candle["interval"].pop(key, None)
-        (stage / "metrics.json").write_text(json.dumps(metrics))
-        har = json.loads((stage / "har.json").read_text())
-        del har["log_variance"]
-        (stage / "har.json").write_text(json.dumps(har))
-        saved = dict(np.load(stage / "predictions.npz"))
-        served = ("expected_", "network_", "interval_")
-        np.savez(stage / "predictions.npz", **{k: v for k, v in saved.items() if not k.startswith(served)})
-        config = yaml.safe_load((stage / "config.yaml").read_text())
-        del config["evaluation"], config["features"]["market"]
-        for head in config["heads"]:
-            del head["har"]
-        (stage / "config.yaml").write_text(yaml.safe_dump(config))
-    recommit(job_dir, as_before)
-
-    before = predict_next(job_dir, candles, JobDir(job_dir).config())
-    pd.testing.assert_frame_equal(before, now)  # the same forecast, the interval's margin split conformal's
-    assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
-    with RunDir.open(cfg.run_dir) as opened:
-        page = write_report(opened, tmp_path / "report.html").read_text()
-    assert "unreadable" not in page and "no price chart" not in page
 
 
 def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(job_dir):
@@ -428,14 +380,16 @@ def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(jo
     assert "### The next candle: its high, low and range" in card
     high = candles["high"]
     row = next(line for line in card.splitlines() if line.startswith("| high | "))
-    assert f"{high['skill']['har_tod']:.4g}" in row and f"{high['network_weight'][0]:.4g}" in row
-    assert f"it held {candles['interval']['coverage']:.4g} of the test split" in card
+    assert f"{high['skill']['har_tod']:.4g}" in row and f"{high['skill']['har_tod_level']:.4g}" in row
+    assert f"{high['network_weight'][0]:.4g}" in row
+    assert f"it held {candles['interval']['coverage']:.4g} of the test split" in " ".join(card.split())
     metadata = yaml.safe_load(card.split("---\n")[1])
     results = {m["name"]: m["value"] for r in metadata["model-index"][0]["results"] for m in r["metrics"]}
     for quantity in ("high", "low", "range"):
-        assert results[f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)"] == pytest.approx(
-            candles[quantity]["skill"]["har_tod"])
-    assert results["80 % interval of the next close: coverage"] == pytest.approx(candles["interval"]["coverage"])
+        assert results[f"next candle {quantity}: skill vs HAR + time of day on its validation level (1 - MAE / HAR "
+                       "MAE)"] == pytest.approx(candles[quantity]["skill"]["har_tod_level"])
+    assert results["80 % interval of the next close (split conformal on validation): coverage"] == \
+        pytest.approx(candles["interval"]["coverage"])
 
 
 def test_the_card_of_a_close_shrunk_to_no_change_gives_it_no_direction_accuracy(job_dir, tmp_path):
@@ -464,7 +418,7 @@ def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_
     (pinball per level, coverage of the outer pair), and `predict` gives each level, ordered, around the median."""
     raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
     raw["data"]["symbols"] = ["BTCUSDT"]
-    raw["heads"].append({"name": "close_q", "columns": ["close"], "quantiles": [0.1, 0.5, 0.9]})
+    raw["heads"].append({"name": "close_q", "kind": "quantile", "columns": ["close"], "quantiles": [0.1, 0.5, 0.9]})
     raw["train"]["epochs"] = 2
     cfg = RunConfig.model_validate(raw)
     assert run_config(cfg, make_jobs(cfg)).complete

@@ -24,9 +24,10 @@ from trainer.config import load_config
 from trainer.data.sources import Source
 from trainer.errors import UserError
 from trainer.evaluation.results import Headline
+from trainer.publish.plots import draw_plot
 from trainer.report.console import print_summary_table
 from trainer.report.html import write_report
-from trainer.run.jobdir import CloseSeries, JobDir, draw_plot
+from trainer.run.jobdir import CloseSeries, JobDir
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
@@ -161,7 +162,7 @@ def test_heatmaps_of_the_next_candle_vs_har_and_of_the_interval_carry_metrics_js
         candles = _metrics(run_dir, job)["candles"]
         for quantity in ("high", "low", "range"):
             cell = page.maps[f"{quantity} vs HAR"][job]
-            assert float(cell["data-value"]) == pytest.approx(candles[quantity]["skill"]["har_tod"], abs=1e-12)
+            assert float(cell["data-value"]) == pytest.approx(candles[quantity]["skill"]["har_tod_level"], abs=1e-12)
         assert float(page.maps["80 % interval"][job]["data-value"]) == pytest.approx(candles["interval"]["coverage"])
     for measure in page.maps.values():
         assert all(measure[job]["data-value"] == "" for job in FAILED + PENDING)

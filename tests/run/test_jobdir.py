@@ -1,26 +1,25 @@
 """A job directory has one owner, trainer/run/jobdir.py: the only module of trainer/ that spells its files' names,
-and the one that reads directories of an earlier format (upgraded) and refuses those of a newer one."""
+and the one that refuses, in one line, directories of another format than its own (an earlier one is trained
+again by `run`)."""
 from __future__ import annotations
 
 import ast
 import json
+import sqlite3
 from pathlib import Path
 
-import numpy as np
-import pandas as pd
 import pytest
 from click.testing import CliRunner
 
 from tests.conftest import CANDLES_DIR
 from trainer.cli import main
-from trainer.data.scalers import Scaler
 from trainer.errors import UserError
 from trainer.run import jobdir
-from trainer.run.jobdir import FORMAT, JobDir, JobFileError
+from trainer.run.jobdir import FORMAT, JobDir
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
-JOB_FILES = ("model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "plot.png",
-             "predictions.npz", "har.json", "manifest.json")
+JOB_FILES = ("model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "predictions.npz",
+             "har.json", "manifest.json")
 # config.yaml is also the run directory's own file (the config its run saved), named by run/rundir.py.
 ALSO = {"config.yaml": {"trainer/run/rundir.py"}}
 
@@ -56,65 +55,19 @@ def test_the_scan_finds_a_name_in_code_but_not_in_a_docstring(tmp_path):
     assert spelled(tmp_path / "trainer") == {"history.csv": {"trainer/a.py"}}
 
 
-def format_1(tmp_path: Path, **files: dict) -> JobDir:
-    """A job directory of format 1 (its manifest has no format) holding these JSON files (name: content)."""
-    for name, content in files.items():
-        (tmp_path / f"{name}.json").write_text(json.dumps(content))
-    (tmp_path / "manifest.json").write_text(json.dumps({"files": {}}))
-    return JobDir(tmp_path)
-
-
-def test_a_preprocessing_file_of_format_1_reads_as_absolute_levels(tmp_path):
-    """Run directories made before framing existed: one scaler for inputs and targets, no relative_to.
-    (Formerly test_windows.py's test_a_preprocessing_file_of_an_earlier_version_reads_as_absolute_levels.)"""
-    frame = pd.read_csv(CANDLES_DIR / "BTCUSDT_1h.csv.gz", nrows=100)
-    scaler = Scaler.of("standard").fit(["open", "high", "low", "close"], frame[["open", "high", "low", "close"]]
-                                       .to_numpy())
-    old = {"input_columns": list(scaler.columns), "scaler": scaler.to_dict(), "lookback": 16, "horizon": 3,
-           "heads": [{"name": "close", "columns": ["close"], "target_shape": [3, 1]}], "splits": {},
-           "symbol": "BTCUSDT", "timeframe": "1h"}
-    prep = format_1(tmp_path, preprocessing=old).preprocessing()
-    assert prep.relative_to is None and not prep.heads[0].candle and prep.heads[0].shrink == 1.0
-    outputs = np.random.default_rng(0).normal(size=(5, 3, 1))
-    np.testing.assert_allclose(prep.to_prices({"close": outputs}, np.ones(5))["close"],
-                               scaler.inverse(outputs, ["close"]), rtol=1e-15)
-
-
-METRICS_1 = {
-    "job": "BTCUSDT_1h", "symbol": "BTCUSDT", "timeframe": "1h", "run": "tiny", "fingerprint": "f" * 64,
-    "data": {"source": "local", "synthetic": False, "first": "2024-01-01T00:00:00+00:00",
-             "last": "2024-01-26T00:00:00+00:00", "rows": 600, "gaps": 0},
-    "epochs_run": 2, "best_epoch": 2, "best_val_loss": 0.7, "seconds": 3.5, "n_test": 20,
-    "test_range": ["2024-01-22T00:00:00", "2024-01-26T00:00:00"],
-    "heads": {"ohlc": {"model": {"mae": 101.5, "rmse": 150.25, "mape": 0.31, "direction_accuracy": 0.52},
-                       "persistence": {"mae": 120.0, "rmse": 150.25, "mape": 0.31, "direction_accuracy": 0.52},
-                       "skill": 0.154}}}
-
-
-def test_a_metrics_file_of_format_1_gets_its_headline_and_one_of_format_2_must_hold_it(tmp_path):
-    """Before headlines: the first head's skill over its columns. The upgrade is format 1's only: a file of this
-    format without a headline is no metrics.json."""
-    line = format_1(tmp_path, metrics=METRICS_1).metrics().headline
-    assert (line.head, line.skill, line.mae, line.persistence_mae) == ("ohlc", 0.154, 101.5, 120.0)
-
-    (tmp_path / "manifest.json").write_text(json.dumps({"format": FORMAT, "files": {}}))
-    with pytest.raises(JobFileError, match=r"metrics.json: cannot be read \(ValidationError: headline: Field "
-                                           r"required\); train the job again"):
-        JobDir(tmp_path).metrics()
-
-
-def test_every_upgrade_is_of_an_earlier_format_and_of_a_file_of_the_job():
-    assert all(1 <= version < FORMAT for version in jobdir.UPGRADES)
-    assert {name for steps in jobdir.UPGRADES.values() for name in steps} <= set(JOB_FILES)
-
-
-def test_a_job_directory_of_a_newer_format_is_refused_in_one_line(tmp_path):
+@pytest.mark.parametrize("found, why", [
+    (FORMAT + 1, f"newer than this cryptotrain reads (format {FORMAT}); upgrade cryptotrain to use it"),
+    (2, f"written by an earlier cryptotrain; this one reads format {FORMAT} only: train the job again "
+        "(`cryptotrain run` of its config does)"),
+    (None, f"written by an earlier cryptotrain; this one reads format {FORMAT} only: train the job again "
+           "(`cryptotrain run` of its config does)"),  # format 1's manifest named none
+])
+def test_a_job_directory_of_another_format_is_refused_in_one_line(tmp_path, found, why):
     job = tmp_path / "BTCUSDT_1h"
     job.mkdir()
     (job / "preprocessing.json").write_text("{}")
-    (job / "manifest.json").write_text(json.dumps({"format": FORMAT + 1, "files": {}}))
-    line = (f"{job}: a job directory of format {FORMAT + 1}, newer than this cryptotrain reads (format {FORMAT} "
-            "and earlier); upgrade cryptotrain to use it")
+    (job / "manifest.json").write_text(json.dumps({**({} if found is None else {"format": found}), "files": {}}))
+    line = f"{job}: a job directory of format {found or 1}, {why}"
 
     with pytest.raises(UserError) as refused:
         JobDir(job).metrics()
@@ -122,3 +75,21 @@ def test_a_job_directory_of_a_newer_format_is_refused_in_one_line(tmp_path):
     result = CliRunner().invoke(main, ["predict", "--model", str(job), "--data",
                                        str(CANDLES_DIR / "BTCUSDT_1h.csv.gz")])
     assert result.exit_code == 2 and result.output.strip().splitlines() == [f"error: {line}"]
+
+
+@pytest.mark.train
+def test_run_trains_a_job_of_an_earlier_format_again(trained_run, tmp_path):
+    """A finished job whose directory an earlier cryptotrain wrote (its ledger and manifest agree, as they did
+    then): the same command trains it again, saying why, and leaves the other job as it was."""
+    run_dir, config, _ = trained_run.copy(tmp_path)
+    old, kept = jobdir.JobDir(run_dir / "jobs" / "BTCUSDT_1h"), run_dir / "jobs" / "ETHUSDT_1h" / "manifest.json"
+    manifest = json.loads((old.path / "manifest.json").read_text())
+    (old.path / "manifest.json").write_text(json.dumps({**manifest, "format": 2}))
+    with sqlite3.connect(run_dir / "ledger.sqlite") as ledger:  # as that cryptotrain recorded it
+        ledger.execute("UPDATE jobs SET manifest_sha256 = ? WHERE name = 'BTCUSDT_1h'", (old.verify(),))
+    before = kept.read_bytes()
+
+    result = CliRunner().invoke(main, ["run", "--config", str(config)])
+    assert result.exit_code == 0, result.output
+    assert "BTCUSDT_1h: written by an earlier cryptotrain (job directory format 2); training it again" in result.output
+    assert jobdir.JobDir(old.path).format == FORMAT and kept.read_bytes() == before

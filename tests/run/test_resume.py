@@ -197,6 +197,47 @@ def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny
         victim.wait()
 
 
+def test_a_process_woken_after_another_took_its_job_over_commits_nothing(tiny_config, tmp_path):
+    """A laptop asleep: a process paused (SIGSTOP) with its job's files staged, for longer than the stale limit;
+    another takes the job over and finishes the run; then the first wakes. It must neither move its files into
+    jobs/ nor record the job: the job is done once, the ledger's hash is the directory's manifest's, the winner's
+    files are intact, and the first says so in one line and leaves no staging directory."""
+    config = tiny_config(data={"source": "local", "local": {"path": str(CANDLES_DIR)}, "symbols": ["BTCUSDT"],
+                               "timeframes": ["1h"], "max_rows": 500},
+                         train={"batch_size": 64, "epochs": 1, "seed": 1})
+    run_dir, marker, stale = tmp_path / "run", tmp_path / "paused", "3"
+    sleeper = subprocess.Popen([*_through_kill_points("artifacts", marker, tmp_path / "epochs.log", config),
+                                "--stale-after", stale], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               text=True, preexec_fn=_sigint_at_its_default)
+    try:
+        _wait_for(marker, sleeper)  # its files staged and sealed, about to be committed
+        sleeper.send_signal(signal.SIGSTOP)  # asleep: no heartbeat either
+        time.sleep(float(stale) + 1)
+        other = subprocess.run(_cli("run", "--config", str(config), "--stale-after", stale), cwd=REPO,
+                               capture_output=True, text=True, timeout=300)
+        assert other.returncode == 0, other.stderr[-2000:]
+        job = JobDir(run_dir / "jobs" / "BTCUSDT_1h")
+        winner = job.verify()
+        files = {p.name: p.read_bytes() for p in job.path.iterdir()}
+        sleeper.send_signal(signal.SIGCONT)
+        marker.unlink()  # woken: it goes on to commit
+        _, stderr = sleeper.communicate(timeout=120)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert sleeper.returncode == 0, stderr[-2000:]
+    said = [line for line in stderr.splitlines() if "took this job over" in line]
+    assert len(said) == 1 and "BTCUSDT_1h: another process took this job over while this one went silent (no " \
+        "heartbeat for 3 s); this one's files were discarded, that one's kept" in said[0], stderr[-2000:]
+    with sqlite3.connect(run_dir / "ledger.sqlite") as db:
+        (status, manifest), = db.execute("SELECT status, manifest_sha256 FROM jobs").fetchall()
+        outcomes = [outcome for (outcome,) in db.execute("SELECT outcome FROM attempts ORDER BY attempt")]
+    assert (status, outcomes) == ("done", ["lost", "done"])  # done once: by the other process
+    assert manifest == winner == job.verify()
+    assert {p.name: p.read_bytes() for p in job.path.iterdir()} == files  # the winner's, intact
+    assert not list((run_dir / "jobs").glob(".staging-*"))
+
+
 # Each kind of file written with files.atomic_write in a local run, as a glob of its temp file's path (#N: its
 # Nth write). A job's backup is one checkpoint per epoch (its rows and best weights in it): killed while the first
 # is written, none is whole; while the last (the 2nd) is, the one before it has been moved aside and training

@@ -85,7 +85,8 @@ def test_saved_model_preprocessing_and_har_alone_reproduce_the_test_predictions(
     for i in (0, len(times) // 2, len(times) - 1):
         history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
         x, last_close = prep.make_inputs(history)
-        outputs = model.predict(prep.model_inputs(x, har.inputs(candles.loc[:history.index[-1]])), verbose=0)
+        inputs = prep.model_inputs(x, prep.forecast_inputs(har.inputs(candles.loc[:history.index[-1]])))
+        outputs = model.predict(inputs, verbose=0)
         prices = prep.to_prices(outputs, last_close)
         for head in preprocessing["heads"]:
             np.testing.assert_allclose(prices[head["name"]][0], recorded[head["name"]][i], rtol=1e-4)
@@ -134,8 +135,8 @@ def test_a_job_directory_made_by_another_config_is_trained_again(trained_run, tm
 
 def test_a_run_recorded_by_an_earlier_version_resumes_with_the_options_added_since_at_their_defaults(
         trained_run, tmp_path):
-    """Its ledger's config lacks an option this version added (heads[].quantiles) and its fingerprint was computed
-    without it: the same command takes the run over, trains nothing again, and never asks for --new-run."""
+    """Its ledger's config lacks an option this version added (train.steps_per_execution, say) and its fingerprint was
+    computed without it: the same command takes the run over, trains nothing again, and never asks for --new-run."""
     run_dir, config_path, _ = trained_run
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy)
@@ -143,8 +144,7 @@ def test_a_run_recorded_by_an_earlier_version_resumes_with_the_options_added_sin
     config.write_text(yaml.safe_dump({**yaml.safe_load(config_path.read_text()), "output_dir": str(copy)}))
     with sqlite3.connect(copy / "ledger.sqlite") as db:
         recorded = json.loads(db.execute("SELECT config_json FROM run").fetchone()[0])
-        for head in recorded["heads"]:
-            del head["quantiles"]
+        del recorded["train"]["steps_per_execution"]
         db.execute("UPDATE run SET fingerprint = 'computed-by-an-earlier-version', config_json = ?",
                    (json.dumps(recorded),))
     before = {p: p.stat().st_mtime_ns for p in (copy / "jobs").rglob("*")}

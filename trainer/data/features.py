@@ -26,7 +26,7 @@ from .validate import OHLCV
 
 # What an entry depends on besides the candles and the spec: this code, the entry format and the libraries.
 FEATURE_VERSION = store.make_key(
-    Path(__file__).read_bytes(), store.code_digest(indicators, store),
+    Path(__file__).read_bytes(), store.code_digest("indicators", "store"),
     *(version(package) for package in ("ta", "pandas", "numpy"))
 )
 

@@ -232,7 +232,7 @@ class VolumeSurprise(Indicator):
         return log_volume - candles.trailing_mean(log_volume, DAY)
 
 
-# The size of candles: what volatility clustering makes predictable (docs/forecasting.md).
+# The size of candles: what volatility clustering makes predictable (docs/model-quality.md, "The baselines").
 class LogRange(Indicator):
     """ln(high / low) of the candle itself."""
     name: Literal["log_range"]

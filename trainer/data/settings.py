@@ -1,5 +1,5 @@
 """The sections of a run's config that the data stage reads: where the candles come from (DataConfig, a section per
-source), the features (FeaturesConfig), the windows and the heads they are cut for (WindowConfig, HeadConfig).
+source), the features (FeaturesConfig) and the windows (WindowConfig; the heads they are cut for are trainer.heads').
 config.RunConfig assembles them with the model's (model/settings.py); this package cannot import it, and what it
 reads of the whole config is RunSettings.
 """
@@ -105,7 +105,7 @@ class FeaturesConfig(Strict):
         return list(self.base) + [ind.name for ind in self.indicators] + [MARKET_COLUMN] * (self.market is not None)
 
 
-# ----------------------------------------------------------------------------- window, heads
+# ----------------------------------------------------------------------------- window
 class Split(Strict):
     train: float = Field(0.7, gt=0, lt=1)
     val: float = Field(0.15, gt=0, lt=1)
@@ -133,62 +133,6 @@ class WindowConfig(Strict):
     # [0, 1] chosen on the validation split (forecast combination with the no-change forecast), so that a
     # model's noise is not shipped where validation finds no signal. false: the network's output as it is.
     shrink: bool = True
-
-
-CANDLE = ("open", "high", "low", "close")
-# A HAR-started candle head (HeadConfig.har) reads, beside the input windows, HAR + time of day's forecast of each
-# step (trainer.evaluation.baselines, fitted on the train split): these model inputs, each (horizon, 1) - the high
-# excursion, minus the low excursion and the root-mean-square log range, in the head's scaled units; and it
-# forecasts the log range as an output of its own, named range_output(head).
-HAR_INPUTS = ("har_high", "har_low", "har_range")
-
-
-def range_output(head: str) -> str:
-    return f"{head}_range"
-
-
-class HeadConfig(Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    columns: list[str] = Field(min_length=1)
-    loss: Literal["mse", "mae", "huber"] = "mse"
-    weight: float = Field(1.0, gt=0)
-    # A candle-shaped head over open, high, low, close: high >= max(open, close) >= min(open, close) >= low
-    # by construction (open and close, plus two non-negative wicks).
-    candle: bool = False
-    # A quantile head: these quantiles of each column (e.g. [0.1, 0.5, 0.9]), ordered by construction (the
-    # lowest plus non-negative gaps) and trained with the pinball loss; its point forecast is the median (0.5,
-    # else the middle quantile).
-    quantiles: list[float] = []
-    # A candle head that starts at HAR + time of day (HARNet, Reisenhofer, Bayer & Hautsch 2022): its high and
-    # low excursions, and a log range output of its own (range_output), are HAR's forecast for the window times
-    # exp(the network's correction), the correction's last layer zero as built, so that an untrained network
-    # forecasts exactly HAR (training starts its linear term at its least-squares fit: training.start_linear_term).
-    # The range is trained on QLIKE (its forecast: the root mean square range), the
-    # excursions on the head's loss (mae: their medians). false: the high and low are the body plus two free wicks.
-    har: bool = False
-
-    @model_validator(mode="after")
-    def _candle_columns(self) -> HeadConfig:
-        if self.candle and sorted(self.columns) != sorted(CANDLE):
-            raise ValueError(f"candle: true needs exactly the columns {', '.join(CANDLE)} "
-                             f"(got {', '.join(self.columns)})")
-        if self.har and not self.candle:
-            raise ValueError("har: true starts a candle's high and low at HAR's; it needs candle: true")
-        return self
-
-    @model_validator(mode="after")
-    def _quantile_levels(self) -> HeadConfig:
-        if not self.quantiles:
-            return self
-        if len(self.quantiles) < 2 or not all(0 < q < 1 for q in self.quantiles) \
-                or any(b <= a for a, b in zip(self.quantiles, self.quantiles[1:])):
-            raise ValueError(f"quantiles: at least two levels, increasing, each between 0 and 1 (got "
-                             f"{self.quantiles}), e.g. [0.1, 0.5, 0.9]")
-        if self.candle:
-            raise ValueError("quantiles: a candle head forecasts one candle; put the quantiles on a head of its own")
-        if "loss" in self.model_fields_set:
-            raise ValueError(f"loss: {self.loss}: a quantile head is trained with the pinball loss; drop the loss")
-        return self
 
 
 # ----------------------------------------------------------------------------- the whole config

@@ -19,11 +19,14 @@ from pydantic import AfterValidator, Field
 from ..errors import JobError
 from ..files import beside_package
 from ..specs import Strict
-from . import files, store, validate
+from .files import candles_from_bytes, file_format, job_filename, read_bytes
+from .store import code_digest, make_key
+from .store import load as load_entry
+from .store import save as save_entry
 from .synthetic import synthetic_candles
 
 # What a parsed entry depends on besides the file's bytes: the parsing code and the libraries.
-PARSER_VERSION = store.make_key(store.code_digest(files, validate, store),
+PARSER_VERSION = make_key(code_digest("files", "validate", "store"),
                                 *(version(package) for package in ("pyarrow", "pandas", "numpy")))
 BUNDLED_CANDLES = Path("data/ohlcv")  # the real candles bundled with cryptotrain (data/ohlcv/SOURCES.md)
 
@@ -96,12 +99,12 @@ class Source(Strict):
         """The job's validated candles, every row the source has, and where they came from (a label such as
         "local:/abs/BTCUSDT_1h.csv.gz"). A file is parsed once: the parsed frame is cached by its bytes."""
         path, label = self.file(symbol, timeframe, cache)
-        raw = files.read_bytes(path, label)
-        key = store.make_key(raw, files.file_format(path), timeframe, PARSER_VERSION)
-        frame = store.load(cache / "candles" / "parsed", key)
+        raw = read_bytes(path, label)
+        key = make_key(raw, file_format(path), timeframe, PARSER_VERSION)
+        frame = load_entry(cache / "candles" / "parsed", key)
         if frame is None:
-            frame = files.candles_from_bytes(raw, path, timeframe, label)
-            store.save(cache / "candles" / "parsed", key, frame)
+            frame = candles_from_bytes(raw, path, timeframe, label)
+            save_entry(cache / "candles" / "parsed", key, frame)
         return frame, label
 
     def file(self, symbol: str, timeframe: str, cache: Path) -> tuple[Path, str]:
@@ -145,14 +148,14 @@ class LocalSource(Source):
         return path, f"local:{path}"
 
     def stored_file(self, symbol: str, timeframe: str, cache: Path) -> Path:
-        return self.directory() / files.job_filename(self.pattern, symbol, timeframe)
+        return self.directory() / job_filename(self.pattern, symbol, timeframe)
 
     def _holdings(self, timeframe: str) -> str:
         """What the directory does hold for a timeframe, to say beside a missing file."""
         directory = self.directory()
         if not directory.is_dir():
             return f"there is no directory {directory}"
-        prefix, _, suffix = files.job_filename(self.pattern, "\0", timeframe).partition("\0")
+        prefix, _, suffix = job_filename(self.pattern, "\0", timeframe).partition("\0")
         symbols = sorted(p.name[len(prefix):len(p.name) - len(suffix)] for p in directory.glob(f"{prefix}*{suffix}")
                          if p.name.startswith(prefix) and p.name.endswith(suffix))
         return f"{directory} has {timeframe} candles for {', '.join(symbols) or 'no symbol'}"

@@ -1,4 +1,5 @@
-"""Content-addressed on-disk store of float64 frames (parsed candles, features).
+"""Content-addressed on-disk store of float64 frames (parsed candles, features), and of named arrays (a job's fitted
+baselines: save_arrays, load_arrays; an .npz whose members carry their own CRC-32).
 
 An entry is one file named by its key, the caller's sha256 of everything that determines the frame,
 so an entry can never be stale. It holds a JSON header line (column names, row count, CRC-32 of the
@@ -17,10 +18,10 @@ import contextlib
 import hashlib
 import json
 import logging
+import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 import pandas as pd
@@ -43,10 +44,10 @@ def make_key(*parts: str | bytes | np.ndarray) -> str:
     return digest.hexdigest()
 
 
-def code_digest(*modules: ModuleType) -> str:
-    """sha256 of the modules' source files: editing the code that made an entry (this module
-    included, for the entry format) retires the entry."""
-    return make_key(*(Path(module.__file__).read_bytes() for module in modules))
+def code_digest(*modules: str) -> str:
+    """sha256 of the source files of these modules of trainer.data (e.g. "files"): editing the code that made an
+    entry (this module included, for the entry format) retires the entry."""
+    return make_key(*(Path(__file__).with_name(f"{module}.py").read_bytes() for module in modules))
 
 
 def frame_of_columns(values: np.ndarray, columns: list[str], index: pd.DatetimeIndex) -> pd.DataFrame:
@@ -83,8 +84,13 @@ def save(directory: Path, key: str, frame: pd.DataFrame) -> None:
     """Store `frame` (tz-aware UTC index, float64 columns) under `key`, atomically. The cache only saves
     time: where it cannot be written (a full disk, no permission, a file in the way), the frame is used
     from memory and the cache is left alone, with one warning per directory."""
+    _kept(directory, lambda: _write(directory, key, frame))
+
+
+def _kept(directory: Path, write: Callable[[], None]) -> None:
+    """write() an entry of `directory`; where it cannot, one warning per directory (see save)."""
     try:
-        _write(directory, key, frame)
+        write()
     except OSError as exc:
         if directory not in _unwritable:
             _unwritable.add(directory)
@@ -98,7 +104,42 @@ _unwritable: set[Path] = set()  # cache directories found unwritable in this pro
 def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
     body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
     header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
-    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body))
+    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body),
+                 durable=False)  # its checksum finds what a power cut left of it
+
+
+ARRAYS_SUFFIX = ".arrays"
+
+
+def load_arrays(directory: Path, key: str) -> dict[str, np.ndarray] | None:
+    """The stored float64 arrays by name, or None when absent or damaged (a damaged entry is logged and removed)."""
+    path = directory / f"{key}{ARRAYS_SUFFIX}"
+    try:
+        with open(path, "rb") as entry:
+            header = json.loads(entry.readline())
+            body = np.fromfile(entry, dtype=np.uint8)
+        shapes, checksum = {name: tuple(shape) for name, shape in header["arrays"]}, header["crc32"]
+    except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return _discard(path, f"unreadable: {exc}")
+    sizes = [math.prod(shape) for shape in shapes.values()]
+    if body.size != 8 * sum(sizes) or zlib.crc32(body) != checksum:
+        return _discard(path, "its body does not match its header's size or checksum")
+    values = body.view(np.float64)
+    ends = np.cumsum(sizes)
+    return {name: values[end - size:end].reshape(shape)
+            for (name, shape), size, end in zip(shapes.items(), sizes, ends)}
+
+
+def save_arrays(directory: Path, key: str, arrays: dict[str, np.ndarray]) -> None:
+    """Store named float64 arrays under `key`, atomically (a JSON header of their names and shapes, and the CRC-32
+    of the body: their values one after the other); where the cache cannot be written, as save()."""
+    body = b"".join(np.ascontiguousarray(value, np.float64).tobytes() for value in arrays.values())
+    header = {"arrays": [[name, list(np.shape(value))] for name, value in arrays.items()], "crc32": zlib.crc32(body)}
+    _kept(directory, lambda: atomic_write(directory / f"{key}{ARRAYS_SUFFIX}",
+                                          lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body),
+                                          durable=False))
 
 
 def _discard(path: Path, why: str) -> None:

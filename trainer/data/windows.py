@@ -25,7 +25,7 @@ from the rows (Scaler.fit_windows), and training frames its batches on the devic
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -33,10 +33,11 @@ import pandas as pd
 from numpy.lib.stride_tricks import sliding_window_view
 
 from ..errors import JobError, UserError
+from ..heads import CANDLE, Head
 from .indicators import Indicator
 from .market import Reference
 from .scalers import Scaler, float32
-from .settings import CANDLE, HAR_INPUTS, HeadConfig, Split, WindowConfig, range_output
+from .settings import Split, WindowConfig
 
 SPLITS = ("train", "val", "test")
 
@@ -123,32 +124,29 @@ class Framing:
 
 @dataclass(frozen=True, eq=False)
 class HeadTarget:
-    """What one model head predicts: its columns, its output shape without the batch axis, whether it is
-    candle-shaped, and how its framed targets are scaled."""
-    name: str
-    columns: tuple[str, ...]
+    """A head fitted to a job: its kind and settings (trainer.heads), its targets' shape without the batch axis, how
+    its framed targets are scaled, and the weight of its forecast's deviation from "no change" (Preprocessing.shrunk;
+    1: as the model says)."""
+    spec: Head
     shape: tuple[int, ...]
     scaler: Scaler
-    candle: bool = False
-    # The weight of the forecast's deviation from "no change" (see Preprocessing.shrunk); 1: as the model says.
     shrink: float = 1.0
-    quantiles: tuple[float, ...] = ()  # a quantile head's levels: its outputs are (*shape[:-1], Q, C)
-    har: bool = False  # started at HAR + time of day (HeadConfig.har): its model reads HAR_INPUTS
 
     @property
-    def median(self) -> int | None:
-        """The position of a quantile head's point forecast among its levels: 0.5, else the middle one."""
-        if not self.quantiles:
-            return None
-        return self.quantiles.index(0.5) if 0.5 in self.quantiles else len(self.quantiles) // 2
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def columns(self) -> tuple[str, ...]:
+        return tuple(self.spec.columns)
 
 
 @dataclass(frozen=True, eq=False)
 class Preprocessing:
-    """Everything needed to turn raw feature rows into model inputs, and model outputs into prices.
-    Saved as the job's preprocessing.json (to_dict / from_dict; run.jobdir writes and reads the file),
+    """A job's serving contract: everything needed to turn raw feature rows into model inputs, and model outputs
+    into prices. Saved as the job's preprocessing.json (to_dict / from_dict; run.jobdir writes and reads the file),
     with what it is for: the job's symbol and timeframe, its indicators (config.Indicator dumps) and the reference
-    series of its market input (features.market; none in files written before it)."""
+    series of its market input (features.market)."""
     input_columns: tuple[str, ...]
     lookback: int
     horizon: int
@@ -169,36 +167,27 @@ class Preprocessing:
         return [self.input_columns.index(c) for c in head.columns]
 
     @property
-    def har_head(self) -> HeadTarget | None:
-        """The head started at HAR + time of day (at most one), whose model reads HAR_INPUTS."""
-        return next((h for h in self.heads if h.har), None)
+    def input_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The model inputs beside the windows, by name (trainer.heads: Head.input_shapes): none, or those the heads
+        read."""
+        return {name: shape for head in self.heads for name, shape in head.spec.input_shapes(self.horizon).items()}
 
-    def har_inputs(self, har: np.ndarray) -> dict[str, np.ndarray]:
-        """HAR + time of day's forecasts (N, horizon, 3) of each sample's high excursion ln(high / C), low
-        excursion ln(C / low) and root-mean-square log range ln(high / low), C the last close -> HAR_INPUTS, each
-        (N, horizon, 1) float32 in the HAR head's scaled units: the high, minus the low (as the head's high and low
-        columns are scaled: log ratios to the last close over the candle's shared scale, offset 0) and the range
-        (the high's scale). See models._har_candle."""
-        head = self.har_head
-        high, low = (head.scaler.scale[head.columns.index(c)] for c in ("high", "low"))
-        scaled = np.asarray(har, np.float64) / np.array([high, -low, high])
-        return {name: float32(scaled[..., [i]]) for i, name in enumerate(HAR_INPUTS)}
+    def forecast_inputs(self, har: np.ndarray | None) -> dict[str, np.ndarray]:
+        """The inputs the heads read beside the windows (input_shapes) from HAR + time of day's forecasts (N, horizon,
+        3) of each sample's high and low excursions and root-mean-square range (trainer.evaluation.baselines; None
+        where there are none): each (N, *shape) float32, in the reading head's scaled units."""
+        return {name: values for head in self.heads
+                for name, values in head.spec.forecast_inputs(har, head.scaler.scale).items()}
 
-    def range_forecast(self, outputs: dict[str, np.ndarray]) -> np.ndarray:
-        """The HAR head's range output -> its forecast of the root-mean-square log range ln(high / low), (N, H)."""
-        head = self.har_head
-        return np.asarray(outputs[range_output(head.name)], np.float64).reshape(len(outputs[head.name]), -1) \
-            * head.scaler.scale[head.columns.index("high")]
-
-    def model_inputs(self, x: np.ndarray, har: np.ndarray | None) -> np.ndarray | dict[str, np.ndarray]:
-        """What the model is called with: the input windows (N, lookback, F) alone, or with a HAR head, a dict of
-        them ("inputs") and har_inputs(har)."""
-        if self.har_head is None:
+    def model_inputs(self, x: np.ndarray, inputs: dict[str, np.ndarray]) -> np.ndarray | dict[str, np.ndarray]:
+        """What the model is called with: the input windows (N, lookback, F) alone, or, where the heads read inputs
+        beside them (`inputs`: forecast_inputs' of the same samples), a dict of them ("inputs") and those."""
+        if not self.input_shapes:
             return x
-        if har is None:
-            raise JobError(f"head '{self.har_head.name}' starts at HAR + time of day: its model needs HAR's forecast "
-                           "of each window, which was not given")
-        return {"inputs": x, **self.har_inputs(har)}
+        missing = [name for name in self.input_shapes if name not in inputs]
+        if missing:
+            raise JobError(f"the model reads {', '.join(missing)} beside the windows, which were not given")
+        return {"inputs": x, **{name: inputs[name] for name in self.input_shapes}}
 
     def inputs(self, encoded_windows: np.ndarray, anchor: np.ndarray) -> np.ndarray:
         """Encoded input windows (N, lookback, F), a float64 copy that is framed and scaled in place, and their
@@ -213,9 +202,8 @@ class Preprocessing:
         return head.scaler.transform(framed, out=framed).reshape(len(framed), *head.shape)
 
     def point(self, outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Model outputs -> each head's point forecast, shaped like its targets: a quantile head's median."""
-        return {head.name: outputs[head.name] if head.median is None else outputs[head.name][..., head.median, :]
-                for head in self.heads}
+        """Model outputs -> each head's point forecast, shaped like its targets (a quantile head's median)."""
+        return {head.name: head.spec.point(outputs[head.name]) for head in self.heads}
 
     def to_prices(self, outputs: dict[str, np.ndarray], last_close: np.ndarray) -> dict[str, np.ndarray]:
         """Model outputs (head -> (N, *head shape), or a quantile head's (N, ..., Q, C)) -> the same in raw units
@@ -231,29 +219,24 @@ class Preprocessing:
         return self.framing.invert(framed, close, self.head_positions(head))
 
     def shrunk(self, head: HeadTarget, outputs: np.ndarray) -> np.ndarray:
-        """A head's outputs with their deviation from "no change" weighted by head.shrink: its price levels
-        framed relative to the last close (scaled without an offset, so 0 is no change) times the weight.
-        A candle's body (open, close) is shrunk and its wicks kept, so it stays a candle; a HAR head's high and low,
-        excursions from the last close, are kept as they are (and still wrap the body)."""
+        """A head's outputs with their deviation from "no change" weighted by head.shrink, as its kind shrinks
+        (Head.shrunk): its price levels are framed relative to the last close and scaled without an offset, so 0 is
+        no change."""
         levels = self.framing.level[self.head_positions(head)] > 0
         if head.shrink == 1.0 or not levels.any():
             return outputs
-        out = np.array(outputs, dtype=np.float64)
-        if not head.candle:
-            out[..., levels] *= head.shrink
-            return out
-        o, h, low, c = (head.columns.index(column) for column in CANDLE)
-        if head.har:  # its high and low are excursions from the last close (HAR's, corrected): they stay
-            out[..., [o, c]] *= head.shrink
-            out[..., h] = np.maximum(out[..., h], np.maximum(out[..., o], out[..., c]))
-            out[..., low] = np.minimum(out[..., low], np.minimum(out[..., o], out[..., c]))
-            return out
-        upper = out[..., h] - np.maximum(out[..., o], out[..., c])  # >= 0: the model's candles are candles
-        lower = np.minimum(out[..., o], out[..., c]) - out[..., low]
-        out[..., [o, c]] *= head.shrink
-        out[..., h] = np.maximum(out[..., o], out[..., c]) + upper
-        out[..., low] = np.minimum(out[..., o], out[..., c]) - lower
-        return out
+        return head.spec.shrunk(outputs, levels, head.shrink)
+
+    def judged(self, head: HeadTarget) -> list[int]:
+        """The positions of a head's columns that decide its shrink factor (Head.judged)."""
+        return head.spec.judged(self.framing.level[self.head_positions(head)] > 0)
+
+    def candle_quantities(self, head: HeadTarget, outputs: dict[str, np.ndarray], prices: np.ndarray,
+                          last_close: np.ndarray) -> dict[str, np.ndarray]:
+        """The size of the coming candles that a head forecasting high, low and close forecasts
+        (Head.candle_quantities): "high", "low", "range", "return", each (N, steps); `outputs`: the model's raw
+        outputs, `prices`: the head's forecasts in prices."""
+        return head.spec.candle_quantities(outputs, prices, last_close, head.scaler.scale)
 
     def with_shrink(self, factors: dict[str, float]) -> Preprocessing:
         """The same preprocessing with these heads' shrink factors."""
@@ -277,9 +260,8 @@ class Preprocessing:
             "scaler": self.scaler.to_dict(),
             "lookback": self.lookback,
             "horizon": self.horizon,
-            "heads": [{"name": h.name, "columns": list(h.columns), "target_shape": list(h.shape),
-                       "candle": h.candle, "shrink": h.shrink, "scaler": h.scaler.to_dict(),
-                       "quantiles": list(h.quantiles), "har": h.har} for h in self.heads],
+            "heads": [{**h.spec.model_dump(mode="json"), "target_shape": list(h.shape), "shrink": h.shrink,
+                       "scaler": h.scaler.to_dict()} for h in self.heads],
             "splits": self.splits,
             "symbol": self.symbol, "timeframe": self.timeframe, "indicators": list(self.indicators),
             "market": [reference.to_dict() for reference in self.market],
@@ -287,14 +269,13 @@ class Preprocessing:
 
     @classmethod
     def from_dict(cls, d: dict) -> Preprocessing:
-        """What to_dict gives (a job's preprocessing.json, read by run.jobdir, which upgrades the files of earlier
-        versions)."""
-        heads = tuple(HeadTarget(h["name"], tuple(h["columns"]), tuple(h["target_shape"]),
-                                 Scaler.from_dict(h["scaler"]), bool(h["candle"]), float(h["shrink"]),
-                                 tuple(h["quantiles"]), bool(h.get("har", False))) for h in d["heads"])
+        """What to_dict gives (a job's preprocessing.json, read by run.jobdir)."""
+        fitted = ("target_shape", "shrink", "scaler")
+        heads = tuple(HeadTarget(Head.of({k: v for k, v in h.items() if k not in fitted}), tuple(h["target_shape"]),
+                                 Scaler.from_dict(h["scaler"]), float(h["shrink"])) for h in d["heads"])
         return cls(tuple(d["input_columns"]), d["lookback"], d["horizon"], d["relative_to"],
                    Scaler.from_dict(d["scaler"]), heads, d["splits"], d["symbol"], d["timeframe"],
-                   tuple(d["indicators"]), tuple(Reference.from_dict(r) for r in d.get("market", ())))
+                   tuple(d["indicators"]), tuple(Reference.from_dict(r) for r in d["market"]))
 
 
 @dataclass(frozen=True, eq=False)
@@ -304,9 +285,8 @@ class _Rows:
     raw: np.ndarray  # (T, R) float64: the feature values of the columns read back as they are
     raw_positions: tuple[int, ...]  # those R columns' positions among the F: the heads' and the anchor's
     preprocessing: Preprocessing
-    # (T, horizon, 3) HAR + time of day's forecasts after each row (Preprocessing.har_inputs has which), for a HAR
-    # head: Windows.with_har
-    har: np.ndarray | None = None
+    # The inputs the heads read beside the windows at every row (Preprocessing.forecast_inputs; Windows.with_forecasts)
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -332,11 +312,13 @@ class SplitWindows:
 
     @cached_property
     def x(self) -> np.ndarray | dict[str, np.ndarray]:
-        """The model inputs: (N, lookback, F) float32, with a HAR head a dict of them and HAR's (model_inputs)."""
+        """The model inputs: (N, lookback, F) float32, or a dict of them and the inputs the heads read beside them
+        (Preprocessing.model_inputs)."""
         prep = self.rows.preprocessing
         windows = sliding_window_view(self.rows.encoded, prep.lookback, axis=0).transpose(0, 2, 1)
         x = prep.inputs(windows[self.first_target_rows - prep.lookback], self.anchor)
-        return prep.model_inputs(x, None if self.rows.har is None else self.rows.har[self.first_target_rows - 1])
+        return prep.model_inputs(x, {name: values[self.first_target_rows - 1]
+                                     for name, values in self.rows.inputs.items()})
 
     @cached_property
     def y(self) -> dict[str, np.ndarray]:
@@ -378,21 +360,21 @@ class Windows:
     preprocessing: Preprocessing
     rows: np.ndarray  # (T, F) float32: every encoded row, which the training device gathers windows from
 
-    def with_har(self, har: np.ndarray) -> Windows:
-        """The same windows with HAR + time of day's forecasts after each row (T, horizon, 3), fitted on the train
-        split only and causal (trainer.evaluation.baselines): what a HAR head's model reads beside the windows."""
-        rows = replace(self.train.rows, har=np.asarray(har, np.float64))
+    def with_forecasts(self, har: np.ndarray) -> Windows:
+        """The same windows with the inputs the heads read beside them made from HAR + time of day's forecasts after
+        each row (T, horizon, 3), fitted on the train split only and causal (trainer.evaluation.baselines;
+        Preprocessing.forecast_inputs)."""
+        rows = replace(self.train.rows, inputs=self.preprocessing.forecast_inputs(har))
         return replace(self, **{split: replace(getattr(self, split), rows=rows) for split in SPLITS})
 
     @property
-    def har_rows(self) -> dict[str, np.ndarray] | None:
-        """HAR_INPUTS at every row (T, horizon, 1) each, which the training device gathers from; None without a HAR
-        head."""
-        har = self.train.rows.har
-        return None if self.preprocessing.har_head is None or har is None else self.preprocessing.har_inputs(har)
+    def inputs(self) -> dict[str, np.ndarray]:
+        """The inputs the heads read beside the windows at every row (T, *shape) each, which the training device
+        gathers from (with_forecasts); none where they read none."""
+        return self.train.rows.inputs
 
 
-def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[HeadConfig],
+def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[str], heads: Sequence[Head],
                  target_shapes: dict[str, tuple[int, ...]]) -> Windows:
     """Split, frame, scale and window a feature frame; each head's targets get exactly `target_shapes[head]`
     (the model's output shape without the batch axis)."""
@@ -430,9 +412,8 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
     for head in heads:
         positions = [columns.index(c) for c in head.columns]
         head_scaler = kind.fit_windows(framing, encoded[train[0]:train[-1] + horizon, positions], horizon, anchor,
-                                       positions, anchored=framing.level[positions] > 0, shared=head.candle)
-        targets.append(HeadTarget(head.name, tuple(head.columns), shapes[head.name], head_scaler, head.candle,
-                                  quantiles=tuple(head.quantiles), har=head.har))
+                                       positions, anchored=framing.level[positions] > 0, shared=head.shares_scale)
+        targets.append(HeadTarget(head, shapes[head.name], head_scaler))
 
     split_rows = {
         split: {"first": frame.index[start].isoformat(), "last": frame.index[end - 1].isoformat(),
@@ -446,7 +427,7 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
     return Windows(**splits, preprocessing=prep, rows=float32(encoded))
 
 
-def _head_shapes(heads: Sequence[HeadConfig], horizon: int,
+def _head_shapes(heads: Sequence[Head], horizon: int,
                  target_shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
     """Each head's target shape: (horizon, C) per step, or (C,) when horizon is 1; nothing else fits."""
     shapes = {}

@@ -1,6 +1,7 @@
 """Baselines for what candles make predictable - the size of the coming candles, the distance from the last
-close to their high and low - and for the close's return, fitted per job from its candles; their scores and a
-calibrated interval for any forecast (docs/forecasting.md).
+close to their high and low - and for the close's return, fitted per job from its candles (docs/model-quality.md,
+"The baselines"). They are scored by trainer.evaluation.scores; trainer.evaluation.intervals calibrates an
+interval around any of them, or around the network.
 
 An origin is a sample's last input row t, its close C the last close; the sample's targets are rows
 t+1 .. t+H (SplitWindows.first_target_rows holds t+1). At each origin and step k = 1..H the quantities are
@@ -11,8 +12,8 @@ t+1 .. t+H (SplitWindows.first_target_rows holds t+1). At each origin and step k
 A quantity at step k is known k rows after its origin: a forecast at origin t reads its values at origins
 <= t - k and the candles up to row t, never a target row.
 
-Point forecasts (Baselines.forecast), fitted on the train split's samples, any parameter chosen on the
-validation split's:
+Point forecasts (Baselines.forecast), named by Baseline, fitted on the train split's samples, any parameter chosen
+on the validation split's:
     no_change    0: high = low = close = C
     persistence  the latest known value of the same quantity (at step 1: the last candle's own excursion,
                  range or return; at step k the return ln(C / close[t-k]). The close's guardrail, evaluate's
@@ -26,34 +27,52 @@ validation split's:
                  forecast (an excursion is a share of its candle's range).
     har_tod_rms  the range only: har_tod x exp(s^2), s^2 the train residual variance of ln range per step - the
                  root mean square of a log-normal range, which QLIKE asks for (MAE asks for the median)
-Quantile forecasts (Baselines.quantiles) of every quantity at `levels`:
+    har_tod_level, har_tod_level_rms
+                 har_tod and har_tod_rms put on their level on validation, per step, as the network's forecasts are
+                 (evaluate): times the factor with the lowest MAE (mae_factor), or QLIKE (qlike_factor), there
+Quantile forecasts (Baselines.quantile_forecasts) of every quantity at `levels`:
     static       quantiles of the train samples' values
     ewma_scaled  the EWMA volatility times validation quantiles of the values divided by it
 Volatility forecasts (Baselines.volatility) of the k-step return: "ewma" (RiskMetrics: sqrt(k x EWMA of squared
 one-candle returns), alpha 0.06, i.e. lambda 0.94 - an alpha chosen on the same validation split as the
 quantiles covers the test split worse), "har" (Parkinson from the har_tod ranges: sqrt(sum over steps 1..k of
 range^2 / (4 ln 2))) and "har_ewma", the geometric mean of the two (a combination of two volatility forecasts
-whose errors differ). Any one normalises the residuals of `calibrate`: split conformal around any point or
-quantile forecast (Gibbs & Candes 2021), and of `adapt`: adaptive conformal inference, the level moved after each
-outcome (Gibbs & Candes 2021); "har_ewma" is the one whose intervals cover evenly across terciles of volatility
-(docs/model-quality.md).
-Scores: mae, skill, qlike (the range), pinball (quantiles), coverage (intervals, by tercile of volatility too).
+whose errors differ). Any one normalises the residuals of a conformal interval (trainer.evaluation.intervals);
+"har_ewma" is the one whose intervals cover evenly across terciles of volatility (docs/model-quality.md).
 No GARCH: `arch` is not a dependency.
 """
 from __future__ import annotations
 
-import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from enum import Enum
+from importlib.metadata import version
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from .. import heads
+from ..data import store
 from ..data.validate import timeframe_delta
 from ..errors import JobError
-from .results import PointScores
+from ..heads import quantities
+
+
+class Baseline(str, Enum):
+    """The point forecasts' names (see the module's docstring), as metrics.json keeps them."""
+    NO_CHANGE = "no_change"
+    PERSISTENCE = "persistence"
+    EWMA = "ewma"
+    HAR_TOD = "har_tod"
+    HAR_TOD_RMS = "har_tod_rms"
+    HAR_TOD_LEVEL = "har_tod_level"
+    HAR_TOD_LEVEL_RMS = "har_tod_level_rms"
+
+    def __str__(self) -> str:
+        return self.value
+
 
 QUANTITIES = ("high", "low", "range", "return")
 EXCURSIONS = ("high", "low")
@@ -66,14 +85,6 @@ VOLATILITY_NAMES = {"ewma": "the EWMA volatility (RiskMetrics)", "har": "HAR's v
                     "har_ewma": "the geometric mean of HAR's and the EWMA volatility"}  # Baselines.volatility's
 
 
-def quantities(high: np.ndarray, low: np.ndarray, close: np.ndarray, last_close: np.ndarray) -> dict[str, np.ndarray]:
-    """Candle prices (N, H), forecast or actual, and each sample's last close (N,) -> quantity -> (N, H)."""
-    log_last = np.log(last_close)[:, None]
-    log_high, log_low = np.log(high), np.log(low)
-    return {"high": log_high - log_last, "low": log_last - log_low, "range": log_high - log_low,
-            "return": np.log(close) - log_last}
-
-
 @dataclass(frozen=True, eq=False)
 class Baselines:
     """One job's fitted baselines (fit_baselines). Every array is held at every origin of the job's rows, so
@@ -83,47 +94,78 @@ class Baselines:
     levels: tuple[float, ...]
     floor: float  # the smallest positive range of the train split: a flat candle's range, for logs and QLIKE
     values: dict[str, np.ndarray]  # quantity -> (T, H) actual values; NaN past the last row
-    points: dict[str, dict[str, np.ndarray]]  # baseline -> quantity -> (T, H) point forecasts
+    points: dict[Baseline, dict[str, np.ndarray]]  # baseline -> quantity -> (T, H) point forecasts
     ewma_alphas: dict[str, np.ndarray]  # quantity -> (H,) chosen on validation
     har_coefficients: np.ndarray  # (H, 5): HAR_TERMS per step, of ln range
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
-    har_log_variance: np.ndarray  # (H,) train residual variance of ln range (har_tod_rms)
-    excursion_shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / har_tod range
+    har_log_variance: np.ndarray  # (H,) train residual variance of ln range (Baseline.HAR_TOD_RMS)
+    excursion_shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / HAR_TOD's range
     volatilities: dict[str, np.ndarray]  # "ewma" / "har" / "har_ewma" -> (T, H) volatility of the k-step return
     static: dict[str, np.ndarray]  # quantity -> (L, H) train quantiles
     scaled: dict[str, np.ndarray]  # quantity -> (L, H) validation quantiles of value / ewma volatility
     timeframe: str = "1h"
 
     @property
-    def har(self) -> Har:
+    def har_tod(self) -> Har:
         """HAR + time of day alone, to forecast after any candles (predict)."""
         return Har(self.timeframe, self.floor, self.har_coefficients, self.time_of_day, self.excursion_shares,
                    self.har_log_variance)
 
     def har_inputs(self) -> np.ndarray:
         """(T, H, 3) HAR + time of day's forecasts after every row: the median high and low excursions and the
-        root-mean-square range (har_tod, har_tod_rms), which a HAR head starts from (Preprocessing.har_inputs):
+        root-mean-square range (HAR_TOD, HAR_TOD_RMS), which a HAR head starts from (Preprocessing.forecast_inputs):
         causal, fitted on the train split. Row t holds the forecast made at origin t."""
-        return np.stack([self.points["har_tod"]["high"], self.points["har_tod"]["low"],
-                         self.points["har_tod_rms"]["range"]], axis=-1)
+        return np.stack([self.points[Baseline.HAR_TOD]["high"], self.points[Baseline.HAR_TOD]["low"],
+                         self.points[Baseline.HAR_TOD_RMS]["range"]], axis=-1)
 
     def actual(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """quantity -> (N, H) the samples' actual values."""
         return {q: _at(v, rows) for q, v in self.values.items()}
 
-    def forecast(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
-        """baseline -> quantity -> (N, H) point forecasts (har_tod: high, low and range; har_tod_rms: range)."""
+    def forecast(self, rows: np.ndarray) -> dict[Baseline, dict[str, np.ndarray]]:
+        """baseline -> quantity -> (N, H) point forecasts (HAR_TOD: high, low and range; HAR_TOD_RMS: range)."""
         return {name: {q: _at(v, rows) for q, v in by_quantity.items()} for name, by_quantity in self.points.items()}
 
-    def quantiles(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
+    def quantile_forecasts(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         """"static" / "ewma_scaled" -> quantity -> (L, N, H) quantile forecasts at self.levels, ordered."""
         vol = _at(self.volatilities["ewma"], rows)
         return {"static": {q: np.repeat(s[:, None], len(vol), axis=1) for q, s in self.static.items()},
                 "ewma_scaled": {q: s[:, None] * vol for q, s in self.scaled.items()}}
 
+    def to_arrays(self) -> dict[str, np.ndarray]:
+        """Its fitted values as named float64 arrays (nested dicts flattened, "points/har_tod/range"): what a cache
+        entry holds, beside the arguments it was fitted with (from_arrays takes them back)."""
+        flat = {"floor": np.asarray(self.floor)}
+        for field, value in vars(self).items():
+            if isinstance(value, np.ndarray):
+                flat[field] = value
+            elif isinstance(value, dict):
+                for name, inner in value.items():
+                    flat |= {f"{field}/{name}/{q}": v for q, v in inner.items()} if isinstance(inner, dict) \
+                        else {f"{field}/{name}": inner}
+        return flat
+
+    @classmethod
+    def from_arrays(cls, flat: dict[str, np.ndarray], timeframe: str, horizon: int,
+                    levels: Sequence[float]) -> Baselines:
+        """What to_arrays gives, and the arguments the fit was made with."""
+        fields: dict = {"horizon": horizon, "levels": tuple(levels), "timeframe": timeframe,
+                        "floor": float(flat["floor"])}
+        for key, value in flat.items():
+            field, *path = key.split("/")
+            if field in fields and not path:
+                continue
+            if not path:
+                fields[field] = value
+            elif field == "points":
+                fields.setdefault(field, {}).setdefault(Baseline(path[0]), {})[path[1]] = value
+            else:
+                fields.setdefault(field, {})[path[0]] = value
+        return cls(**fields)
+
     def volatility(self, rows: np.ndarray) -> dict[str, np.ndarray]:
-        """"ewma" / "har" / "har_ewma" -> (N, H) volatility forecasts of the k-step return (normalisers for
-        calibrate)."""
+        """"ewma" / "har" / "har_ewma" -> (N, H) volatility forecasts of the k-step return (normalisers of a conformal
+        interval's residuals)."""
         return {name: _at(v, rows) for name, v in self.volatilities.items()}
 
 
@@ -136,21 +178,18 @@ class Har:
     coefficients: np.ndarray  # (H, 5) of HAR_TERMS, per step, of ln range
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
     shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
-    log_variance: np.ndarray | None = None  # (H,) of ln range about it (har_tod_rms); None: written before HAR heads
+    log_variance: np.ndarray  # (H,) of ln range about it (Baseline.HAR_TOD_RMS)
 
     def inputs(self, frame: pd.DataFrame) -> np.ndarray:
         """(1, H, 3) what a HAR head reads after the last row of `frame`, as Baselines.har_inputs holds it."""
-        if self.log_variance is None:
-            raise JobError("this HAR + time of day has no log_variance (written before HAR heads): train the job again")
         forecast = self.forecast(frame)
-        return np.stack([forecast["high"], forecast["low"],
-                         forecast["range"] * np.exp(self.log_variance)], axis=-1)[None]
+        return np.stack([forecast["high"], forecast["low"], forecast["range_rms"]], axis=-1)[None]
 
     def forecast(self, frame: pd.DataFrame) -> dict[str, np.ndarray]:
         """After the last row of `frame` (candles: high, low, close; UTC times; the last week of them is used,
-        fewer where there are fewer): "range", "high", "low" -> (H,), and "volatility" -> "ewma" / "har" /
-        "har_ewma" -> (H,) of the k-step return (the EWMA's start-up weight after a week of candles: 0.94^168
-        at 1h, 3e-5)."""
+        fewer where there are fewer): "range", "high", "low" (medians: HAR_TOD) and "range_rms" (HAR_TOD_RMS) ->
+        (H,), and "volatility" -> "ewma" / "har" / "har_ewma" -> (H,) of the k-step return (the EWMA's start-up weight
+        after a week of candles: 0.94^168 at 1h, 3e-5)."""
         times, high, low, close = _candles(frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):])
         log_range = np.log(np.maximum(np.log(high / low), self.floor))
         delta = timeframe_delta(self.timeframe)
@@ -162,20 +201,45 @@ class Har:
         variance = squared.ewm(alpha=RISKMETRICS_ALPHA, adjust=False).mean().to_numpy()[-1:] if len(squared) else \
             np.zeros(1)
         volatility = {name: v[0] for name, v in _volatilities(variance[None], har_range[None], self.floor).items()}
-        return {"range": har_range, **{q: self.shares[q] * har_range for q in EXCURSIONS}, "volatility": volatility}
+        return {"range": har_range, "range_rms": har_range * np.exp(self.log_variance),
+                **{q: self.shares[q] * har_range for q in EXCURSIONS}, "volatility": volatility}
 
     def to_dict(self) -> dict:
         return {"timeframe": self.timeframe, "floor": self.floor, "terms": list(HAR_TERMS),
                 "coefficients": self.coefficients.tolist(), "time_of_day": self.time_of_day.tolist(),
-                "shares": {q: v.tolist() for q, v in self.shares.items()},
-                **({} if self.log_variance is None else {"log_variance": self.log_variance.tolist()})}
+                "shares": {q: v.tolist() for q, v in self.shares.items()}, "log_variance": self.log_variance.tolist()}
 
     @classmethod
     def from_dict(cls, values: dict) -> Har:
+        if set(values) != {"timeframe", "floor", "terms", "coefficients", "time_of_day", "shares", "log_variance"}:
+            raise ValueError(f"expected the keys of a fitted HAR + time of day, got {', '.join(sorted(values))}")
         return cls(values["timeframe"], float(values["floor"]), np.asarray(values["coefficients"], np.float64),
                    np.asarray(values["time_of_day"], np.float64),
                    {q: np.asarray(values["shares"][q], np.float64) for q in EXCURSIONS},
-                   None if "log_variance" not in values else np.asarray(values["log_variance"], np.float64))
+                   np.asarray(values["log_variance"], np.float64))
+
+
+# What a stored fit depends on besides its candles and arguments: this code and the libraries it calls
+_FIT_VERSION = store.make_key(Path(__file__).read_bytes(), Path(heads.__file__).read_bytes(),
+                              *(version(package) for package in ("numpy", "pandas")))
+
+
+def cached_baselines(cache: Path, frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray,
+                     val_rows: np.ndarray) -> Baselines:
+    """fit_baselines, stored under `cache`/baselines by a key of everything the fit depends on (the frame's times,
+    high, low and close, the arguments, this code and its libraries): a job prepared again - a resume, another
+    epoch budget, the same candles in another run - reads the fit back, bit for bit. `frame`: a feature frame (a UTC
+    DatetimeIndex)."""
+    train_rows, val_rows = (np.asarray(rows, np.int64) for rows in (train_rows, val_rows))
+    key = store.make_key(store.frame_digest(frame, ["high", "low", "close"]), timeframe, str(horizon), train_rows,
+                         val_rows, _FIT_VERSION)
+    directory = cache / "baselines"
+    stored = store.load_arrays(directory, key)
+    if stored is not None:
+        return Baselines.from_arrays(stored, timeframe, horizon, LEVELS)
+    fitted = fit_baselines(frame, timeframe, horizon, train_rows, val_rows)
+    store.save_arrays(directory, key, fitted.to_arrays())
+    return fitted
 
 
 def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray, val_rows: np.ndarray,
@@ -210,14 +274,15 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
     volatilities = _volatilities(variance, har_range, floor)
     return Baselines(
         horizon=horizon, levels=levels, floor=floor, values=values,
-        points={"no_change": {q: np.zeros_like(v) for q, v in values.items()},
-                "persistence": {q: _known(v) for q, v in values.items()},
-                "ewma": dict(zip(QUANTITIES, np.moveaxis(ewma, 1, 0))),
-                "har_tod": har, "har_tod_rms": {"range": har_rms},
-                # The stricter bar: HAR put on its level on validation, per step, as a HAR head's network is there
-                # (evaluate._range_medians): its medians by mae_factor, its root-mean-square range by qlike_factor
-                "har_tod_level": {q: f * mae_factor(f[val], values[q][val]) for q, f in har.items()},
-                "har_tod_level_rms": {"range": har_rms * qlike_factor(har_rms[val], values["range"][val], floor)}},
+        points={Baseline.NO_CHANGE: {q: np.zeros_like(v) for q, v in values.items()},
+                Baseline.PERSISTENCE: {q: _known(v) for q, v in values.items()},
+                Baseline.EWMA: dict(zip(QUANTITIES, np.moveaxis(ewma, 1, 0))),
+                Baseline.HAR_TOD: har, Baseline.HAR_TOD_RMS: {"range": har_rms},
+                # HAR put on its level on validation, per step, as the network's forecasts are there
+                # (evaluate.calibrated): its medians by mae_factor, its root-mean-square range by qlike_factor
+                Baseline.HAR_TOD_LEVEL: {q: f * mae_factor(f[val], values[q][val]) for q, f in har.items()},
+                Baseline.HAR_TOD_LEVEL_RMS: {"range": har_rms * qlike_factor(har_rms[val], values["range"][val],
+                                                                             floor)}},
         ewma_alphas=dict(zip(QUANTITIES, alphas)), har_coefficients=har_coefficients, time_of_day=time_of_day,
         har_log_variance=har_log_variance, excursion_shares=shares,
         volatilities=volatilities,
@@ -227,80 +292,8 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
     )
 
 
-# ----------------------------------------------------------------------------- calibration
-@dataclass(frozen=True)
-class Conformal:
-    """An interval calibrated by split conformal: [lower - margin x scale, upper + margin x scale]."""
-    coverage: float
-    margin: np.ndarray  # per step (the calibration arrays' trailing shape)
-
-    def interval(self, lower: np.ndarray, upper: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return lower - self.margin * scale, upper + self.margin * scale
-
-
-def calibrate(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray,
-              coverage: float = 0.8) -> Conformal:
-    """Split conformal on the calibration samples (axis 0; the validation split's): the margin is the
-    ceil((n + 1) x coverage)-th smallest of max(lower - actual, actual - upper) / scale over the n samples.
-    A point forecast is lower = upper; a quantile pair gets CQR (Romano et al. 2019). With a volatility
-    forecast as `scale` the residuals are normalised (Gibbs & Candes 2021), so the interval widens with it;
-    exchangeable samples are covered at least `coverage` of the time (at most 1 / (n + 1) more)."""
-    scores = conformity(lower, upper, actual, scale)
-    n = len(scores)
-    rank = math.ceil((n + 1) * coverage)
-    if rank > n:
-        raise JobError(f"conformal calibration: {n} samples are too few for a {coverage:.0%} interval "
-                       f"(at least {math.ceil(coverage / (1 - coverage))})")
-    return Conformal(coverage, np.sort(scores, axis=0)[rank - 1])
-
-
-def conformity(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> np.ndarray:
-    """How far outside [lower, upper] each actual value fell (negative: inside), in units of `scale`."""
-    return np.maximum(lower - actual, actual - upper) / scale
-
-
-@dataclass(frozen=True)
-class Adaptive:
-    """Intervals made by adaptive conformal inference (adapt) over samples in time order."""
-    margin: np.ndarray  # (N, H): per sample and step, the margin made at its origin
-    level: np.ndarray  # (H,): per step, the coverage level 1 - alpha_t once every outcome is known
-    end_margin: np.ndarray  # (H,): the margin at that level over every score then known: the next interval's
-
-    def interval(self, lower: np.ndarray, upper: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return lower - self.margin * scale, upper + self.margin * scale
-
-
-def adapt(calibration: np.ndarray, scores: np.ndarray, rows: np.ndarray, coverage: float = 0.8,
-          gamma: float = 0.005) -> Adaptive:
-    """Adaptive conformal inference (Gibbs & Candes 2021) over samples in time order, each step k on its own:
-    the miscoverage level alpha_t starts at 1 - coverage and moves by gamma x (1 - coverage - err) as each
-    outcome becomes known, err = 1 where it fell outside the interval made for it. A sample's margin is the
-    ceil((n + 1) x (1 - alpha_t))-th smallest of the n conformity scores known at its origin: `calibration`'s
-    (n0, H; the validation split's) and those of the earlier samples whose step-k outcome is known by then, k rows
-    after their origin (`rows`: the samples' first target rows, SplitWindows.first_target_rows). The set grows;
-    on the 48 shared series a rolling window of the latest 500 to 1500 scores covers the same. A rank past the n
-    scores (alpha_t at or below 1 / (n + 1), where the paper's interval is infinite) is clipped to the largest
-    score, one below 1 to the smallest: every interval is finite. `scores`: (N, H), conformity()'s."""
-    rows = np.asarray(rows)
-    margin, level, end_margin = np.empty(scores.shape), np.empty(scores.shape[1]), np.empty(scores.shape[1])
-    for k in range(scores.shape[1]):
-        known, alpha, told, missed = sorted(calibration[:, k].tolist()), 1 - coverage, 0, np.zeros(len(scores), bool)
-        # per origin, how many samples' outcomes at step k + 1 are known; after the last, all of them
-        known_by = [*np.searchsorted(rows, rows - (k + 1), side="right"), len(scores)]
-        for i, outcomes in enumerate(known_by):
-            for j in range(told, outcomes):
-                bisect.insort(known, scores[j, k])
-                alpha += gamma * (1 - coverage - missed[j])
-            told = outcomes
-            chosen = known[min(max(math.ceil((len(known) + 1) * (1 - alpha)), 1), len(known)) - 1]
-            if i < len(scores):
-                margin[i, k], missed[i] = chosen, scores[i, k] > chosen
-        level[k], end_margin[k] = 1 - alpha, chosen
-    return Adaptive(margin, level, end_margin)
-
-
 # ----------------------------------------------------------------------------- combination
-WEIGHTS = np.linspace(0.0, 1.0, 21)
+WEIGHTS = np.linspace(0.0, 1.0, 21).round(2)  # 0.3, not 0.30000000000000004, in metrics.json
 
 
 def combination_weights(forecast: np.ndarray, baseline: np.ndarray, actual: np.ndarray) -> np.ndarray:
@@ -312,7 +305,7 @@ def combination_weights(forecast: np.ndarray, baseline: np.ndarray, actual: np.n
     return WEIGHTS[np.argmin(errors, axis=0)]
 
 
-# ----------------------------------------------------------------------------- scores
+# ----------------------------------------------------------------------------- levels
 def mae_factor(forecast: np.ndarray, actual: np.ndarray) -> np.ndarray:
     """Per step (axis 1), the a > 0 whose a x forecast has the lowest MAE on these samples: the median of actual /
     forecast weighted by forecast (forecasts > 0 only; 1 where there is none)."""
@@ -331,54 +324,6 @@ def qlike_factor(forecast: np.ndarray, actual: np.ndarray, floor: float) -> np.n
     """Per step (axis 1), the a > 0 whose a x forecast (a root mean square) has the lowest QLIKE on these samples:
     the root mean square of actual / forecast (both floored)."""
     return np.sqrt(np.mean((np.maximum(actual, floor) / np.maximum(forecast, floor)) ** 2, axis=0))
-
-
-def mae(forecast: np.ndarray, actual: np.ndarray) -> float:
-    return float(np.mean(np.abs(forecast - actual)))
-
-
-def skill(error: float, baseline_error: float | None) -> float | None:
-    """1 - error / the baseline's error (MAE, QLIKE): positive beats the baseline; None where the baseline is
-    exact or has no score."""
-    return 1 - error / baseline_error if baseline_error else None
-
-
-def qlike(forecast: np.ndarray, actual: np.ndarray, floor: float) -> float | None:
-    """Mean QLIKE of range forecasts, r - ln r - 1 with r = actual^2 / forecast^2 (Patton 2011); an actual
-    below `floor` (a flat candle) counts as the floor. None where some forecast is not positive: a range of 0
-    (no_change) has an infinite QLIKE, so there is no QLIKE skill against no change."""
-    if not np.all(forecast > 0):
-        return None
-    ratio = (np.maximum(actual, floor) / forecast) ** 2
-    return float(np.mean(ratio - np.log(ratio) - 1))
-
-
-def pinball(forecast: np.ndarray, actual: np.ndarray, level: float) -> float:
-    """Mean pinball (quantile) loss of forecasts of the `level` quantile."""
-    error = actual - forecast
-    return float(np.mean(np.maximum(level * error, (level - 1) * error)))
-
-
-class Coverage(NamedTuple):
-    overall: float
-    terciles: list[float]  # by tercile of the forecast volatility, low to high
-
-
-def coverage(lower: np.ndarray, upper: np.ndarray, actual: np.ndarray, scale: np.ndarray) -> Coverage:
-    """The share of actual values inside [lower, upper], overall and by tercile of `scale` (the forecast
-    volatility, low to high; terciles of the values given: pass one step at a time)."""
-    inside = (actual >= lower) & (actual <= upper)
-    tercile = np.digitize(scale, np.quantile(scale, [1 / 3, 2 / 3]))
-    return Coverage(float(inside.mean()), [float(inside[tercile == i].mean()) for i in range(3)])
-
-
-def point_scores(forecast: np.ndarray, actual: np.ndarray, quantity: str, floor: float) -> PointScores:
-    """One forecast (N, H) of `quantity`: MAE at the next candle, over every step and per step; for the range
-    also QLIKE at the next candle and over every step (None for a forecast of 0: see qlike)."""
-    errors = np.abs(forecast - actual).mean(axis=0)
-    ranges = {"qlike": qlike(forecast[:, 0], actual[:, 0], floor), "qlike_horizon": qlike(forecast, actual, floor)} \
-        if quantity == "range" else {}
-    return PointScores(mae=float(errors[0]), mae_horizon=float(errors.mean()), mae_by_step=errors.tolist(), **ranges)
 
 
 # ----------------------------------------------------------------------------- fitting
@@ -418,24 +363,33 @@ def _known(values: np.ndarray) -> np.ndarray:
     return known
 
 
+def _smoothed(values: np.ndarray, alpha: float) -> np.ndarray:
+    """(T, ..., H) -> the exponentially weighted mean of each column at every row (pandas' ewm, adjust=False)."""
+    return pd.DataFrame(values.reshape(len(values), -1)).ewm(alpha=alpha, adjust=False).mean().to_numpy() \
+        .reshape(values.shape)
+
+
 def _ewma(values: np.ndarray, alpha: float) -> np.ndarray:
     """(T, ..., H) -> the exponentially weighted mean of each column's known values at every origin."""
-    smoothed = pd.DataFrame(values.reshape(len(values), -1)).ewm(alpha=alpha, adjust=False).mean().to_numpy()
-    return _known(smoothed.reshape(values.shape))
+    return _known(_smoothed(values, alpha))
 
 
 def _chosen_ewma(values: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(T, ..., H): per column, the alpha of ALPHAS whose EWMA has the lowest MAE at the validation origins
-    (shaped like a row), and that EWMA (T, ..., H)."""
+    (shaped like a row), and that EWMA (T, ..., H). A validation origin t's EWMA of step k is the mean at row t - k
+    (_known): read there, for every alpha, before the chosen one is shifted whole."""
+    steps = np.arange(1, values.shape[-1] + 1)
+    at = np.asarray(val)[:, None] - steps  # (V, H): the row each validation origin's step reads
     column = values.shape[1:]
     alphas, lowest, chosen = np.full(column, ALPHAS[0]), np.full(column, np.inf), np.empty(values.shape)
     for alpha in ALPHAS:
-        smoothed = _ewma(values, alpha)
-        error = np.abs(smoothed[val] - values[val]).mean(axis=0)
+        smoothed = _smoothed(values, alpha)
+        known = np.stack([smoothed[at[:, k], ..., k] for k in range(len(steps))], axis=-1)  # (V, ..., H)
+        error = np.abs(known - values[val]).mean(axis=0)
         better = error < lowest
         alphas[better], lowest[better] = alpha, error[better]
         chosen[:, better] = smoothed[:, better]
-    return alphas, chosen
+    return alphas, _known(chosen)
 
 
 def _fit_har(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, train: np.ndarray, train_end: int,

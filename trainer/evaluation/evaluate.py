@@ -13,12 +13,13 @@ from dataclasses import replace
 import keras
 import numpy as np
 
-from ..data.settings import CANDLE
 from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
+from ..heads import CANDLE
 from ..model.training import INFERENCE_BATCH_SIZE
-from . import baselines
-from .baselines import EXCURSIONS, Baselines, mae_factor, qlike_factor
+from . import scores as score
+from .baselines import Baseline, Baselines, combination_weights, mae_factor, qlike_factor
+from .intervals import Conformal, Forecasts
 from .results import (
     CandleScores,
     CloseScores,
@@ -31,8 +32,9 @@ from .results import (
     QuantileScores,
     QuantityScores,
     Scores,
+    ValidationSkill,
 )
-from .settings import EvaluationConfig, IntervalConfig
+from .settings import EvaluationConfig
 
 
 def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
@@ -62,7 +64,7 @@ def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarr
     return {name: np.concatenate([b[name] for b in batches])[:n] for name in batches[0]}
 
 
-SHRINK_GRID = np.linspace(0.0, 1.0, 21)
+SHRINK_GRID = np.linspace(0.0, 1.0, 21).round(2)
 
 
 def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preprocessing: Preprocessing) -> Preprocessing:
@@ -70,13 +72,12 @@ def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preproces
     validation split: the factor of SHRINK_GRID whose forecasts of the head's price levels (a candle's body:
     open and close) have the lowest MAE in price units - kept only where its gain over "no change" (factor 0)
     is significant (significant_gain), else 0: validation found no deviation from "no change" worth keeping.
-    Heads without framed price levels, and quantile heads, keep 1."""
+    Heads with nothing to judge their factor by (Preprocessing.judged: no framed price levels, or a quantile head's
+    spread) keep 1."""
     factors = {}
     for head in preprocessing.heads:
-        positions = preprocessing.head_positions(head)
-        judged = [head.columns.index(c) for c in ("open", "close")] if head.candle else \
-            [i for i, p in enumerate(positions) if preprocessing.framing.level[p] > 0]
-        if not judged or head.quantiles:  # a quantile head's spread is its own: never shrunk
+        judged = preprocessing.judged(head)
+        if not judged:
             continue
         actual = split.y_raw[head.name][..., judged]
         errors = np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
@@ -101,11 +102,12 @@ def significant_gain(gain: np.ndarray, block: int) -> bool:
 
 def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
              unshrunk: dict[str, np.ndarray] | None = None,
-             quantiles: dict[str, np.ndarray] | None = None) -> Evaluation:
+             outputs: dict[str, np.ndarray] | None = None) -> Evaluation:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
     split) and for persistence; and the job's headline (see headline()). `unshrunk`: the same predictions
     with every shrink factor 1 (the network's output as it is), whose close skill is reported beside.
-    `quantiles`: every head's outputs in prices, a quantile head's (N, ..., Q, C) scored by quantile_scores."""
+    `outputs`: every head's outputs in prices, whose quantile forecasts (Head.quantile_forecasts: a quantile head's
+    (N, ..., Q, C)) quantile_scores scores."""
     heads = {}
     for head in preprocessing.heads:
         actual = test.y_raw[head.name]
@@ -122,11 +124,11 @@ def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing
             if unshrunk is not None:
                 close_of = close_of.model_copy(update={"skill_unshrunk": close_scores(
                     unshrunk[head.name][..., close], actual[..., close], last_close).skill})
+        quantiles = None if outputs is None else head.spec.quantile_forecasts(outputs[head.name])
         heads[head.name] = HeadScores(
-            model=model, persistence=baseline, skill=baselines.skill(model.mae, baseline.mae), shrink=head.shrink,
+            model=model, persistence=baseline, skill=score.skill(model.mae, baseline.mae), shrink=head.shrink,
             close=close_of,
-            quantiles=quantile_scores(quantiles[head.name], actual, head.quantiles)
-            if head.quantiles and quantiles is not None else None,
+            quantiles=None if quantiles is None else quantile_scores(quantiles[1], actual, quantiles[0]),
             inconsistent_candles={"model": inconsistent_share(predicted[head.name], head),
                                   "actual": inconsistent_share(actual, head)}
             if set(CANDLE) <= set(head.columns) else None)
@@ -157,8 +159,8 @@ def close_scores(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray) -
     up, down = float(np.mean(moves > 0)), float(np.mean(moves < 0))
     return CloseScores(
         mae=float(model_error.mean()), persistence_mae=float(persistence_error.mean()),
-        skill=baselines.skill(float(model_error.mean()), float(persistence_error.mean())),
-        skill_by_step=[baselines.skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
+        skill=score.skill(float(model_error.mean()), float(persistence_error.mean())),
+        skill_by_step=[score.skill(float(m), float(p)) for m, p in zip(model_error.mean(axis=0),
                                                                  persistence_error.mean(axis=0))],
         direction_accuracy=float(np.mean(np.sign(pred - last) == moves)),
         up_move_rate=up, down_move_rate=down, majority_rate=max(up, down, 1 - up - down))
@@ -172,7 +174,7 @@ def quantile_scores(forecast: np.ndarray, actual: np.ndarray, levels: tuple[floa
     below = np.mean(actual <= forecast, axis=tuple(i for i in range(forecast.ndim) if i != forecast.ndim - 2))
     inside = (actual[..., 0, :] >= forecast[..., 0, :]) & (actual[..., 0, :] <= forecast[..., -1, :])
     return QuantileScores(levels=list(levels),
-                          pinball=[baselines.pinball(forecast[..., i, :], actual[..., 0, :], level)
+                          pinball=[score.pinball(forecast[..., i, :], actual[..., 0, :], level)
                                    for i, level in enumerate(levels)],
                           below=below.tolist(), coverage=float(inside.mean()), nominal=levels[-1] - levels[0])
 
@@ -210,9 +212,11 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
 
 # ----------------------------------------------------------------------------- the size of the coming candles
 # Compared at the next candle (and over the horizon) with the baselines that fit each quantity.
-POINT_BASELINES = {"high": ("no_change", "persistence", "ewma", "har_tod", "har_tod_level"),
-                   "low": ("no_change", "persistence", "ewma", "har_tod", "har_tod_level"),
-                   "range": ("persistence", "ewma", "har_tod", "har_tod_level")}  # no change's range 0 is no forecast
+_RANGE_BASELINES = (Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, Baseline.HAR_TOD_LEVEL)
+POINT_BASELINES = {"high": (Baseline.NO_CHANGE, *_RANGE_BASELINES), "low": (Baseline.NO_CHANGE, *_RANGE_BASELINES),
+                   "range": _RANGE_BASELINES}  # no change's range 0 is no forecast
+# The root-mean-square range forecasts QLIKE scores, next to the network's: HAR's as fitted on train and on its level
+RMS_BASELINES = (Baseline.HAR_TOD_RMS, Baseline.HAR_TOD_LEVEL_RMS)
 INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
 INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
 INTERVAL_NORMALISER = "har_ewma"  # the volatility forecast the conformal residuals are divided by (baselines)
@@ -224,106 +228,111 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
     return next((h for h in preprocessing.heads if {"high", "low", "close"} <= set(h.columns)), None)
 
 
-def candle_scores(head: HeadTarget, test_prices: np.ndarray, test: SplitWindows, val_prices: np.ndarray,
-                  val: SplitWindows, fitted: Baselines, settings: EvaluationConfig,
-                  range_rms: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[CandleScores, dict[str, np.ndarray]]:
+def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
+                  test: SplitWindows, val: SplitWindows, fitted: Baselines,
+                  settings: EvaluationConfig) -> tuple[CandleScores, dict[str, np.ndarray]]:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill; for the range QLIKE skill
-    too, of its root-mean-square forecast vs HAR's, at the next candle and for the mean range over the steps), and
-    the 80 % interval of the close's return: the head's close widened by conformal margins as settings.interval
-    says - adaptive conformal inference over the test split starting from the validation split's residuals, or
-    split conformal on the validation split -, the residuals normalised by INTERVAL_NORMALISER (its coverage
-    overall and by tercile of that volatility, its pinball loss next to the static and EWMA-scaled quantiles').
-    `*_prices`: the head's price forecasts (N, steps, C) of the test and validation samples. `range_rms`: a HAR
-    head's range output (test, validation), its root-mean-square range forecasts (N, steps)
-    (Preprocessing.range_forecast).
+    too, of its root-mean-square forecast, at the next candle and for the mean range over the steps), and the 80 %
+    interval of the close's return: the head's close widened by conformal margins as settings.interval says (its
+    coverage overall and by tercile of the volatility the residuals are normalised by, INTERVAL_NORMALISER; its
+    pinball loss next to the static and EWMA-scaled quantiles'). `network`, `val_network`: the head's forecasts of
+    the size of the coming candles on the test and validation samples (Preprocessing.candle_quantities): "high",
+    "low", "range", "return", each (N, steps).
 
-    What users get (the scores, and the forecasts served: `served`) is the network's combined with HAR + time of
-    day's (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
+    The network's forecasts are first put on their level on validation (calibrated), as HAR_TOD_LEVEL puts HAR. What
+    users get (the scores, and the forecasts served: `served`) is the network's combined with HAR + time of day's
+    (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
     "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
     "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
     "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return),
     and the network's own range beside its candles: "network_range" (median), "network_range_rms"."""
-    steps = test_prices.reshape(len(test_prices), -1, len(head.columns)).shape[1]
+    steps = network["range"].shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
     forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
-    val_har_rms = fitted.forecast(val.first_target_rows)["har_tod_rms"]["range"][:, :steps]
-    network, val_network = _quantities(head, test_prices, test), _quantities(head, val_prices, val)
-    rms, val_rms, factors = _range_medians(network, val_network, val_actual, fitted.floor, range_rms)
-    weights, model = combine_with_har(network, val_network, forecasts["har_tod"], fitted, val)
-    served_rms = weights["range"] * rms + (1 - weights["range"]) * forecasts["har_tod_rms"]["range"]
-    rms_of = {"model": served_rms, "network": rms, "har_tod_rms": forecasts["har_tod_rms"]["range"]}
-    qlikes = {name: {"qlike": baselines.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
-                     "qlike_horizon": baselines.qlike(f, actual["range"], fitted.floor)}
-              for name, f in {**rms_of, "har_tod_level_rms": forecasts["har_tod_level_rms"]["range"]}.items()}
+    val_har_rms = fitted.forecast(val.first_target_rows)[Baseline.HAR_TOD_RMS]["range"][:, :steps]
+    network, val_network, factors = calibrated(network, val_network, val_actual, fitted.floor)
+    weights, model = combine_with_har(network, val_network, forecasts[Baseline.HAR_TOD], fitted, val)
+    served_rms = weights["range"] * network["range_rms"] + (1 - weights["range"]) * \
+        forecasts[Baseline.HAR_TOD_RMS]["range"]
+    rms_of = {"model": served_rms, "network": network["range_rms"],
+              **{name: forecasts[name]["range"] for name in RMS_BASELINES}}
+    qlikes = {name: {"qlike": score.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
+                     "qlike_horizon": score.qlike(f, actual["range"], fitted.floor)} for name, f in rms_of.items()}
     scores = {}
     for quantity, names in POINT_BASELINES.items():
-        own = baselines.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
-        alone = baselines.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
-        of = {name: baselines.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
+        own = score.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
+        alone = score.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
+        of = {name: score.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
-        qlike_skill = network_qlike_skill = network_qlike_skill_level = None
+        qlike_skill = {}
         if quantity == "range":  # QLIKE scores the root-mean-square range, MAE the median
             own, alone = own.model_copy(update=qlikes["model"]), alone.model_copy(update=qlikes["network"])
-            qlike_skill = baselines.skill(own.qlike, qlikes["har_tod_rms"]["qlike"])
-            network_qlike_skill = baselines.skill(alone.qlike, qlikes["har_tod_rms"]["qlike"])
-            network_qlike_skill_level = baselines.skill(alone.qlike, qlikes["har_tod_level_rms"]["qlike"])
+            qlike_skill = {"qlike_skill": {name: score.skill(own.qlike, qlikes[name]["qlike"])
+                                           for name in RMS_BASELINES},
+                           "network_qlike_skill": {name: score.skill(alone.qlike, qlikes[name]["qlike"])
+                                                   for name in RMS_BASELINES}}
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
-            skill={name: baselines.skill(own.mae, b.mae) for name, b in of.items()},
-            skill_horizon={name: baselines.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
-            qlike_skill=qlike_skill, network=alone,
-            network_skill={name: baselines.skill(alone.mae, b.mae) for name, b in of.items()},
-            network_qlike_skill=network_qlike_skill, network_qlike_skill_level=network_qlike_skill_level,
-            network_weight=weights[quantity].tolist() if quantity in weights else None)
+            skill={name: score.skill(own.mae, b.mae) for name, b in of.items()},
+            skill_horizon={name: score.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
+            network=alone, network_skill={name: score.skill(alone.mae, b.mae) for name, b in of.items()},
+            network_weight=weights[quantity].tolist(), **qlike_skill)
     mean_range = None
     if steps > 1:
-        val_rms_of = {"model": weights["range"] * val_rms + (1 - weights["range"]) * val_har_rms, "network": val_rms,
-                      "har_tod_rms": val_har_rms}
-        mean = {name: _mean_range_qlike(f, val_rms_of[name], actual["range"], val_actual["range"], fitted.floor)
-                for name, f in rms_of.items()}
+        val_rms_of = {"model": weights["range"] * val_network["range_rms"] + (1 - weights["range"]) * val_har_rms,
+                      "network": val_network["range_rms"], Baseline.HAR_TOD_RMS: val_har_rms}
+        mean = {name: _mean_range_qlike(rms_of[name], f, actual["range"], val_actual["range"], fitted.floor)
+                for name, f in val_rms_of.items()}
         mean_range = MeanRangeScores(steps=steps, qlike=mean["model"], network_qlike=mean["network"],
-                                     har_qlike=mean["har_tod_rms"],
-                                     qlike_skill=baselines.skill(mean["model"], mean["har_tod_rms"]),
-                                     network_qlike_skill=baselines.skill(mean["network"], mean["har_tod_rms"]))
+                                     har_qlike=mean[Baseline.HAR_TOD_RMS],
+                                     qlike_skill=score.skill(mean["model"], mean[Baseline.HAR_TOD_RMS]),
+                                     network_qlike_skill=score.skill(mean["network"], mean[Baseline.HAR_TOD_RMS]))
     interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                                val, fitted, settings.interval)
+                                                val, fitted, settings.interval.conformal(INTERVAL))
+    validation = _validation_skill(val_network, val_actual, fitted.forecast(val.first_target_rows), fitted.floor)
     served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
               "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
-              "network_range": network["range"], "network_range_rms": rms}
+              "network_range": network["range"], "network_range_rms": network["range_rms"]}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
-                        **factors), served
+                        validation=validation, **factors), served
 
 
-def _range_medians(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
-                   val_actual: dict[str, np.ndarray], floor: float, range_rms: tuple[np.ndarray, np.ndarray] | None
-                   ) -> tuple[np.ndarray, np.ndarray, dict[str, list | dict | None]]:
-    """The network's range as two forecasts: its median (what MAE scores), put in network["range"] and
-    val_network["range"], and its root mean square (what QLIKE scores), returned (test, validation). Each is the
-    network's forecast times the per-step factor that scores best on validation, as the network's other choices
-    (its epoch, the close's shrink) are made there; HAR + time of day, the bar, stays as fitted on the train split
-    (har_tod_level, the stricter bar, is HAR put on its level so). A HAR head forecasts the root mean square
-    (range_rms): that times qlike_factor is the root mean square, and that times mae_factor its median; its high
-    and low excursions, one correction of the volatility away from the range's, are put on their own medians the
-    same way (in network and val_network). A free candle's range is a median: its root mean square is that times
-    qlike_factor. -> also the factors as CandleScores keeps them: range_rms_ratio (root mean square / median),
-    and a HAR head's range_rms_factor and excursion_factors."""
-    if range_rms is None:
-        median, val_median = (np.maximum(n["range"], floor) for n in (network, val_network))
-        factor = qlike_factor(val_median, val_actual["range"], floor)
-        return median * factor, val_median * factor, {"range_rms_ratio": factor.tolist()}
-    calibration = qlike_factor(range_rms[1], val_actual["range"], floor)
-    rms, val_rms = (r * calibration for r in range_rms)
-    factors = {"range": mae_factor(val_rms, val_actual["range"]),
-               **{q: mae_factor(val_network[q], val_actual[q]) for q in EXCURSIONS}}
-    for q in EXCURSIONS:
-        network[q], val_network[q] = network[q] * factors[q], val_network[q] * factors[q]
-    network["range"], val_network["range"] = rms * factors["range"], val_rms * factors["range"]
-    return rms, val_rms, {"range_rms_ratio": (1 / factors["range"]).tolist(),
-                          "range_rms_factor": calibration.tolist(),
-                          "excursion_factors": {q: factors[q].tolist() for q in EXCURSIONS}}
+def _validation_skill(network: dict[str, np.ndarray], actual: dict[str, np.ndarray],
+                      har: dict[Baseline, dict[str, np.ndarray]], floor: float) -> ValidationSkill:
+    """The network's forecasts of the next candle on validation, put on their level there, against HAR + time of day
+    put on its own (results.ValidationSkill)."""
+    bar, bar_rms = har[Baseline.HAR_TOD_LEVEL], har[Baseline.HAR_TOD_LEVEL_RMS]
+
+    def mae(forecasts: dict[str, np.ndarray], quantity: str) -> float:
+        return score.mae(forecasts[quantity][:, 0], actual[quantity][:, 0])
+
+    return ValidationSkill(
+        range_qlike=score.skill(score.qlike(network["range_rms"][:, 0], actual["range"][:, 0], floor),
+                                score.qlike(bar_rms["range"][:, 0], actual["range"][:, 0], floor)),
+        range_mae=score.skill(mae(network, "range"), mae(bar, "range")),
+        high_low_mae=score.skill(mae(network, "high") + mae(network, "low"), mae(bar, "high") + mae(bar, "low")))
+
+
+def calibrated(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], val_actual: dict[str, np.ndarray],
+               floor: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, object]]:
+    """The network's forecasts of the high, the low and the range put on their level on validation, per step, as
+    its other choices (its epoch, the close's shrink) are made there and as HAR_TOD_LEVEL puts HAR + time of day:
+    each times the factor with the lowest MAE there (mae_factor: its median), and the range (floored at the smallest
+    range of the train split, `floor`: a forecast of 0 has no QLIKE) also times the one with the lowest QLIKE
+    (qlike_factor: its root mean square, "range_rms"). -> the test and the validation forecasts so put, and the
+    factors as CandleScores keeps them (median_factors, rms_factor), which predict applies."""
+    median_factors = {q: mae_factor(val_network[q], val_actual[q]) for q in COMBINED}
+    rms_factor = qlike_factor(np.maximum(val_network["range"], floor), val_actual["range"], floor)
+
+    def put(forecast: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return {**forecast, **{q: forecast[q] * median_factors[q] for q in COMBINED},
+                "range_rms": np.maximum(forecast["range"], floor) * rms_factor}
+
+    return put(network), put(val_network), {"median_factors": {q: f.tolist() for q, f in median_factors.items()},
+                                            "rms_factor": rms_factor.tolist()}
 
 
 def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np.ndarray, val_actual: np.ndarray,
@@ -333,7 +342,7 @@ def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np
     root mean squares); every forecast scored so gets the same treatment."""
     mean, val_mean = np.maximum(actual.mean(axis=1), floor), np.maximum(val_actual.mean(axis=1), floor)
     factor = qlike_factor(val_forecast.mean(axis=1, keepdims=True), val_mean[:, None], floor)[0]
-    return baselines.qlike(forecast.mean(axis=1) * factor, mean, floor)
+    return score.qlike(forecast.mean(axis=1) * factor, mean, floor)
 
 
 def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
@@ -344,51 +353,37 @@ def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.n
     the high's plus the low's (the median of a sum is not the sum of the medians). -> (weights per quantity
     (H,), the combined quantities of the test samples). `har`: HAR's forecasts of the test samples."""
     steps = network["range"].shape[1]
-    val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)["har_tod"].items()}
+    val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)[Baseline.HAR_TOD].items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
-    weights = {q: baselines.combination_weights(val_network[q], val_har[q], val_actual[q]) for q in COMBINED}
+    weights = {q: combination_weights(val_network[q], val_har[q], val_actual[q]) for q in COMBINED}
     return weights, {**network, **{q: weights[q] * network[q] + (1 - weights[q]) * har[q] for q in COMBINED}}
-
-
-def _quantities(head: HeadTarget, prices: np.ndarray, split: SplitWindows) -> dict[str, np.ndarray]:
-    candles = prices.reshape(len(prices), -1, len(head.columns))
-    high, low, close = (candles[..., head.columns.index(c)] for c in ("high", "low", "close"))
-    return baselines.quantities(high, low, close, split.last_close)
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
                      val: SplitWindows, fitted: Baselines,
-                     settings: IntervalConfig) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
-    """The interval's scores, and its bounds of the return (N, steps) of the test samples."""
+                     method: Conformal) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
+    """The interval of the method (trainer.evaluation.intervals) around the network's close: its scores, and its
+    bounds of the return (N, steps) of the test samples."""
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
-    if settings.method == "split":
-        conformal = baselines.calibrate(val_model, val_model, val_actual, val_scale, INTERVAL)
-        margin, adaptive = conformal.margin, {}
-    else:
-        conformal = baselines.adapt(baselines.conformity(val_model, val_model, val_actual, val_scale),
-                                    baselines.conformity(model, model, actual, scale), test.first_target_rows,
-                                    INTERVAL, settings.gamma)
-        margin, adaptive = conformal.end_margin, {"gamma": settings.gamma, "level": conformal.level.tolist()}
-    lower, upper = conformal.interval(model, model, scale)
-    bounds = {}
-    quantiles = fitted.quantiles(test.first_target_rows)
-    for name in ("static", "ewma_scaled"):
-        at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
-        bounds[name] = tuple(quantiles[name]["return"][i, :, :steps] for i in at)
+    intervals = method.intervals(Forecasts(val_model, val_model, val_actual, val_scale, val.first_target_rows),
+                                 Forecasts(model, model, actual, scale, test.first_target_rows))
+    quantiles = fitted.quantile_forecasts(test.first_target_rows)
+    at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
+    bounds = {name: tuple(quantiles[name]["return"][i, :, :steps] for i in at) for name in ("static", "ewma_scaled")}
 
     def scored(low: np.ndarray, high: np.ndarray) -> IntervalCoverage:
-        covered = baselines.coverage(low[:, 0], high[:, 0], actual[:, 0], scale[:, 0])
+        covered = score.coverage(low[:, 0], high[:, 0], actual[:, 0], scale[:, 0])
         return IntervalCoverage(coverage=covered.overall, coverage_by_tercile=covered.terciles,
                                 coverage_horizon=float(np.mean((actual >= low) & (actual <= high))),
-                                pinball=float(np.mean([baselines.pinball(b[:, 0], actual[:, 0], level)
+                                pinball=float(np.mean([score.pinball(b[:, 0], actual[:, 0], level)
                                                        for b, level in zip((low, high), INTERVAL_LEVELS)])))
 
-    model_scores, of = scored(lower, upper), {name: scored(*pair) for name, pair in bounds.items() if name != "model"}
-    return IntervalScores(**model_scores.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
-                          margin=margin.tolist(), baselines=of,
-                          pinball_skill={name: baselines.skill(model_scores.pinball, b.pinball)
-                                         for name, b in of.items()},
-                          method=settings.method, **adaptive), (lower, upper)
+    own, of = scored(intervals.lower, intervals.upper), {name: scored(*pair) for name, pair in bounds.items()}
+    return IntervalScores(**own.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
+                          margin=intervals.next_margin.tolist(), baselines=of,
+                          pinball_skill={name: score.skill(own.pinball, b.pinball) for name, b in of.items()},
+                          level=None if intervals.level is None else intervals.level.tolist(),
+                          **method.settings()), (intervals.lower, intervals.upper)

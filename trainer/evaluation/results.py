@@ -2,9 +2,9 @@
 it trained, its test scores per head next to persistence's, and the headline it is judged by).
 
 pipeline.train_one makes one; the Hub cards, predict and the report read one back through run.jobdir (which
-writes the file as strict JSON, and derives the headline of metrics.json files of earlier versions), never a dict
-read back from disk. Its JobSummary is the job's row in the ledger, which the driver's line, the
-summary files, status and the run card show.
+writes the file as strict JSON), never a dict read back from disk. Its JobSummary is the job's row in the ledger,
+which the driver's line, the summary files, status and the run card show. A key a record does not know is refused:
+a file of another format is run.jobdir's to refuse, never half read.
 """
 from __future__ import annotations
 
@@ -13,10 +13,16 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .baselines import Baseline
+
+# The bar the network's forecasts of the size of the coming candles are judged against: HAR + time of day put on its
+# level on validation, as the network's are (evaluate.calibrated), like with like
+BAR = Baseline.HAR_TOD_LEVEL
+BAR_RMS = Baseline.HAR_TOD_LEVEL_RMS
+
 
 class _Record(BaseModel):
-    # Written by this and earlier versions: keys this version no longer reads are ignored, not refused.
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class Scores(_Record):
@@ -71,20 +77,20 @@ class PointScores(_Record):
 
 
 class QuantityScores(PointScores):
-    """The model's forecasts of a quantity, and each baseline's (no_change, persistence, ewma, har_tod, and
-    har_tod_level: HAR + time of day put on its level on validation, as the network is; absent in runs before)."""
+    """What users get of a quantity - the network's forecast combined with HAR + time of day's
+    (evaluate.combine_with_har) - and each baseline's (baselines.Baseline: no_change, persistence, ewma, har_tod,
+    and har_tod_level: HAR + time of day put on its level on validation, as the network is, BAR); the network's own
+    beside, and its weight per step in the combination (0: HAR alone)."""
     baselines: dict[str, PointScores]
     skill: dict[str, float | None]  # MAE skill at the next candle vs each baseline
     skill_horizon: dict[str, float | None]  # over every step
-    qlike_skill: float | None = None  # the range: QLIKE skill at the next candle vs HAR's root-mean-square range
-    # The scores above are of the network's forecast combined with HAR + time of day's (evaluate.combine_with_har);
-    # the network's own, and its weight per step in the combination (0: HAR alone). None: written before the
-    # combination.
-    network: PointScores | None = None
-    network_skill: dict[str, float | None] | None = None
-    network_weight: list[float] | None = None
-    network_qlike_skill: float | None = None  # the range: the network's own root-mean-square range's QLIKE skill
-    network_qlike_skill_level: float | None = None  # the same vs HAR's on its validation level (har_tod_level)
+    network: PointScores
+    network_skill: dict[str, float | None]
+    network_weight: list[float]
+    # The range: QLIKE skill at the next candle of the root-mean-square range, vs HAR's as fitted (har_tod_rms) and
+    # on its validation level (har_tod_level_rms, BAR_RMS); None for the excursions
+    qlike_skill: dict[str, float | None] | None = None
+    network_qlike_skill: dict[str, float | None] | None = None
 
 
 class IntervalCoverage(_Record):
@@ -96,15 +102,16 @@ class IntervalCoverage(_Record):
 
 
 class IntervalScores(IntervalCoverage):
-    """The model's interval: its close widened by conformal margins, "split" (split conformal on validation) or
-    "adaptive" (adaptive conformal inference over the test split, starting from validation); static and
-    EWMA-scaled quantiles beside it. metrics.json files of earlier versions hold split's, without `method`."""
+    """The interval of a conformal method (trainer.evaluation.intervals) around the network's close: "split" (split
+    conformal on validation) or "adaptive" (adaptive conformal inference over the test split, starting from
+    validation); static and EWMA-scaled quantiles beside it. How well it covers is the method's as much as the
+    network's: the same method around "no change" covers as well (bench-baselines)."""
     nominal: float
     normaliser: str  # the volatility forecast the residuals were normalised by
     margin: list[float]  # per step, in units of that volatility: the margin of the next interval (predict's)
     baselines: dict[str, IntervalCoverage]
     pinball_skill: dict[str, float | None]
-    method: Literal["split", "adaptive"] = "split"
+    method: Literal["split", "adaptive"]
     gamma: float | None = None  # adaptive: the step of its level
     level: list[float] | None = None  # adaptive: per step, the coverage level it ended the test split at
 
@@ -132,6 +139,15 @@ class MeanRangeScores(_Record):
     network_qlike_skill: float | None
 
 
+class ValidationSkill(_Record):
+    """The network's own forecasts of the next candle on the validation split, against HAR + time of day on its
+    level there (BAR, BAR_RMS): what a choice among variants (a setting, a head, a family) is made on, never the test
+    split's figures. Both are put on their level on that split, so the figures are in-sample for both alike."""
+    range_qlike: float | None  # QLIKE skill of the range's root mean square
+    range_mae: float | None  # MAE skill of the range's median
+    high_low_mae: float | None  # MAE skill of the high and low excursions together (the sum of their MAEs)
+
+
 class CandleScores(_Record):
     """The size of the coming candles (a candle head's high, low and range) against the baselines that fit
     each, and the interval of the close's return."""
@@ -141,18 +157,15 @@ class CandleScores(_Record):
     low: QuantityScores
     range: QuantityScores
     interval: IntervalScores
-    mean_range: MeanRangeScores | None = None  # None: one step, or written before
-    # Per step, the network's root-mean-square range over its median one (evaluate._range_medians): a HAR head
-    # forecasts the first, a free candle the second. None: written before.
-    range_rms_ratio: list[float] | None = None
-    # A HAR head: per step, what its range output is multiplied by to be its root-mean-square range, the factor
-    # with the lowest QLIKE on validation (baselines.qlike_factor). None: a free candle, or written before (1).
-    range_rms_factor: list[float] | None = None
-    # A HAR head: "high" / "low" -> per step, what its excursions are multiplied by to be their medians on validation
-    # (baselines.mae_factor). None: a free candle, or written before.
-    excursion_factors: dict[str, list[float]] | None = None
+    mean_range: MeanRangeScores | None = None  # None: one step
+    # Per step, what the network's forecasts (Head.candle_quantities) are multiplied by to be put on their level on
+    # validation (evaluate.calibrated): "high", "low", "range" -> their medians' (baselines.mae_factor); the range's
+    # root mean square's (baselines.qlike_factor). predict applies them.
+    median_factors: dict[str, list[float]]
+    rms_factor: list[float]
+    validation: ValidationSkill
 
-    def skill_vs(self, baseline: str = "har_tod") -> dict[str, float | None]:
+    def skill_vs(self, baseline: str = BAR) -> dict[str, float | None]:
         """Next-candle MAE skill of the high, the low and the range vs one baseline."""
         return {q: getattr(self, q).skill.get(baseline) for q in ("high", "low", "range")}
 
@@ -211,7 +224,7 @@ class JobMetrics(_Record):
     rss_mb: float | None = None
     heads: dict[str, HeadScores]
     headline: Headline
-    candles: CandleScores | None = None  # a candle head's high, low and range; None without one (or before 0.2)
+    candles: CandleScores | None = None  # a candle head's high, low and range; None without one
     n_test: int
     test_range: list[str]  # target times of the first and last test forecast
 
@@ -230,14 +243,13 @@ class JobMetrics(_Record):
             rss_mb=self.rss_mb, synthetic=self.data.synthetic)
 
     def _candle_summary(self) -> dict:
-        """Next-candle skill of the high, the low and the range vs HAR + time of day, the network's weight in them
-        (the mean of the three at the next candle); the 80 % interval's coverage."""
-        skill = self.candles.skill_vs("har_tod") if self.candles else dict.fromkeys(("high", "low", "range"))
-        weights = [getattr(self.candles, q).network_weight for q in ("high", "low", "range")] if self.candles \
-            else [None]
-        return {**{f"{q}_skill_har": v for q, v in skill.items()},
-                "network_weight": sum(w[0] for w in weights) / len(weights) if all(weights) else None,
-                "interval_coverage": self.candles.interval.coverage if self.candles else None}
+        """Next-candle skill of the high, the low and the range vs HAR + time of day on its validation level (BAR),
+        the network's weight in them (the mean of the three at the next candle); the 80 % interval's coverage."""
+        if self.candles is None:
+            return {}
+        weights = [getattr(self.candles, q).network_weight[0] for q in ("high", "low", "range")]
+        return {**{f"{q}_skill_har": v for q, v in self.candles.skill_vs(BAR).items()},
+                "network_weight": sum(weights) / len(weights), "interval_coverage": self.candles.interval.coverage}
 
 
 def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
@@ -254,8 +266,8 @@ def non_finite(data: object, where: str = "") -> tuple[str, float] | None:
 
 class JobSummary(_Record):
     """A done job's row of the run's summary table (JobMetrics.summary), kept in the ledger: summary.json/csv,
-    status and the run card are projections of these rows, in this order of keys. Rows of earlier versions lack
-    majority_rate, shrink and the candle columns: None, and 1.0 for shrink (nothing was shrunk then)."""
+    status and the run card are projections of these rows, in this order of keys. The candle columns are None for a
+    job without a candle head."""
     job: str
     epochs: int
     best_epoch: int
@@ -267,7 +279,7 @@ class JobSummary(_Record):
     direction_accuracy: float | None = None
     majority_rate: float | None = None
     shrink: float = 1.0
-    high_skill_har: float | None = None  # next-candle MAE skill vs HAR + time of day
+    high_skill_har: float | None = None  # next-candle MAE skill vs HAR + time of day on its validation level (BAR)
     low_skill_har: float | None = None
     range_skill_har: float | None = None
     network_weight: float | None = None  # the network's mean weight beside HAR in those three, at the next candle

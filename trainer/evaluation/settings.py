@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ..specs import Strict
+from .intervals import METHODS, AdaptiveConformal, SplitConformal
 
 
 class IntervalConfig(Strict):
@@ -15,8 +16,13 @@ class IntervalConfig(Strict):
     `gamma` after each outcome of the test split, starting from the validation split's residuals; predict uses
     the level it ended at. "split": split conformal on the validation split, one margin throughout (`gamma`
     unused). Both normalise the residuals by a volatility forecast (evaluate.INTERVAL_NORMALISER)."""
-    method: Literal["adaptive", "split"] = "adaptive"
+    method: Literal[tuple(METHODS)] = "adaptive"
     gamma: float = Field(0.005, gt=0, lt=1)
+
+    def conformal(self, coverage: float) -> AdaptiveConformal | SplitConformal:
+        """The method, set up for intervals of this coverage."""
+        return METHODS[self.method](coverage, **{k: v for k, v in self.model_dump().items()
+                                                 if k in METHODS[self.method].__dataclass_fields__})
 
 
 class EvaluationConfig(Strict):

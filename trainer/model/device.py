@@ -115,12 +115,24 @@ def resolve_precision(precision: str) -> str:
     return "mixed_float16" if fast_float16 else "float32"
 
 
+# CPUs this process's TensorFlow may use, at most those it may run on: for several processes sharing a machine (one
+# `cryptotrain run` per GPU, a test suite's workers), which would otherwise each size its thread pools to all of them
+CPUS_ENV = "CRYPTOTRAIN_CPUS"
+
+
 def usable_cpus() -> int:
     """CPUs this process may use: its affinity mask, lowered by a cgroup CPU quota (docker --cpus,
-    Kubernetes limits), which TensorFlow does not see."""
+    Kubernetes limits), which TensorFlow does not see, and by CRYPTOTRAIN_CPUS."""
     cpus = len(os.sched_getaffinity(0))
     quota = _cgroup_cpu_quota()
-    return max(1, min(cpus, math.ceil(quota))) if quota else cpus
+    if quota:
+        cpus = max(1, min(cpus, math.ceil(quota)))
+    given = os.environ.get(CPUS_ENV)
+    if given is None:
+        return cpus
+    if not given.isdigit() or int(given) < 1:
+        raise UserError(f"{CPUS_ENV}={given!r}: expected a whole number of CPUs, at least 1 (e.g. {CPUS_ENV}=2)")
+    return min(cpus, int(given))
 
 
 def _set_threads(cpus: int) -> dict:

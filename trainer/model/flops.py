@@ -5,9 +5,8 @@ Formula (a multiply-add counts as 2 FLOPs; only the dense algebra is counted):
   LSTM, input width d, u units:                 2*4u*(d + u)   per time step (4 gates, kernel + recurrent kernel)
   GRU:                                          2*3u*(d + u)   per time step (3 gates)
   Bidirectional:                                2x its direction's count; output width 2u (concat) else u
-  Heads: one linear Dense(len(columns)) each, per time step when the trunk ends in a sequence; a HAR head
-  (models._har_candle): Dense(1) for open, close and its correction per step, and a Dense(steps) of the last
-  input row.
+  Heads: each its own count (trainer.heads: Head.flops), e.g. a linear Dense(len(columns)) per time step when
+  the trunk ends in a sequence.
 Bias adds, activations, element-wise gate arithmetic, LayerNorm and Dropout are left out: ~20 FLOPs per
 LSTM unit and step against 8*(d + u) for its matmuls, a few per cent at these layer sizes.
 Training costs about TRAINING_MULTIPLIER x forward (the backward pass does two matmuls, for the input and
@@ -28,6 +27,4 @@ def flops_per_sample(spec: NetworkSpec) -> int:
     for layer in spec.model.layers:
         flops, steps, width = layer.flops(steps, width, spec.horizon)
         total += flops
-    head_units = sum(3 if head.har else len(head.columns) for head in spec.heads)
-    last_row = sum(2 * spec.n_features * steps for head in spec.heads if head.har)
-    return total + steps * 2 * width * head_units + last_row
+    return total + sum(head.flops(steps, width, spec.n_features) for head in spec.heads)

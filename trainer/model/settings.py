@@ -10,8 +10,8 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from ..data.settings import HeadConfig
 from ..errors import ConfigError
+from ..heads import Head
 from ..specs import Strict, listed
 from .layers import Layer
 
@@ -29,7 +29,7 @@ class NetworkSpec:
     (the model section), the heads, the window's shape and the input columns (RunConfig.network)."""
     name: str  # the Keras model's
     model: ModelConfig
-    heads: tuple[HeadConfig, ...]
+    heads: tuple[Head, ...]
     lookback: int
     horizon: int
     relative: bool  # framed relative to the last close (window.relative_to): the heads start at "no change"

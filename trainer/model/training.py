@@ -16,11 +16,11 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf
 
-from ..data.settings import HAR_INPUTS, range_output
 from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
+from ..heads import WarmStart
 from .device import apply_precision
-from .models import build_model, compile_settings
+from .models import build_network, compile_settings
 from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
 from .settings import NetworkSpec, TrainConfig
 
@@ -60,8 +60,8 @@ class ModelCache:
             keras.backend.clear_session()
             apply_precision(train.precision)
             keras.utils.set_random_seed(train.seed)
-            network = build_model(spec, train)
-            self._model = WindowTrainer(network)
+            network, warm_starts = build_network(spec, train)
+            self._model = WindowTrainer(network, warm_starts)
             # The network's own optimizer, so that the model.keras it saves holds the trained state as before.
             self._model.compile(optimizer=network.optimizer, **compile_settings(spec.heads, train))
             self._initial_state = [v.numpy() for v in self._model.variables]
@@ -114,7 +114,7 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
     if resumed.epochs < end:
         model.feed_for(windows)
         if resumed.epochs == 0:  # a resumed job's weights are its checkpoint's
-            start_linear_term(model, windows)
+            model.warm_start(windows.train)
         train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
         val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
         # The checkpoint last, once everything the epoch changed is in the state it records: a job killed at any
@@ -125,43 +125,6 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
     elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
         model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
     return _result(checkpoint, restores_best, step_seconds=timer.seconds)
-
-
-# The ridge of start_linear_term, per train window: each coefficient shrunk by about var / (var + RIDGE), var the
-# variance of its input over the train split (about half with V7's and V8-aligned's standardised inputs; more with
-# V8-stable's min-max scaled ones, whose variances are smaller). Measured on V7
-# (benchmarks/RESULTS.md, 2026-11-27): at 0.01 and 0.1 most series gained more, but BTCUSDT 15m's range MAE fell
-# to -0.04 and -0.02 against HAR; at 1.0 none is below -0.003, and the four series of 2024 gain too.
-LINEAR_TERM_RIDGE = 1.0
-
-
-def start_linear_term(model: WindowTrainer, windows: Windows) -> None:
-    """Start a HAR head's linear correction term (models._har_candle: a Dense of the window's last input row less
-    the window's mean) at its ridge least-squares fit over the train split: per step, ln(the actual range / HAR's
-    root-mean-square range) on those inputs, centred, so that over the train split the correction's mean is still 0
-    and the head still forecasts HAR's level. The term SGD would otherwise have to find from zero, a few
-    thousandths of the learning rate a step, in the epoch or two before the trunk's term starts to fit noise
-    (HAR itself is fitted by least squares too). A job whose model has no HAR head is left as built; so is one whose
-    train split has no candle with a range."""
-    head = windows.preprocessing.har_head
-    rows = windows.train.first_target_rows
-    if head is None or not len(rows):
-        return
-    surprises, ranges, hars = [], [], []
-    for batch in np.array_split(rows, math.ceil(len(rows) / INFERENCE_BATCH_SIZE)):
-        x, y = model.feed.gather(tf.constant(batch))  # what the model trains on
-        surprises.append((x["inputs"][:, -1] - tf.reduce_mean(x["inputs"], axis=1)).numpy())
-        ranges.append(y[range_output(head.name)].numpy().reshape(len(batch), -1))
-        hars.append(x["har_range"].numpy().reshape(len(batch), -1))
-    surprise, actual, har = (np.concatenate(parts).astype(np.float64) for parts in (surprises, ranges, hars))
-    if not (actual > 0).any():
-        return
-    residual = np.log(np.maximum(actual, actual[actual > 0].min()) / har)  # the floor: as HAR's, a flat candle's
-    mean = surprise.mean(axis=0)
-    centred = surprise - mean
-    kernel = np.linalg.solve(centred.T @ centred + LINEAR_TERM_RIDGE * len(rows) * np.eye(len(mean)),
-                             centred.T @ (residual - residual.mean(axis=0)))
-    model.network.get_layer(f"{head.name}_correction_linear").set_weights([float32(kernel), float32(-mean @ kernel)])
 
 
 def _result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float) -> FitResult:
@@ -187,11 +150,12 @@ class WindowTrainer(keras.Model):
     objects. The feed's variables are not among the model's: their shapes change from job to job.
     """
 
-    def __init__(self, network: keras.Model) -> None:
+    def __init__(self, network: keras.Model, warm_starts: tuple[WarmStart, ...] = ()) -> None:
         # float32, a policy with nothing to cast: the network gets its inputs, and applies its precision policy,
         # as when it is called on its own.
         super().__init__(name=network.name, dtype="float32")
         self.network = network
+        self.warm_starts = warm_starts  # its heads' (trainer.heads), each holding the layer it sets
         self.output_names = network.output_names  # compile() pairs the losses with the outputs in this order
         self.feed: DeviceFeed | None = None  # a plain object: Keras does not track the variables it holds
         self.built = True  # the network is
@@ -215,6 +179,20 @@ class WindowTrainer(keras.Model):
             self.feed = DeviceFeed(windows)
         self.feed.load(windows)
         return self.feed
+
+    def warm_start(self, split: SplitWindows) -> None:
+        """Its heads' warm starts, from the split's samples as the model trains on them (the train split's, before
+        the first epoch): in batches gathered from its feed, as numpy arrays (the inputs always by name)."""
+        rows = split.first_target_rows
+        batches = np.array_split(rows, math.ceil(len(rows) / INFERENCE_BATCH_SIZE)) if len(rows) else []
+        for warm_start in self.warm_starts:
+            warm_start(self._numpy(self.feed.gather(tf.constant(batch))) for batch in batches)
+
+    @staticmethod
+    def _numpy(batch: tuple) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        x, y = batch
+        inputs = x if isinstance(x, dict) else {"inputs": x}
+        return {k: v.numpy() for k, v in inputs.items()}, {k: v.numpy() for k, v in y.items()}
 
     def train_step(self, first_target_rows):
         return super().train_step(self._batch(first_target_rows))
@@ -257,32 +235,30 @@ class DeviceFeed:
         # The window, the feature columns, their framing and the heads are part of the model's signature
         # (model_signature), so they stay as traced.
         self.lookback, self.horizon, self.framing = prep.lookback, prep.horizon, prep.framing
-        self.heads = [(h.name, prep.head_positions(h), h.shape) for h in prep.heads]
-        # A HAR head: HAR's forecasts after every row (Windows.har_rows), and where its high and low are, whose
-        # difference is its range output's target
-        self.har = None if prep.har_head is None else {
-            name: tf.Variable(tf.zeros((0, prep.horizon, 1)), shape=tf.TensorShape([None, prep.horizon, 1]),
-                              trainable=False, name=f"device_feed_{name}") for name in HAR_INPUTS}
-        self.har_head = None if prep.har_head is None else (
-            prep.har_head.name, *(prep.har_head.columns.index(c) for c in ("high", "low")))
+        self.heads = [(h.spec, prep.head_positions(h), h.shape) for h in prep.heads]
+        # The inputs the heads read beside the windows, at every row (Windows.inputs)
+        self.inputs = {name: tf.Variable(tf.zeros((0, *shape)), shape=tf.TensorShape([None, *shape]),
+                                         trainable=False, name=f"device_feed_{name}")
+                       for name, shape in prep.input_shapes.items()}
 
     def load(self, windows: Windows) -> None:
         """Replace the rows and scalers with this job's."""
         prep = windows.preprocessing
         self.rows.assign(windows.rows)
-        if self.har is not None:
-            if windows.har_rows is None:
-                raise JobError("a HAR head's windows came without HAR's forecasts (Windows.with_har)")
-            for name, values in windows.har_rows.items():
-                self.har[name].assign(values)
+        for name, variable in self.inputs.items():
+            if name not in windows.inputs:
+                raise JobError(f"the model reads {name} beside the windows, which came without it "
+                               "(Windows.with_forecasts)")
+            variable.assign(windows.inputs[name])
         for (offset, scale), scaler in zip(self.scalers, [prep.scaler, *(h.scaler for h in prep.heads)],
                                            strict=True):
             offset.assign(float32(scaler.offset))
             scale.assign(float32(scaler.scale))
 
-    def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor, dict[str, tf.Tensor]]:
-        """(inputs, targets per head) of the samples whose first target rows are given, as make_windows
-        frames, scales and shapes them (in float32 here, float64 there)."""
+    def gather(self, first_target_rows: tf.Tensor) -> tuple[tf.Tensor | dict[str, tf.Tensor], dict[str, tf.Tensor]]:
+        """(inputs, targets per output) of the samples whose first target rows are given, as make_windows
+        frames, scales and shapes them (in float32 here, float64 there); the inputs with those the heads read beside
+        the windows, a dict of them ("inputs") and those."""
         first = first_target_rows[:, tf.newaxis]
         window = tf.gather(self.rows, first + tf.range(-self.lookback, 0))  # (batch, lookback, F)
         anchor = window[:, -1:, self.framing.anchor_column][:, :, tf.newaxis]  # (batch, 1, 1)
@@ -290,14 +266,13 @@ class DeviceFeed:
         x = (self.framing.apply(window, anchor, tf.exp) - in_offset) / in_scale
         ahead = tf.gather(self.rows, first + tf.range(self.horizon))  # (batch, horizon, F)
         y = {}
-        for (name, positions, shape), (offset, scale) in zip(self.heads, head_scalers):
+        for (head, positions, shape), (offset, scale) in zip(self.heads, head_scalers):
             framed = self.framing.apply(tf.gather(ahead, positions, axis=2), anchor, tf.exp, columns=positions)
-            y[name] = tf.reshape((framed - offset) / scale, (-1, *shape))
-        if self.har is None:
+            y[head.name] = tf.reshape((framed - offset) / scale, (-1, *shape))
+            y |= head.derived_targets(y[head.name])
+        if not self.inputs:
             return x, y
-        name, high, low = self.har_head
-        y[range_output(name)] = y[name][..., high:high + 1] - y[name][..., low:low + 1]  # ln(high / low), scaled
-        return {"inputs": x, **{k: tf.gather(v, first_target_rows - 1) for k, v in self.har.items()}}, y
+        return {"inputs": x, **{k: tf.gather(v, first_target_rows - 1) for k, v in self.inputs.items()}}, y
 
     @staticmethod
     def batches(split: SplitWindows, batch_size: int, shuffle_seed: int | None = None) -> tf.data.Dataset:

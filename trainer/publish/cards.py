@@ -22,10 +22,11 @@ from huggingface_hub import EvalResult, ModelCardData
 
 from ..data.sources import Source
 from ..errors import ConfigError
-from ..evaluation.baselines import VOLATILITY_NAMES
-from ..evaluation.results import DataInfo, JobMetrics, JobSummary
+from ..evaluation.baselines import VOLATILITY_NAMES, Baseline
+from ..evaluation.results import BAR, DataInfo, JobMetrics, JobSummary
 from ..formatting import direction, number
-from ..run.jobdir import HAR, HISTORY, MODEL, PLOT, PREPROCESSING, JobDir
+from ..run.jobdir import HAR, HISTORY, MODEL, PREPROCESSING, JobDir
+from .plots import PLOT
 
 PIPELINE_TAG = "time-series-forecasting"
 CARD_DIGEST = "cryptotrain_card_sha256"
@@ -206,27 +207,27 @@ def _candles_text(metrics: JobMetrics) -> str:
     candles = metrics.candles
     if candles is None:
         return ""
-    skills = candles.skill_vs("har_tod")
+    skills = candles.skill_vs(BAR)
     worse = [q for q, v in skills.items() if v is not None and v < 0]
     lines = ["", "", "### The next candle: its high, low and range", "",
              "Excursions from the last close C: high ln(high / C), low ln(C / low); range ln(high / low). MAE skill "
              "on the test split against each baseline, fitted on the train split (HAR + time of day: Corsi's HAR on "
-             "log ranges with the time-of-day mean). The forecast is the network's combined with HAR's, the "
-             "network's weight chosen on validation (0: HAR alone)." + (
-                 f" **Worse than HAR + time of day for the {' and the '.join(worse)}.**" if worse else ""), "",
-             "| quantity | vs no change | vs persistence | vs EWMA | vs HAR + time of day | the network alone vs HAR "
-             "| network weight |", "|---|---|---|---|---|---|---|"]
+             "log ranges with the time-of-day mean), and against HAR + time of day put on its level on validation as "
+             "the network's forecasts are (the bar: like with like). The forecast is the network's combined with "
+             "HAR's, the network's weight chosen on validation (0: HAR alone)." + (
+                 f" **Worse than HAR + time of day on its level for the {' and the '.join(worse)}.**" if worse else ""),
+             "", "| quantity | vs no change | vs persistence | vs EWMA | vs HAR + time of day | vs HAR on its level "
+             "| the network alone vs HAR on its level | network weight |", "|---|---|---|---|---|---|---|---|"]
     for quantity in ("high", "low", "range"):
         scores = getattr(candles, quantity)
-        weight = scores.network_weight[0] if scores.network_weight else None
-        alone = (scores.network_skill or {}).get("har_tod")
-        lines.append(f"| {quantity} | " + " | ".join(_num(scores.skill.get(b)) for b in
-                                                     ("no_change", "persistence", "ewma", "har_tod"))
-                     + f" | {_num(alone)} | {_num(weight)} |")
+        lines.append(f"| {quantity} | " + " | ".join(_num(scores.skill.get(b)) for b in (
+            Baseline.NO_CHANGE, Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, BAR))
+                     + f" | {_num(scores.network_skill.get(BAR))} | {_num(scores.network_weight[0])} |")
     interval = candles.interval
-    lines += ["", f"80 % interval of the next close ({interval.calibration}, residuals normalised by "
-                  f"{VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}): it held "
-                  f"{_num(interval.coverage)} of the test split; by tercile of that volatility "
+    lines += ["", f"80 % interval of the next close: the network's close widened by {interval.calibration} "
+                  f"(residuals normalised by {VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}); the "
+                  f"method's coverage, which it gives around any forecast: it held {_num(interval.coverage)} of the "
+                  "test split; by tercile of that volatility "
                   + " / ".join(_num(c) for c in interval.coverage_by_tercile) + "."]
     return "\n".join(lines)
 
@@ -251,9 +252,10 @@ def _usage_text(repo_id: str, folder: str, uri: str, install: str) -> str:
         "when `relative_to` is `last_close` (price levels as log ratios to it, macd/signal/atr divided by it) and "
         f"scaled as `(x - offset) / scale` with `{PREPROCESSING}`'s scaler; its outputs are a dict of heads, "
         "scaled by each head's own scaler (log returns from the last close for prices). A head started at HAR + "
-        f"time of day (`\"har\": true` in `{PREPROCESSING}`) also reads HAR's forecast after the window, the inputs "
-        f"`har_high`, `har_low` and `har_range` (`{HAR}`; `trainer.evaluation.baselines.Har.inputs`), and "
-        "outputs its log range as `HEAD_range`. `trainer.data.windows.Preprocessing` does both ways."
+        f"time of day (`\"kind\": \"har_candle\"` in `{PREPROCESSING}`) also reads HAR's forecast after the "
+        f"window, the inputs `har_high`, `har_low` and `har_range` (`{HAR}`; "
+        "`trainer.evaluation.baselines.Har.inputs`), and outputs its log range as `HEAD_range`. "
+        "`trainer.data.windows.Preprocessing` does both ways."
     )
 
 
@@ -268,9 +270,10 @@ def _eval_results(metrics: JobMetrics, dataset: str | None) -> list[EvalResult]:
               ("mae", line.persistence_mae, f"MAE of persistence, {what} (price units)"),
               ("skill", line.skill, "skill vs persistence (1 - MAE / persistence MAE)")]
     if metrics.candles is not None:
-        scores += [("skill", value, f"next candle {quantity}: skill vs HAR + time of day (1 - MAE / HAR MAE)")
-                   for quantity, value in metrics.candles.skill_vs("har_tod").items()]
-        scores.append(("coverage", metrics.candles.interval.coverage, "80 % interval of the next close: coverage"))
+        scores += [("skill", value, f"next candle {quantity}: skill vs HAR + time of day on its validation level "
+                                    "(1 - MAE / HAR MAE)") for quantity, value in metrics.candles.skill_vs(BAR).items()]
+        scores.append(("coverage", metrics.candles.interval.coverage,
+                       f"80 % interval of the next close ({metrics.candles.interval.calibration}): coverage"))
     return [EvalResult(**common, metric_type=kind, metric_value=value, metric_name=name)
             for kind, value, name in scores if value is not None]
 

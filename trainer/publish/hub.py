@@ -59,10 +59,11 @@ from ..config import HubConfig
 from ..errors import JobError, UserError
 from ..retries import retry_wait
 from ..run.artifacts import jobs_dir
-from ..run.jobdir import MANIFEST, PLOT, JobDir
+from ..run.jobdir import MANIFEST, JobDir
 from ..run.jobs import Job, make_jobs
 from ..run.rundir import RunDir
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
+from .plots import PLOT, job_plot
 
 PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
@@ -168,8 +169,7 @@ def _push_repo(api: HfApi, repo_id: str, targets: list[Target], run_name: str, h
         job = JobDir(t.job_dir)
         for name in job.published():
             files[_join(t.path, name)] = t.job_dir / name
-        if not job.holds_plot():  # drawn here from the job's files (format 2): only the Hub shows it
-            files[_join(t.path, PLOT)] = job.plot()
+        files[_join(t.path, PLOT)] = job_plot(job)  # drawn here from the job's files: only the Hub shows it
         for name, content in _keras_folder(job.model_file).items():
             files[_join(t.path, name)] = content
         cards[_join(t.path, CARD)] = job_card(t.job_dir, repo_id, t.path, hub.license, install).encode()

@@ -21,17 +21,18 @@ from ..data.market import apply_market
 from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
 from ..errors import JobError, UserError
-from ..evaluation.baselines import Har, quantities
+from ..evaluation.baselines import Har
 from ..evaluation.evaluate import COMBINED
 from ..evaluation.results import CandleScores
 from ..model.device import setup
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
-from ..run.jobdir import HAR, MANIFEST, PREPROCESSING, JobConfig, JobDir
+from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
 from ..run.rundir import CONFIG
 
 
 class CandleRecord(BaseModel):
-    """The next candle's high, low and range MAE skill vs HAR + time of day on the test split, the network's
+    """The next candle's high, low and range MAE skill vs HAR + time of day on its validation level, on the test
+    split (results.BAR), the network's
     weight beside HAR in them, and how often the 80 % interval held the close (JobSummary's columns); how that
     interval was calibrated, which the forecast's close_80_low / _high follow: "split" or "adaptive", and for
     adaptive the next candle's level it ended the test split at (IntervalScores)."""
@@ -131,64 +132,56 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
         frame = apply_market(frame, references or {}, prep.market)
         candles = candles.loc[:frame.index[-1]]
     x, last_close = prep.make_inputs(frame)
-    har = job.har()
-    if prep.har_head is not None and har is None:
-        raise UserError(f"{job_dir}: head {prep.har_head.name} starts at HAR + time of day, but the job holds no "
-                        f"{HAR}; train the job again")
-    inputs = prep.model_inputs(x, None if prep.har_head is None else har.inputs(candles))
+    har = job.har_tod()
+    inputs = prep.model_inputs(x, prep.forecast_inputs(None if har is None else har.inputs(candles)))
     setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = job.model()
     outputs = {name: np.asarray(value) for name, value in model(inputs, training=False).items()}
     prices = prep.to_prices(prep.point(outputs), last_close)
+    every = prep.to_prices(outputs, last_close)  # a quantile head's every level
     horizon, heads = prep.horizon, prep.heads
     all_columns = [c for head in heads for c in head.columns]
     shared = len(set(all_columns)) < len(all_columns)
     columns = {}
-    for head in heads:
-        steps = prices[head.name].reshape(horizon, len(head.columns))  # (1, horizon, C) or (1, C)
-        quantiles = prep.head_prices(head, outputs[head.name], last_close).reshape(
-            horizon, len(head.quantiles), len(head.columns)) if head.quantiles else None
-        for i, column in enumerate(head.columns):
-            name = f"{head.name}.{column}" if shared else column
-            columns[name] = steps[:, i]
-            for j, level in enumerate(head.quantiles):  # a quantile head: each level, e.g. close_q10
-                columns[f"{name}_q{level * 100:g}"] = quantiles[:, j, i]
-    if har is not None:
-        columns |= _expected_candles(har, job.metrics().candles, prep, prices, outputs, candles)
+    for head in heads:  # "head.column" where two heads share a column
+        columns |= head.spec.served_columns(prices[head.name].reshape(horizon, len(head.columns)),
+                                            every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
+    scores = job.metrics().candles
+    if scores is not None:
+        columns |= _expected_candles(har, scores, prep, outputs, prices, candles)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
 
-def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, prices: dict[str, np.ndarray],
-                      outputs: dict[str, np.ndarray], candles: pd.DataFrame) -> dict[str, np.ndarray]:
-    """The candle head's expected high, low and range as evaluation scored them (the network's combined with
-    HAR + time of day's, the weights chosen on validation; each a median forecast of its own, so the range,
-    high / low - 1 in percent, is not expected_high / expected_low - 1) and the 80 % interval of the close (the
-    network's close widened by the job's margin x the volatility it was calibrated with: split conformal's on
-    validation, or the one adaptive conformal ended the test split at): "expected_high", "expected_low",
-    "expected_range_pct", "close_80_low", "close_80_high". A HAR head's range is its range output's median
-    (CandleScores.range_rms_factor, CandleScores.range_rms_ratio)."""
+def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, outputs: dict[str, np.ndarray],
+                      prices: dict[str, np.ndarray], candles: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The candle head's expected high, low and range as evaluation served them on the test split
+    (predictions.npz's expected_*): the network's forecasts (Head.candle_quantities) put on their level on validation
+    (CandleScores.median_factors, rms_factor) and combined with HAR + time of day's, the weights chosen on validation.
+    Each is a forecast of its own: the medians of the high and low ("expected_high", "expected_low"), of the range
+    ("expected_range_pct": high / low - 1 in percent, not expected_high / expected_low - 1), and the root-mean-square
+    range ("expected_range_rms_pct": the root of its expected square, what QLIKE scores: the scale to size risk with);
+    and the 80 % interval of the close ("close_80_low", "close_80_high": the network's close widened by the job's
+    margin x the volatility it was calibrated with: split conformal's on validation, or the one adaptive conformal
+    ended the test split at)."""
     head = next(h for h in prep.heads if h.name == scores.head)
-    candle = prices[head.name].reshape(prep.horizon, len(head.columns))
-    high, low, close = (candle[:, head.columns.index(c)] for c in ("high", "low", "close"))
     last_close = float(candles["close"].iloc[-1])
-    network = quantities(high[None], low[None], close[None], np.array([last_close]))
-    if head.har:  # its range is an output of its own, a root mean square: its medians as evaluation had them
-        rms = prep.range_forecast(outputs) * np.asarray(scores.range_rms_factor or 1.0)
-        network["range"] = rms / np.asarray(scores.range_rms_ratio)
-        for q, factor in scores.excursion_factors.items():
-            network[q] = network[q] * np.asarray(factor)
+    network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
+                                                          np.array([last_close])).items()}
+    median = {q: network[q] * np.asarray(factor) for q, factor in scores.median_factors.items()}
+    network_rms = np.maximum(network["range"], har.floor) * np.asarray(scores.rms_factor)
     baseline = har.forecast(candles)
     weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
-    combined = {q: weight[q] * network[q][0] + (1 - weight[q]) * baseline[q][:len(weight[q])] for q in COMBINED}
-    volatility = baseline["volatility"][scores.interval.normaliser]  # "har" in runs of earlier versions
-    spread = np.asarray(scores.interval.margin) * volatility[:len(scores.interval.margin)]
+    combined = {q: weight[q] * median[q] + (1 - weight[q]) * baseline[q] for q in COMBINED}
+    rms = weight["range"] * network_rms + (1 - weight["range"]) * baseline["range_rms"]
+    spread = np.asarray(scores.interval.margin) * baseline["volatility"][scores.interval.normaliser]
     return {"expected_high": last_close * np.exp(combined["high"]),
             "expected_low": last_close * np.exp(-combined["low"]),
             "expected_range_pct": 100 * np.expm1(combined["range"]),
-            "close_80_low": last_close * np.exp(network["return"][0] - spread),
-            "close_80_high": last_close * np.exp(network["return"][0] + spread)}
+            "expected_range_rms_pct": 100 * np.expm1(rms),
+            "close_80_low": last_close * np.exp(network["return"] - spread),
+            "close_80_high": last_close * np.exp(network["return"] + spread)}
 
 
 def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -> Path:

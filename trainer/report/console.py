@@ -157,7 +157,8 @@ def summary_line(summary: JobSummary) -> str:
 
 
 def candle_phrase(summary: JobSummary) -> str:
-    """The size of the next candle vs HAR + time of day, and the 80 % interval's coverage, said plainly."""
+    """The size of the next candle vs HAR + time of day on its validation level, and the 80 % interval's coverage,
+    said plainly."""
     skills = {"high": summary.high_skill_har, "low": summary.low_skill_har, "range": summary.range_skill_har}
     if all(v is None for v in skills.values()):
         return ""
@@ -165,7 +166,7 @@ def candle_phrase(summary: JobSummary) -> str:
     weight = summary.network_weight
     combined = "" if weight is None else " (HAR alone: validation gave the network no weight)" if weight == 0 else \
         f" (the network weighted {weight:.2f} beside HAR)"
-    return ("; next candle vs HAR + time of day" + combined + ": "
+    return ("; next candle vs HAR + time of day on its level" + combined + ": "
             + ", ".join(f"{q} {number(v, '+.3f')}" for q, v in skills.items())
             + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
             + (f"; 80 % interval covered {summary.interval_coverage:.0%} of the test split"
@@ -206,7 +207,8 @@ def print_summary_table(records) -> None:
     out.print(table)
     candles = [(r.name, r.summary) for r in records if r.summary and r.summary.range_skill_har is not None]
     if candles:
-        sizes = Table(title="the next candle: MAE skill vs HAR + time of day, test split", box=box.SIMPLE_HEAD,
+        sizes = Table(title="the next candle: MAE skill vs HAR + time of day on its validation level, test split",
+                      box=box.SIMPLE_HEAD,
                       padding=(0, 1), collapse_padding=True, pad_edge=False,
                       caption="high / low: excursion from the last close; range: ln(high / low) (< 0: worse than "
                               "HAR)\nnetwork: its weight beside HAR, chosen on validation (0: HAR alone)\n"
@@ -424,7 +426,7 @@ def track_record_text(record: TrackRecord) -> str:
     if candles := record.candles:
         skills = {"high": candles.high_skill_har, "low": candles.low_skill_har, "range": candles.range_skill_har}
         worse = [q for q, value in skills.items() if (value or 0) < 0]
-        text += (" Its next candle against HAR + time of day (MAE skill): "
+        text += (" Its next candle against HAR + time of day on its validation level (MAE skill): "
                  + ", ".join(f"{q} {number(value, '+.3f')}" for q, value in skills.items())
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
                  + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."

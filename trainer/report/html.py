@@ -30,7 +30,7 @@ from .. import __version__
 from ..config import DataConfig, RunConfig
 from ..errors import UserError
 from ..evaluation import charts
-from ..evaluation.results import CloseScores, Headline, JobMetrics
+from ..evaluation.results import BAR, CloseScores, Headline, JobMetrics
 from ..files import atomic_write
 from ..formatting import NO_DIRECTION, direction, number
 from ..run.artifacts import jobs_dir
@@ -226,7 +226,7 @@ CLOSE_SKILL = _Measure(
 def _candle_skill(quantity: str) -> _Measure:
     def value(job: _Job) -> float | None:
         candles = job.metrics.candles if job.metrics and job.status == "done" else None
-        return getattr(candles, quantity).skill.get("har_tod") if candles else None
+        return getattr(candles, quantity).skill.get(BAR) if candles else None
     return _Measure(f"{quantity} vs HAR", value, lambda v: f"{v:+.3f}", lambda v: v, "")
 
 
@@ -238,7 +238,8 @@ def _coverage(job: _Job) -> float | None:
 COVERAGE = _Measure("80 % interval", _coverage, lambda v: f"{v:.1%}", lambda v: 0.03 - abs(v - 0.8), "")
 CANDLES_HINT = (
     "The next candle on the test split: MAE skill of its high (ln(high / last close)), low (ln(last close / low)) "
-    "and range (ln(high / low)) vs HAR + time of day, the network combined with HAR, its weight chosen on "
+    "and range (ln(high / low)) vs HAR + time of day on its validation level (as the network is put on its "
+    "own), the network combined with HAR, its weight chosen on "
     "validation (red: worse than HAR); and how often the 80 % interval of the next close, calibrated by conformal "
     "prediction (adaptive: its level moved after each outcome; split: on validation alone), held it (green: within "
     "3 points of 80 %; red: further off). Click a cell for the job's details.")
@@ -252,7 +253,7 @@ def _heatmaps(data: DataConfig | None, jobs: list[_Job]) -> list[str]:
         measures = [_candle_skill(q) for q in ("high", "low", "range")]
         extent = [abs(v) for m in measures for v in map(m.value, jobs) if v is not None]
         scale = _nice_ceiling(max([*extent, 0.01]))
-        out += ["<h2>The next candle against HAR + time of day</h2><div class=heatwrap>",
+        out += ["<h2>The next candle against HAR + time of day on its validation level</h2><div class=heatwrap>",
                 *(_heatmap(data, jobs, m, scale) for m in measures), _heatmap(data, jobs, COVERAGE),
                 f"</div><div class=scale><span>skill vs HAR</span><span>{-scale:+.3g}</span><span class=bar></span>"
                 f"<span>{scale:+.3g}</span></div><p class=hint>{_e(CANDLES_HINT)}</p>"]

@@ -1,9 +1,10 @@
 """One self-describing directory per finished job (its files: jobdir.JobDir), written atomically with a sha256
 manifest.
 
-Files are written (once: straight from the job's result, see commit_job) into a staging directory beside the
-final one, the manifest last, then the staging directory is renamed into place: a reader sees a complete job
-directory or none at all.
+Files are written (once: straight from the job's result, see stage_job) into a staging directory beside the
+final one, the manifest last, everything made durable; then the staging directory is renamed into place (commit):
+a reader sees a complete job directory or none at all. The runner commits while the ledger confirms it still holds
+the job (Ledger.mark_done); a process that lost the job discards its staging directory instead.
 """
 from __future__ import annotations
 
@@ -32,26 +33,31 @@ def staging_dir(run_dir: Path, job_name: str) -> Path:
     return stage
 
 
-def commit(stage: Path, final: Path) -> str:
-    """Write the manifest, make everything durable, rename into place; returns the manifest's sha256."""
+def seal(stage: Path) -> str:
+    """Write the manifest of a staging directory's files and make everything durable; returns the manifest's
+    sha256."""
     digest = JobDir(stage).write_manifest()
     for path in stage.iterdir():
         fsync(path)
+    return digest
+
+
+def commit(stage: Path, final: Path) -> None:
+    """Rename a sealed staging directory into place."""
     if final.exists():  # a stale directory whose manifest no longer verified: replaced, not merged
         shutil.rmtree(final)
     os.replace(stage, final)
     fsync(final.parent)
-    return digest
 
 
-def commit_job(run_dir: Path, job_name: str, write: Callable[[Path], None]) -> str:
-    """A job's directory: `write` puts its files into a staging directory of this process, which is then
-    committed (see commit). What fails on the way leaves no staging directory; a process killed on the way
-    leaves one that remove_abandoned_staging removes."""
+def stage_job(run_dir: Path, job_name: str, write: Callable[[Path], None]) -> tuple[Path, str]:
+    """A job's files in a sealed staging directory of this process (`write` puts them there), ready to commit into
+    jobs/JOB; and its manifest's sha256. What fails on the way leaves no staging directory; a process killed on
+    the way leaves one that remove_abandoned_staging removes."""
     stage = staging_dir(run_dir, job_name)
     try:
         write(stage)
-        return commit(stage, jobs_dir(run_dir) / job_name)
+        return stage, seal(stage)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise

@@ -147,6 +147,10 @@ class RayExecutor:
         self._connected_here = True
         _show_ray_notices(False)
 
+    def started(self) -> list[int]:
+        """Wait until every worker is up (its TensorFlow imported and set up); their process ids."""
+        return ray.get([worker.pid.remote() for worker in self._workers])
+
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
         self._submitted.append(_Task(job, self._free.pop(), prepared, backup))
 

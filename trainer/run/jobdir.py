@@ -1,16 +1,17 @@
 """A job's directory (RUN/jobs/SYMBOL_TF): the one module that knows the names of its files, writes them, reads
 them back as typed values, and knows the format they are laid out in.
 
-The format is manifest.json's "format" (FORMAT). A manifest without one is of format 1, as every cryptotrain
-before format 2 wrote it; format 2 no longer holds plot.png (drawn when a job is pushed: `plot`). Reading a
-directory of an earlier format is in one place, UPGRADES: each file read back passes through the upgrades from its
-directory's format to this one. A directory of a format newer than FORMAT is refused in one line.
+The format is manifest.json's "format" (FORMAT; a manifest without one is of format 1). Every change to what a
+file of the directory holds bumps it, as numpy's .npy versions do. This version reads its own format only: a
+directory of another one is refused in one line naming it (cryptotrain is at 0.1.0: there are no upgrade steps;
+`run` trains such a job again, see run.runner). Format 1 held plot.png; 2 had no head kinds, and metrics.json,
+preprocessing.json and har.json lacked what 3 holds (the heads' kinds, the network's level on validation, HAR's
+log variance).
 
 No TensorFlow, Keras or Matplotlib is imported here (the report reads job directories without them).
 """
 from __future__ import annotations
 
-import io
 import json
 import zipfile
 from collections.abc import Callable
@@ -29,14 +30,13 @@ from ..data.windows import Preprocessing
 from ..errors import UserError, first_line
 from ..evaluation import charts
 from ..evaluation.baselines import Har
-from ..evaluation.results import Headline, JobMetrics
+from ..evaluation.results import JobMetrics
 from ..files import sha256_file, write_json
-from ..formatting import number
 
 if TYPE_CHECKING:
     import keras
 
-FORMAT = 2  # of the directories this version writes; see UPGRADES for what reads the earlier ones
+FORMAT = 3  # of the directories this version writes and reads
 
 MANIFEST = "manifest.json"  # sha256 of every other file, and the format
 MODEL = "model.keras"
@@ -46,7 +46,6 @@ HISTORY = "history.csv"  # one row per epoch
 CONFIG = "config.yaml"  # the run's config, as published with the model
 PREDICTIONS = "predictions.npz"  # the test split: each head's forecasts, the actual and persistence close
 HAR = "har.json"  # the fitted HAR + time of day, with a head that forecasts high, low and close
-PLOT = "plot.png"  # format 1 only: the report's two charts (drawn by `plot` since)
 
 T = TypeVar("T")
 
@@ -63,33 +62,6 @@ class JobFileError(UserError):
 class MissingJobFile(JobFileError):
     def __init__(self, path: Path) -> None:
         super().__init__(path, "it is missing")
-
-
-# ----------------------------------------------------------------------------- earlier formats
-def _metrics_1(values: dict) -> dict:
-    """Format 1's metrics.json from before headlines: the first head's skill over its columns."""
-    if "headline" not in values and values.get("heads"):
-        head, scores = next(iter(values["heads"].items()))
-        values = {**values, "headline": {"head": head, "skill": scores["skill"], "mae": scores["model"]["mae"],
-                                         "persistence_mae": scores["persistence"]["mae"]}}
-    return values
-
-
-def _preprocessing_1(values: dict) -> dict:
-    """Format 1's preprocessing.json from before framing, candle heads, shrinking and quantiles: absolute levels
-    (no relative_to), targets scaled with the inputs' scaler, every head a plain one, nothing shrunk."""
-    inputs = values["scaler"]
-    heads = [{"candle": False, "shrink": 1.0, "quantiles": [],
-              "scaler": {**inputs, "columns": head["columns"],
-                         **{key: [inputs[key][inputs["columns"].index(c)] for c in head["columns"]]
-                            for key in ("offset", "scale")}},
-              **head} for head in values["heads"]]
-    return {"relative_to": None, "splits": {}, "indicators": [], "symbol": None, "timeframe": None,
-            **values, "heads": heads}
-
-
-# format -> {file -> what makes its content (parsed) that of the next format}
-UPGRADES: dict[int, dict[str, Callable[[dict], dict]]] = {1: {METRICS: _metrics_1, PREPROCESSING: _preprocessing_1}}
 
 
 # ----------------------------------------------------------------------------- the directory
@@ -132,17 +104,25 @@ class JobDir:
         return self.path / MODEL
 
     @cached_property
-    def format(self) -> int:
-        """manifest.json's format (1 where it has none, or where there is no manifest to say); UserError for a
-        format newer than this version reads."""
+    def format(self) -> int | None:
+        """manifest.json's format (1 where it names none); None where there is no manifest to say (a staging
+        directory, a damaged one)."""
         try:
             found = json.loads((self.path / MANIFEST).read_text()).get("format", 1)
         except (OSError, ValueError, AttributeError):
-            return 1
-        if not isinstance(found, int) or found > FORMAT:
+            return None
+        return found if isinstance(found, int) else None
+
+    def check_format(self) -> None:
+        """UserError, one line, for a directory of another format than this version's (FORMAT)."""
+        found = self.format
+        if found is None or found == FORMAT:
+            return
+        if found > FORMAT:
             raise UserError(f"{self.path}: a job directory of format {found}, newer than this cryptotrain reads "
-                            f"(format {FORMAT} and earlier); upgrade cryptotrain to use it")
-        return found
+                            f"(format {FORMAT}); upgrade cryptotrain to use it")
+        raise UserError(f"{self.path}: a job directory of format {found}, written by an earlier cryptotrain; this one "
+                        f"reads format {FORMAT} only: train the job again (`cryptotrain run` of its config does)")
 
     def verify(self) -> str | None:
         """The manifest's sha256 if every file it lists is present and intact, else None."""
@@ -159,10 +139,6 @@ class JobDir:
     def published(self) -> list[str]:
         """Every file the manifest lists (checked by verify), and the manifest: what a push uploads as it is."""
         return [*json.loads((self.path / MANIFEST).read_text())["files"], MANIFEST]
-
-    def holds_plot(self) -> bool:
-        """A directory of format 1 holds its plot.png, which a push uploads as it is."""
-        return PLOT in self.published()
 
     # ------------------------------------------------------------------------- writing
     def write(self, model: keras.Model, preprocessing: Preprocessing, metrics: JobMetrics, config: dict,
@@ -193,7 +169,7 @@ class JobDir:
     def preprocessing(self) -> Preprocessing:
         return self._read(PREPROCESSING, _json, _preprocessing)
 
-    def har(self) -> Har | None:
+    def har_tod(self) -> Har | None:
         """The job's HAR + time of day; None for a job without a head that forecasts high, low and close."""
         return self._read(HAR, _json, Har.from_dict) if (self.path / HAR).is_file() else None
 
@@ -235,29 +211,15 @@ class JobDir:
                                   saved["persistence_close"].reshape(len(times)).astype(float))
         return self._read(PREDICTIONS, load)
 
-    def plot(self) -> bytes:
-        """plot.png: the one a directory of format 1 holds, else drawn from history.csv and predictions.npz (the
-        report's two charts: the losses, and the test split's close against persistence)."""
-        if self.holds_plot():
-            return (self.path / PLOT).read_bytes()
-        metrics, prep = self.metrics(), self.preprocessing()
-        head = next((h for h in prep.heads if "close" in h.columns), None)
-        closes = self.test_closes(head.name, list(head.columns)) if head is not None else None
-        return draw_plot(self.history(), closes, metrics.job, metrics.headline, metrics.data.synthetic)
-
     def _read(self, name: str, load: Callable[[Path], object], parse: Callable[[object], T] | None = None) -> T:
-        """The file `name`: `load`ed, passed through the upgrades from the directory's format to this one
-        (UPGRADES), then `parse`d. JobFileError when it is missing or cannot be read as what it should be;
-        charts.NoChart and UserError (a newer format; load's own line) pass as they are."""
+        """The file `name`: `load`ed, then `parse`d. JobFileError when it is missing or cannot be read as what it
+        should be; charts.NoChart and UserError (another format; load's own line) pass as they are."""
+        self.check_format()
         path = self.path / name
-        upgrades = [steps[name] for version, steps in sorted(UPGRADES.items())
-                    if self.format <= version < FORMAT and name in steps]
         if not path.is_file():
             raise MissingJobFile(path)
         try:
             value = load(path)
-            for upgrade in upgrades:
-                value = upgrade(value)
             return parse(value) if parse is not None else value
         except (UserError, charts.NoChart):
             raise
@@ -314,32 +276,3 @@ def _code_holders(config: object, holder: str = "the model") -> list[str]:
     if "class_name" in config and isinstance(inner, dict) and "name" in inner:
         holder = f"{config['class_name']} '{inner['name']}'"
     return _code_holders(list(config.values()), holder)
-
-
-def draw_plot(history: pd.DataFrame, closes: CloseSeries | None, title: str, scores: Headline | None = None,
-              synthetic: bool = False) -> bytes:
-    """The report's two charts of a job (charts.py) in one PNG: its loss curves, and the predicted vs actual close
-    of the first forecast step on the test split beside persistence's (dashed); without `closes`, the losses alone.
-
-    scores: the job's headline test metrics (JobMetrics.headline: MAE, persistence's, skill), in the title.
-    synthetic: the candles were generated; the figure says so in red."""
-    # Imported here: the HTML report and `cryptotrain status` read job directories and need no Matplotlib.
-    from matplotlib.figure import Figure  # the object API: no GUI backend, safe on headless servers
-
-    fig = Figure(figsize=(11, 6.5 if closes is not None else 3.5))
-    heading = f"{title}: training loss, and the test split in price units"
-    if scores:
-        heading += (f"\ntest {scores.label} (every horizon step): MAE {number(scores.mae, '.5g')} vs persistence "
-                    f"{number(scores.persistence_mae, '.5g')}, skill {number(scores.skill, '+.4f', missing='n/a')}")
-    fig.suptitle(heading, fontsize=11)
-    if synthetic:
-        fig.text(0.01, 0.985, "SYNTHETIC data", color="white", fontweight="bold", fontsize=11, ha="left", va="top",
-                 bbox={"boxstyle": "round,pad=0.3", "facecolor": "#c62828", "edgecolor": "none"})
-    axes = fig.subplots(2 if closes is not None else 1, 1, squeeze=False)[:, 0]
-    charts.draw(axes[0], charts.loss_chart(history))
-    if closes is not None:
-        charts.draw(axes[1], charts.price_chart(closes.times, closes.actual, closes.predicted, closes.persistence))
-    fig.subplots_adjust(left=0.08, right=0.97, top=0.84 if scores else 0.88, hspace=0.5)
-    out = io.BytesIO()
-    fig.savefig(out, format="png", dpi=72)
-    return out.getvalue()

@@ -27,11 +27,12 @@ from ..errors import JobError, UserError
 from ..evaluation.results import JobSummary
 from ..files import pid_alive
 
-STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned
+LEDGER = "ledger.sqlite"  # in the run directory
+STALE_AFTER = 300.0  # seconds without a heartbeat after which a running job counts as abandoned (run --stale-after)
+HEARTBEAT = 15.0  # seconds between a running job's heartbeats (a fifth of a shorter stale limit)
 BUSY_TIMEOUT = 60.0  # seconds a write waits for another process's transaction; they last milliseconds
 SCHEMA_VERSION = 3  # 2: jobs.inputs; 3: jobs.selected_at
 STATUSES = ("pending", "running", "done", "failed")
-_MAX_LISTED_CHANGES = 5
 
 _SCHEMA = (
     """CREATE TABLE run (
@@ -105,7 +106,7 @@ class JobRecord:
 
 
 class Ledger:
-    """`run_dir / "ledger.sqlite"`, created on first use.
+    """The run directory's LEDGER file, created on first use (opened through run.rundir.RunDir).
 
     One connection per instance; a lock serialises its use, so a heartbeat thread may share the
     instance with the thread doing the work (hence check_same_thread=False). A job is owned by the
@@ -122,7 +123,7 @@ class Ledger:
         """`read_only`: only read (a run directory this user cannot write: a colleague's, a read-only mount);
         every write is refused by SQLite."""
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / "ledger.sqlite"
+        self.path = self.run_dir / LEDGER
         self.stale_after = stale_after
         self._host = socket.gethostname()
         self._lock = threading.Lock()
@@ -220,13 +221,10 @@ class Ledger:
 
     # --- the run -----------------------------------------------------------------------------
 
-    def open_run(self, fingerprint: str, config_data: dict, ignored: tuple[str, ...] = (),
-                 normalise: Callable[[dict], dict] = lambda recorded: recorded) -> None:
-        """Record the run's config on first use; afterwards refuse a config with another fingerprint, naming the
-        keys that changed. Keys in `ignored` (dotted paths) may change: the record follows the latest config.
-        A fingerprint that differs with only such keys changed (one computed by an earlier version, which still
-        counted them) is taken over. `normalise`: the recorded config as this version reads it (an option added
-        since, at its default, is no change)."""
+    def open_run(self, fingerprint: str, config_data: dict, check: Callable[[str, dict], None]) -> None:
+        """Record the run's config on first use; afterwards `check(recorded fingerprint, recorded config)`, which
+        raises to refuse this config (run.rundir.RunDir.create decides), and the record follows this config. In one
+        write transaction: two processes opening one run directory never both record a config."""
         config_json = json.dumps(config_data)
         with self._transaction() as conn:
             row = conn.execute("SELECT fingerprint, config_json FROM run").fetchone()
@@ -234,11 +232,7 @@ class Ledger:
                 conn.execute("INSERT INTO run (id, fingerprint, config_json, created_at) VALUES (1, ?, ?, ?)",
                              (fingerprint, config_json, time.time()))
                 return
-            changes = [change for change in _changed_keys(normalise(json.loads(row["config_json"])), config_data)
-                       if change.split(" ", 1)[0] not in ignored]
-            if row["fingerprint"] != fingerprint and changes:
-                raise UserError(f"{self.run_dir}: made with a different config ({_describe(changes)}); "
-                                "run with --new-run to start over")
+            check(row["fingerprint"], json.loads(row["config_json"]))
             conn.execute("UPDATE run SET fingerprint = ?, config_json = ?", (fingerprint, config_json))
 
     def add_jobs(self, names: list[str], selected: list[str] | None = None) -> None:
@@ -312,24 +306,36 @@ class Ledger:
                      (name, name, pid, self._host, now))
         Ledger._held.add(self._key(name))
 
-    def keep_alive(self, name: str, every: float = 15.0) -> Heartbeat:
+    def keep_alive(self, name: str) -> Heartbeat:
         """Heartbeats for a claimed job from a background thread until stopped (or the `with` block ends), so
-        that no other process reclaims it however long one stage takes."""
-        return Heartbeat(self, name, every)
+        that no other process reclaims it however long one stage takes: every HEARTBEAT seconds, or a fifth of a
+        shorter stale limit."""
+        return Heartbeat(self, name, min(HEARTBEAT, self.stale_after / 5))
 
     def heartbeat(self, name: str) -> None:
         """Tell other processes this job's process is alive. Raises LostClaim if it was reclaimed."""
         with self._transaction() as conn:
             self._update_owned(conn, name, "heartbeat_at = :now", now=time.time())
 
-    def mark_done(self, name: str, manifest_sha256: str, summary: JobSummary, seconds: float) -> None:
-        """The job's artifacts are new, so no push of an earlier attempt's stands for them. The summary is kept
-        as Python's json writes it (as earlier versions did; pydantic's would write a NaN as null)."""
+    def mark_done(self, name: str, commit: Callable[[], str], summary: JobSummary, seconds: float) -> str:
+        """Put the job's files in place (`commit()`, which returns their manifest's sha256) and record it done, both
+        only while this process still holds it: inside the one write transaction that another process needs to
+        reclaim the job, so no process takes it over between the check and the commit (a process paused past the
+        stale limit and woken finds it taken, and commits nothing: LostClaim). The job's files are new, so no push
+        of an earlier attempt's stands for them. The summary is kept as Python's json writes it (pydantic's would
+        write a NaN as null). -> the manifest's sha256."""
+        done = {}
+
+        def committed() -> dict:
+            done["sha"] = commit()
+            return {"manifest_sha256": done["sha"]}
+
         self._end_attempt(name, "done", None,
                           "status = 'done', finished_at = :now, seconds = :seconds, "
                           "manifest_sha256 = :manifest_sha256, summary = :summary, pushed_repo = NULL, "
                           "pushed_commit = NULL, pushed_url = NULL, pushed_at = NULL",
-                          seconds=seconds, manifest_sha256=manifest_sha256, summary=json.dumps(summary.model_dump()))
+                          seconds=seconds, summary=json.dumps(summary.model_dump()), fenced=committed)
+        return done["sha"]
 
     def mark_failed(self, name: str, error: str, seconds: float, inputs: str | None = None) -> None:
         """`inputs`: a digest of what the job was given, so that a later run can tell it was fixed."""
@@ -341,25 +347,34 @@ class Ledger:
         """Interrupted (Ctrl-C): back to pending; this attempt does not count towards --retries."""
         self._end_attempt(name, "interrupted", None, "status = 'pending', attempts = attempts - 1")
 
-    def _end_attempt(self, name: str, outcome: str, error: str | None, assignments: str, **values) -> None:
+    def _end_attempt(self, name: str, outcome: str, error: str | None, assignments: str,
+                     fenced: Callable[[], dict] = dict, **values) -> None:
+        """End this process's attempt at a job it holds; `fenced()`, called once the hold is checked and before
+        anything is written, adds the values it returns."""
         try:
             with self._transaction() as conn:
                 now = time.time()
+                self._check_owned(conn, name)
+                values |= fenced()
                 self._update_owned(conn, name, assignments, now=now, error=error, **values)
                 conn.execute("UPDATE attempts SET ended_at = ?, outcome = ?, error = ? "
                              "WHERE job = ? AND ended_at IS NULL", (now, outcome, error, name))
         finally:  # this process has stopped working on it, even if that could not be recorded (a full disk):
             Ledger._held.discard(self._key(name))  # a later claim in this process may reclaim it
 
+    def _check_owned(self, conn: sqlite3.Connection, name: str) -> None:
+        """LostClaim unless this process holds the job (inside a write transaction: it still does at its end)."""
+        held = conn.execute("SELECT 1 FROM jobs WHERE name = ? AND status = 'running' AND pid = ? AND host = ?",
+                            (name, os.getpid(), self._host)).fetchone()
+        if held is None:
+            Ledger._held.discard(self._key(name))
+            raise LostClaim(f"{name}: no longer held by this process (pid {os.getpid()} on {self._host}); "
+                            "another process took it over")
+
     def _update_owned(self, conn: sqlite3.Connection, name: str, assignments: str, **values) -> None:
         """Apply `assignments` to the job only while this process holds it."""
-        owner = {"name": name, "pid": os.getpid(), "host": self._host}
-        updated = conn.execute(f"UPDATE jobs SET {assignments} WHERE name = :name AND status = 'running' "
-                               "AND pid = :pid AND host = :host", {**owner, **values}).rowcount
-        if not updated:
-            Ledger._held.discard(self._key(name))
-            raise LostClaim(f"{name}: no longer held by this process (pid {owner['pid']} on {self._host}); "
-                            "another process took it over")
+        self._check_owned(conn, name)
+        conn.execute(f"UPDATE jobs SET {assignments} WHERE name = :name", {"name": name, **values})
 
     # --- after the fact ----------------------------------------------------------------------
 
@@ -419,36 +434,6 @@ def _status(conn: sqlite3.Connection, name: str) -> str:
     if row is None:
         raise JobError(f"{name}: not a job of this run")
     return row[0]
-
-
-_UNSET = object()
-
-
-def _changed_keys(old: object, new: object, path: str = "") -> list[str]:
-    """Dotted paths where two JSON-like configs differ, with old -> new for plain values,
-    e.g. ['train.epochs 100 -> 2', 'model.layers[0].units 64 -> 32', 'data.symbols']."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [change for key in {**old, **new}
-                for change in _changed_keys(old.get(key, _UNSET), new.get(key, _UNSET),
-                                           f"{path}.{key}" if path else str(key))]
-    if isinstance(old, list) and isinstance(new, list) and len(old) == len(new):
-        return [change for i, (a, b) in enumerate(zip(old, new)) for change in _changed_keys(a, b, f"{path}[{i}]")]
-    if old == new:
-        return []
-    if isinstance(old, (dict, list)) or isinstance(new, (dict, list)):
-        return [path]
-    return [f"{path} {_short(old)} -> {_short(new)}"]
-
-
-def _short(value: object, limit: int = 30) -> str:
-    text = "unset" if value is _UNSET else value if isinstance(value, str) else json.dumps(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _describe(changes: list[str]) -> str:
-    listed = ", ".join(changes[:_MAX_LISTED_CHANGES])
-    more = len(changes) - _MAX_LISTED_CHANGES
-    return f"changed: {listed}" + (f", +{more} more" if more > 0 else "")
 
 
 class Heartbeat:

@@ -28,7 +28,7 @@ from ..data.features import implausible_jump, job_features
 from ..data.market import Reference
 from ..data.windows import Preprocessing, SplitWindows, Windows, make_windows
 from ..errors import JobError
-from ..evaluation.baselines import Baselines, Har, fit_baselines
+from ..evaluation.baselines import Baselines, Har, cached_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from ..evaluation.results import DataInfo, JobMetrics
 from ..model.models import output_shapes
@@ -74,7 +74,7 @@ class JobResult:
     history: pd.DataFrame  # one row per epoch
     test: SplitWindows
     predictions: dict[str, np.ndarray]  # head -> the test split's forecasts in prices
-    har: Har | None = None  # predict's expected high / low and interval after the latest candles
+    har_tod: Har | None = None  # predict's expected high / low and interval after the latest candles
     served: dict[str, np.ndarray] = field(default_factory=dict)  # what users get per test window (candle_scores)
 
     def write(self, directory: Path) -> None:
@@ -88,7 +88,7 @@ class JobResult:
         JobDir(directory).write(self.model, self.preprocessing, self.metrics, self.config, self.history,
                                 {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes,
                                  **self.served},
-                                self.har)
+                                self.har_tod)
 
 
 def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
@@ -119,27 +119,24 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
                      callbacks=[*callbacks, ReportProgress(events, job.name)])
-        prep = windows.preprocessing
-        val_raw = predict_fixed_batches(model, windows.val.x)
+        prep, test, val = windows.preprocessing, windows.test, windows.val
+        val_raw = predict_fixed_batches(model, val.x)  # every output of the model
         val_outputs = prep.point(val_raw)
         if cfg.window.shrink:
-            prep = choose_shrink(val_outputs, windows.val, prep)
-        quantile_outputs = predict_fixed_batches(model, windows.test.x)
-        outputs = prep.point(quantile_outputs)
-        predictions = prep.to_prices(outputs, windows.test.last_close)
-        unshrunk = windows.preprocessing.to_prices(outputs, windows.test.last_close)
+            prep = choose_shrink(val_outputs, val, prep)
+        test_raw = predict_fixed_batches(model, test.x)
+        outputs = prep.point(test_raw)
+        predictions = prep.to_prices(outputs, test.last_close)
+        unshrunk = windows.preprocessing.to_prices(outputs, test.last_close)
         release_free_memory()
-        scores = evaluate(predictions, windows.test, prep, unshrunk,
-                          quantiles=prep.to_prices(quantile_outputs, windows.test.last_close)
-                          if any(head.quantiles for head in prep.heads) else None)
+        scores = evaluate(predictions, test, prep, unshrunk, outputs=prep.to_prices(test_raw, test.last_close))
         candles, served = None, {}
         if fitted is not None:  # the size of the coming candles, against its baselines
-            head = candle_head(windows.preprocessing)
+            head = candle_head(prep)
+            val_prices = prep.to_prices(val_outputs, val.last_close)[head.name]
             candles, served = candle_scores(
-                head, predictions[head.name], windows.test,
-                prep.to_prices(val_outputs, windows.val.last_close)[head.name], windows.val, fitted, cfg.evaluation,
-                range_rms=None if prep.har_head is None else (prep.range_forecast(quantile_outputs),
-                                                              prep.range_forecast(val_raw)))
+                head, prep.candle_quantities(head, test_raw, predictions[head.name], test.last_close),
+                prep.candle_quantities(head, val_raw, val_prices, val.last_close), test, val, fitted, cfg.evaluation)
         metrics = JobMetrics(
             job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
             data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
@@ -156,21 +153,20 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators, market=prepared.market),
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
-        result.history, windows.test, predictions, None if fitted is None else fitted.har, served)
+        result.history, windows.test, predictions, None if fitted is None else fitted.har_tod, served)
 
 
 def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
                 target_shapes: dict[str, tuple[int, ...]]) -> tuple[Windows, Baselines | None]:
     """A job's windows as fit takes them, and the baselines of the size of the coming candles fitted on its train
-    split (None without a candle head): a HAR head's windows carry HAR's forecast of each window, its start."""
+    split (None without a candle head; kept in the cache beside the features); the windows carry the inputs the heads
+    read beside them, made from HAR's forecast of each window (a HAR head's start)."""
     windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, target_shapes)
     if candle_head(windows.preprocessing) is None:
         return windows, None
-    fitted = fit_baselines(frame, timeframe, cfg.window.horizon, windows.train.first_target_rows,
-                           windows.val.first_target_rows)
-    if windows.preprocessing.har_head is not None:
-        windows = windows.with_har(fitted.har_inputs())
-    return windows, fitted
+    fitted = cached_baselines(cfg.cache_path, frame, timeframe, cfg.window.horizon, windows.train.first_target_rows,
+                              windows.val.first_target_rows)
+    return windows.with_forecasts(fitted.har_inputs()), fitted
 
 
 @contextlib.contextmanager

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import csv
 import errno
+import functools
 import gc
 import io
 import json
@@ -20,12 +21,11 @@ import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import pandas as pd
 
-from ..config import FREE_KEYS, ExecutorConfig, RunConfig
+from ..config import ExecutorConfig, RunConfig
 from ..data import input_digest
 from ..data.features import collinear_columns
 from ..errors import Interrupted, JobError, RunStopped, UserError, first_line
@@ -35,11 +35,11 @@ from ..model.device import cudnn_report, setup
 from ..model.resume import budget_plan
 from . import artifacts
 from .executors import Executor, open_executor
-from .jobdir import JobDir, JobFileError
+from .jobdir import FORMAT, JobDir, JobFileError
 from .jobs import Job, make_jobs
-from .ledger import Heartbeat, JobRecord, Ledger, LostClaim
+from .ledger import STALE_AFTER, Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import JobOutput, prepare
-from .rundir import CONFIG, RunDir
+from .rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -72,12 +72,13 @@ class Outcome:
 
 def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, new_run: bool = False,
                retries: int = 1, push: Push | None = None, retry_failed: bool = False,
-               executor: ExecutorConfig | None = None) -> Outcome:
+               executor: ExecutorConfig | None = None, stale_after: float = STALE_AFTER) -> Outcome:
     """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
     either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
     report.console.JobProgress; by default nowhere). `push` (`run --push`: publish.hub.push_pending) publishes the
-    jobs done, every PUSH_EVERY_S and at the end. Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once
-    the jobs under way are released to resume."""
+    jobs done, every PUSH_EVERY_S and at the end. `stale_after`: seconds without a heartbeat after which another
+    process sharing the run directory takes a running job over. Interrupted (Ctrl-C, SIGTERM): raises
+    errors.Interrupted once the jobs under way are released to resume."""
     if push is not None and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
@@ -85,7 +86,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
     with contextlib.ExitStack() as opened:
         # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
         with open_executor(cfg, executor or cfg.executor) as workers:
-            run = opened.enter_context(_open_run(cfg, new_run, display))
+            run = opened.enter_context(RunDir.create(cfg, new_run, display.note, stale_after))
             run_dir, ledger = run.path, run.ledger
             names = [job.name for job in jobs]
             by_name = {job.name: job for job in jobs}
@@ -177,20 +178,23 @@ class _Driver:
         started, heartbeat = self.in_flight.pop(name)
         heartbeat.stop()
         seconds = time.perf_counter() - started
+        stage = None  # this process's files of the job, sealed, until committed
         try:
             if isinstance(outcome, BaseException):
                 raise outcome
             if isinstance(outcome, tuple):  # its directory was committed already (_finished_already)
                 manifest_sha, metrics = outcome
             else:
-                manifest_sha, metrics = artifacts.commit_job(self.run_dir, name, outcome.write), outcome.metrics
+                metrics = outcome.metrics
+                stage, manifest_sha = artifacts.stage_job(self.run_dir, name, outcome.write)
             summary = metrics.summary()
-            self.ledger.mark_done(name, manifest_sha, summary, seconds)
+            self.ledger.mark_done(name, functools.partial(self._commit, name, stage, manifest_sha), summary, seconds)
         except UserError:  # bad input found in a job: every job would fail alike, so stop, count nothing
             self._release(name)
             raise
-        except LostClaim:
-            log.warning("%s: another process reclaimed this job; leaving it to that process", name)
+        except LostClaim:  # another process took it over while this one was silent (paused, say): its files stay
+            log.warning("%s: another process took this job over while this one went silent (no heartbeat for %.0f s);"
+                        " this one's files were discarded, that one's kept", name, self.ledger.stale_after)
             return
         except Exception as exc:
             if isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
@@ -200,11 +204,21 @@ class _Driver:
             self.ledger.mark_failed(name, error, seconds, inputs=input_digest(self.cfg, job.symbol, job.timeframe))
             self.progress.finish_job(job, error, failed=True)
             return
+        finally:
+            if stage is not None:  # committed: renamed away already; not committed (a claim lost, a failure): gone
+                shutil.rmtree(stage, ignore_errors=True)
         self.progress.job_done(job, summary)
         write_summary(self.run_dir, self.ledger)
         if self.push and time.monotonic() - self.last_push >= PUSH_EVERY_S:
             self.push(self.run, self.names, self.progress.note)
             self.last_push = time.monotonic()
+
+    def _commit(self, name: str, stage: Path | None, manifest_sha: str) -> str:
+        """Put the job's sealed staging directory in place as jobs/JOB (none: it is there already); called by the
+        ledger while it confirms this process holds the job (Ledger.mark_done)."""
+        if stage is not None:
+            artifacts.commit(stage, artifacts.jobs_dir(self.run_dir) / name)
+        return manifest_sha
 
     def release_all(self) -> None:
         """Interrupted: the jobs in hand go back to pending (not a failed attempt), to resume from their last
@@ -227,7 +241,7 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     its checkpoint is then kept to go on from, or cleared)."""
     final = JobDir(artifacts.jobs_dir(run_dir) / job.name)
     existing = final.verify()
-    if not existing:
+    if not existing or final.format < FORMAT:  # an earlier cryptotrain's: trained again (a later one's is refused)
         return None
     try:
         metrics = final.metrics()
@@ -250,39 +264,6 @@ def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
                     a, b, corr)
 
 
-def _open_run(cfg: RunConfig, new_run: bool, display: Display) -> RunDir:
-    """The run directory with its ledger; a run directory made with another config is refused, or moved aside
-    with --new-run (kept, renamed with a timestamp: nothing already done is lost)."""
-    run_dir = cfg.run_dir
-    ledger = Ledger(run_dir)
-    try:
-        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS, normalise=_as_read_now)
-    except UserError:
-        busy = ledger.in_use() if new_run else []
-        ledger.close()
-        if not new_run:
-            raise
-        if busy:  # moving it would pull the directory from under that process, which would go on writing there
-            raise UserError(f"{run_dir}: --new-run cannot move this run directory: another process is training in it "
-                            f"({', '.join(busy)}); stop it first, or give this config another output_dir") from None
-        kept = run_dir.with_name(f"{run_dir.name}-{datetime.now():%Y%m%d-%H%M%S}")
-        run_dir.rename(kept)
-        display.note(f"Config changed: the previous run was moved to {kept}")
-        ledger = Ledger(run_dir)
-        ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), ignored=FREE_KEYS)
-    atomic_write(run_dir / CONFIG, lambda tmp: artifacts.write_config(tmp, cfg.model_dump(mode="json")))
-    return RunDir(run_dir, ledger, cfg)
-
-
-def _as_read_now(recorded: dict) -> dict:
-    """A run's recorded config as this version reads it: options added since appear at their defaults (which is
-    what the run was made with). As recorded where this version cannot read it (then it differs anyway)."""
-    try:
-        return RunConfig.model_validate(recorded).fingerprint_data()
-    except ValueError:  # pydantic's ValidationError
-        return recorded
-
-
 def _reconcile(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int, retry_failed: bool) -> None:
     """One pass over the run's jobs before any is claimed: each of `jobs` that must train again goes back to
     pending, all in one transaction (_why_again says which and why)."""
@@ -294,6 +275,7 @@ def _reconcile(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: in
 def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_failed: bool) -> str | None:
     """Why a job must train again, or None:
     - a done job whose files no longer match its manifest: trained again, not trusted;
+    - a done job written by an earlier cryptotrain (an older jobdir.FORMAT, which this version does not read);
     - a done job that the training budget (BUDGET_KEYS) would now have trained otherwise (resume.budget_plan:
       train_job extends or retrains it);
     - a failed job that used up its retries, when asked to (--retry-failed) or when what it was given has
@@ -303,6 +285,10 @@ def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_
         if job_dir.verify() != record.manifest_sha256:
             log.warning("%s: artifacts missing or modified since the job finished; training it again", record.name)
             return "artifacts failed verification"
+        if job_dir.format < FORMAT:
+            log.warning("%s: written by an earlier cryptotrain (job directory format %d); training it again",
+                        record.name, job_dir.format)
+            return f"written by an earlier cryptotrain (format {job_dir.format})"
         plan = budget_plan(cfg.train, job_dir.config().train, job_dir.history, cfg.run_dir / BACKUPS / record.name)
         return plan.reason if plan is not None and plan.action != "keep" else None
     if record.status != "failed" or record.attempts <= retries:

@@ -1,0 +1,96 @@
+"""Every benchmark runs in the suite, on the bundled candles and the least work that still goes through all of its
+code: a benchmark that breaks fails here, in the commit that broke it. The figures mean nothing at this size
+(benchmarks/RESULTS.md holds the measured ones); what is checked is that each runs, finishes and writes figures that
+are numbers."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from tests.conftest import CANDLES_DIR, REPO
+
+
+def benchmark(name: str) -> ModuleType:
+    """benchmarks/NAME.py, loaded as a module (as `python benchmarks/NAME.py` runs it)."""
+    sys.path.insert(0, str(REPO / "benchmarks"))  # a benchmark may import another, as run from its folder
+    spec = importlib.util.spec_from_file_location(name, REPO / "benchmarks" / f"{name}.py")
+    module = sys.modules[name] = importlib.util.module_from_spec(spec)  # as a script is (dataclasses look it up)
+    spec.loader.exec_module(module)
+    return module
+
+
+def numbers(data: object) -> list[float]:
+    """Every float in a JSON value."""
+    if isinstance(data, float):
+        return [data]
+    values = data.values() if isinstance(data, dict) else data if isinstance(data, list) else ()
+    return [number for value in values for number in numbers(value)]
+
+
+def written(path: Path) -> dict:
+    results = json.loads(path.read_text())
+    assert numbers(results), path
+    return results
+
+
+def test_bench_features(tmp_path):
+    out = tmp_path / "features.json"
+    benchmark("bench_features").main(["--data", str(CANDLES_DIR), "--only", "BTCUSDT_1h", "--repeats", "1",
+                                      "--json", str(out)])
+    summary = written(out)["summary"]
+    assert summary["speedup_median"]["cold"] > 0 and summary["speedup_median"]["cached"] > 0
+
+
+def test_bench_baselines(tmp_path):
+    out = tmp_path / "baselines.json"
+    assert benchmark("bench_baselines").main(["--data", str(CANDLES_DIR), "--only", "BTCUSDT_1h",
+                                              "--json", str(out)]) == 0
+    assert written(out)["per_series"]["BTCUSDT_1h"]["figures"]["range_har_vs_persistence"] > 0
+
+
+@pytest.mark.train
+def test_bench_skill(tmp_path):
+    out = tmp_path / "skill.json"
+    assert benchmark("bench_skill").main([
+        "--data", str(CANDLES_DIR), "--only", "BTCUSDT_1h", "--epochs", "1", "--set", "features.market=null",
+        "--set", "data.max_rows=1200", "--keep", str(tmp_path / "run"), "--json", str(out)]) == 0
+    results = written(out)
+    row = results["per_series"]["BTCUSDT_1h"]
+    assert row is not None and row["interval_method"] == "adaptive"
+    assert {f"{figure}_{who}" for figure in ("range_qlike", "range_mae", "high_low_mae")
+            for who in ("network", "served", "fitted", "validation")} <= row.keys()
+    assert results["overall"]["targets"]  # checked against the bar (the figures at this size mean nothing)
+
+
+@pytest.mark.train
+def test_bench_throughput(tmp_path):
+    out = tmp_path / "throughput.json"
+    benchmark("bench_throughput").main(["--families", "v7", "--batch-sizes", "16", "--budget", "0.05",
+                                        "--repeats", "1", "--no-variants", "--peak-repeats", "1", "--json", str(out)])
+    [family] = written(out)["families"]
+    assert family["family"] == "v7" and [row["batch_size"] for row in family["by_batch_size"]] == [16]
+    assert family["by_batch_size"][0]["samples_per_s"] > 0
+
+
+@pytest.mark.train
+def test_bench_run(tmp_path):
+    out = tmp_path / "run.json"
+    benchmark("bench_run").main(["--data", str(CANDLES_DIR), "--jobs", "1", "--epochs", "1", "--rows", "600",
+                                 "--json", str(out)])
+    results = written(out)
+    assert [row["job"] for row in results["ours"]] == [row["job"] for row in results["old"]] == ["BTCUSDT_1h"]
+    assert results["speedup"] > 0
+
+
+@pytest.mark.processes
+def test_bench_ray(tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "ray.json"
+    benchmark("bench_ray").main(["--only", "BTCUSDT_1h", "--epochs", "1", "--rows", "500", "--json", str(out)])
+    results = written(out)
+    assert results["local_wall_s"] > 0 and results["ray_wall_s"] > 0 and results["ray_workers_ready_s"] > 0
