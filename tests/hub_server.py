@@ -6,8 +6,8 @@ paths-info) and download from it (resolve), with the same status codes and heade
 interprets. The repo state is git-like: a list of commits, each a full snapshot of path -> blob.
 Failures can be injected per endpoint: `fail("commit", 500)` answers the next call with an error
 before doing anything; `drop("commit")` does the work and then closes the connection without an
-answer (the case where a retry must not duplicate a commit); `fail_at_random(0.3, seed)` answers
-about 30 % of all requests with a 429 or a 500, reproducibly for a seed.
+answer (the case where a retry must not duplicate a commit); `fail_at_random(0.3, seed, 4)` answers
+about 30 % of all requests with a 429 or a 500 (none more than 4 times in a row), reproducibly for a seed.
 """
 from __future__ import annotations
 
@@ -183,8 +183,10 @@ class HubServer:
         self.calls: Counter[str] = Counter()
         self.failed_at_random: Counter[str] = Counter()
         self._failures: dict[str, deque[Failure]] = {}
-        self._random: tuple[float, int] | None = None  # (rate, seed) of fail_at_random
+        self._random: tuple[float, int, int] | None = None  # (rate, seed, most in a row) of fail_at_random
         self._sent: Counter[str] = Counter()  # how often each distinct request came, for fail_at_random
+        self._failed_in_a_row: Counter[str] = Counter()  # and how often it has just failed
+        self.retry_afters_sent: set[float] = set()  # the Retry-After values fail_at_random answered with
         self._lock = threading.RLock()
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._http.daemon_threads = True
@@ -208,23 +210,28 @@ class HubServer:
     def drop(self, endpoint: str, times: int = 1) -> None:
         self._queue(endpoint, [Failure(None, {}, "") for _ in range(times)])
 
-    def fail_at_random(self, rate: float, seed: int) -> None:
+    def fail_at_random(self, rate: float, seed: int, most_in_a_row: int) -> None:
         """From now on, answer `rate` of all requests, before doing anything, with a 429 (Retry-After 0 or 1) or a
-        500. Drawn per request from `seed`, the request (method, path, body) and how often that same request came
-        before: the same for a seed whatever order the client's threads send requests in."""
-        self._random = (rate, seed)
+        500, but never one request more than `most_in_a_row` times in a row (transient failures: what a client's
+        retries are for). Drawn per request from `seed`, the request (method, path, body) and how often that same
+        request came before: the same for a seed whatever order the client's threads send requests in."""
+        self._random = (rate, seed, most_in_a_row)
 
     def _random_failure(self, name: str, method: str, path: str, body: bytes) -> Failure | None:
         if self._random is None:
             return None
-        rate, seed = self._random
+        rate, seed, most_in_a_row = self._random
         request = f"{method} {path} {hashlib.sha256(body).hexdigest()}"
         self._sent[request] += 1
         draw = random.Random(f"{seed} {request} {self._sent[request]}")
-        if draw.random() >= rate:
+        if draw.random() >= rate or self._failed_in_a_row[request] == most_in_a_row:
+            self._failed_in_a_row[request] = 0
             return None
+        self._failed_in_a_row[request] += 1
         self.failed_at_random[name] += 1
         status, retry_after = draw.choice([(429, "0"), (429, "1"), (500, None)])
+        if retry_after:
+            self.retry_afters_sent.add(float(retry_after))
         return Failure(status, {"Retry-After": retry_after} if retry_after else {}, "injected failure")
 
     def _queue(self, endpoint: str, failures: list[Failure]) -> None:

@@ -201,6 +201,23 @@ def test_each_rule_names_the_import_that_breaks_it(tmp_path):
         "trainer.data.sources; trainer/data/sources.py:1: trainer.data.sources imports trainer.data.binance"]
 
 
+# ----------------------------------------------------------------------------- the suite keeps its own
+def fixtures(path: Path) -> set[str]:
+    """The fixtures a test file defines at its top level."""
+    return {node.name for node in ast.parse(path.read_text()).body if isinstance(node, ast.FunctionDef)
+            and any("fixture" in ast.unparse(decorator) for decorator in node.decorator_list)}
+
+
+def test_no_fixture_of_a_test_module_shadows_one_of_conftest():
+    """A module's fixture named as one of tests/conftest.py's would hide it from that module's tests, with another
+    type (conftest also marks the tests that use `trained_run`)."""
+    tests = Path(__file__).resolve().parent
+    shared = fixtures(tests / "conftest.py")
+    shadows = {str(path.relative_to(tests)): sorted(fixtures(path) & shared)
+               for path in sorted(tests.rglob("test_*.py")) if fixtures(path) & shared}
+    assert not shadows, f"fixtures named as tests/conftest.py's: {shadows}"
+
+
 def main() -> None:
     found = imports()
     edges = package_edges(found)

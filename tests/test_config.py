@@ -259,7 +259,7 @@ def test_a_mistyped_path_into_another_directory_is_not_replaced_by_a_bundled_con
     (["--set", "train.epochs"], "--set train.epochs: expected KEY.PATH=VALUE"),
     (["--set", "train.epochs=[1"], "--set train.epochs=[1: the value is not valid YAML"),
     (["--set", "train.epochs=-3"], "train.epochs: Input should be greater than 0"),
-    (["--set", "model.layers.9.units=3"], "'9' is not an index of a 5-item list"),
+    (["--set", "model.layers.9.units=3"], "'9' is not an index of a 4-item list"),
     (["--only", "NOPE*"], "--only NOPE*: matches none of BTCUSDT, ETHUSDT"),
 ])
 def test_bad_command_line_overrides(tmp_path, tiny_config, args, expected):

@@ -28,7 +28,8 @@ def test_tensorboard_missing_is_one_line_before_any_job(tiny_config, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing trained, no run directory made
 
     # The same config without the option trains: only the option needs the package.
-    plain = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--only", "BTCUSDT", cwd=tmp_path)
+    plain = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--only", "BTCUSDT",
+                                 "--set", "train.epochs=1", cwd=tmp_path)
     assert plain.returncode == 0, plain.stderr[-3000:]
 
 

@@ -131,7 +131,7 @@ def test_cgroup_cpu_quota(tmp_path, cpu_max, v1_quota, expected):
 # ----------------------------------------------------------------------------- cuDNN eligibility
 def test_default_recurrent_layers_are_eligible(tmp_path):
     report = device.cudnn_report(tiny(tmp_path).model)
-    assert [(r.index, r.kind) for r in report] == [(0, "bilstm"), (2, "lstm"), (4, "lstm")]  # layernorm skipped
+    assert [(r.index, r.kind) for r in report] == [(0, "lstm"), (3, "lstm")]  # layernorm, repeat_vector skipped
     assert all(r.eligible and r.blockers == [] for r in report)
 
 

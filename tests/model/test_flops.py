@@ -28,10 +28,9 @@ def keras_flops(model: keras.Model) -> int:
 
 def test_tiny_config_by_hand(tmp_path):
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
-    # 8 inputs, lookback 16, horizon 3: BiLSTM 8 -> LayerNorm -> LSTM 8 -> RepeatVector(3) -> LSTM 8 (seq)
+    # 8 inputs, lookback 16, horizon 3: LSTM 8 -> LayerNorm -> RepeatVector(3) -> LSTM 8 (seq)
     # -> per-step heads ohlc 4 + bb 2.
-    expected = (2 * 16 * 2 * 4 * 8 * (8 + 8)   # BiLSTM, both directions, 16 steps
-                + 16 * 2 * 4 * 8 * (16 + 8)    # LSTM over the 16-wide concat output
+    expected = (16 * 2 * 4 * 8 * (8 + 8)       # LSTM over the 16 steps of 8 inputs
                 + 3 * 2 * 4 * 8 * (8 + 8)      # decoder LSTM over the 3 repeated steps
                 + 3 * 2 * 8 * (4 + 2))         # heads, per step
     assert flops_per_sample(cfg.network) == expected

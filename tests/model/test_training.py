@@ -92,7 +92,7 @@ def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(c
 
 
 def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(cfg):
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     btc = _windows(cfg, "BTCUSDT", model)
     feed = model.feed_for(btc)
     np.testing.assert_array_equal(feed.rows.numpy(), btc.rows)
@@ -122,7 +122,7 @@ def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(c
 def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(cfg, tmp_path):
     """model.keras (what predict and the Hub read) is a plain functional model: keras.saving.load_model reads it
     with nothing registered and it predicts what the trained model predicts."""
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     btc = _windows(cfg, "BTCUSDT", model)
     fit(model, btc, cfg.train, tmp_path / "backup")
     model.save(tmp_path / "model.keras")
@@ -140,7 +140,10 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
 
 
 def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    """fit as a process started afresh runs it: on the process's model of that shape, reset to a fresh build's state
+    (what test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model checks), so that a
+    test's second fit needs no second trace."""
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     return model, fit(model, windows_of(model), cfg.train, backup_dir, **callbacks)
 
 
@@ -251,7 +254,7 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
         saved_state = [saved[name] for name in sorted((n for n in saved.files if n.startswith("o")),
                                                       key=lambda n: int(n[1:]))]
 
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     assert resume(tmp_path / "backup", model).epochs == 1
     for variable, value in zip(model.optimizer.variables, saved_state):
         np.testing.assert_array_equal(variable.numpy(), value)
@@ -318,7 +321,7 @@ def test_a_har_heads_windows_train_on_the_device_and_its_saved_model_reads_them(
     holds them, its range output's target is the scaled ln(high / low), and model.keras (two kinds of input)
     loads and predicts what was trained."""
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD]))
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     windows, _ = har_windows(cfg, model)
     feed = model.feed_for(windows)
     x, y = feed.gather(tf.constant(windows.val.first_target_rows))
@@ -341,7 +344,7 @@ def test_training_starts_a_har_heads_linear_term_at_its_least_squares_fit_on_the
     split, of each step's ln(range / HAR's) on the window's last row less its mean: on that split the forecast range
     keeps HAR's level on average and tracks the actual ranges more closely than HAR's. Until then the model is HAR."""
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=[HAR_HEAD]))
-    model = ModelCache().model_for(cfg.network, cfg.train)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     windows, _ = har_windows(cfg, model)
     train, prep = windows.train, windows.preprocessing
     high, low = (prep.heads[0].columns.index(c) for c in ("high", "low"))

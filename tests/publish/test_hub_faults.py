@@ -1,11 +1,10 @@
-"""`cryptotrain push` of a trained quickstart run against a local Hub (tests/hub_server.py) that fails about 30 %
+"""`cryptotrain push` of a trained run (the session's) against a local Hub (tests/hub_server.py) that fails about 30 %
 of all requests at random, with 429 (Retry-After 0 or 1) or 500: each request is retried on its own, so the push
 lands everything without starting over, a second push adds nothing, and a job downloads back. A request that keeps
 failing ends the push in one line."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import pytest
@@ -17,28 +16,17 @@ from trainer.cli import main
 from trainer.publish.hub import download_job
 from trainer.run.artifacts import jobs_dir
 
-pytestmark = pytest.mark.train  # the quickstart trained once for the module
+pytestmark = pytest.mark.train  # the session's trained run (conftest.trained_run), pushed from copies
 
 TOKEN = "hf_FaUlTyHuBtOkEn0123456789abcdef"
-REPO = "tester/cpb-quickstart"
+REPO = "tester/cpb-tiny"
 ONCE_A_PUSH = ("create", "paths_info", "validate_yaml", "preupload")  # requests a push makes once
-
-
-@pytest.fixture(scope="module")
-def trained_run(tmp_path_factory) -> Path:
-    """The quickstart config's 4 jobs with every file they have, trained once for the module (one epoch)."""
-    root = tmp_path_factory.mktemp("quickstart")
-    result = CliRunner().invoke(main, ["run", "-c", "quickstart", "--set", f"output_dir={root / 'run'}",
-                                       "--set", f"cache_dir={root / 'cache'}", "--set", "train.epochs=1"],
-                                catch_exceptions=False)
-    assert result.exit_code == 0, result.output
-    return root / "run"
 
 
 @pytest.fixture
 def run_dir(trained_run, tmp_path) -> Path:
-    """A copy of the trained run: each test pushes from a ledger of its own."""
-    return Path(shutil.copytree(trained_run, tmp_path / "run"))
+    """A copy of the session's trained run: each test pushes from a ledger of its own."""
+    return trained_run.copy(tmp_path).run_dir
 
 
 @pytest.fixture
@@ -55,7 +43,7 @@ def push(run_dir: Path):
 def test_a_push_through_random_failures_lands_everything_and_a_second_push_adds_nothing(hub, run_dir, monkeypatch,
                                                                                          seed):
     waits = record_sleeps(monkeypatch)
-    hub.fail_at_random(0.3, seed)
+    hub.fail_at_random(0.3, seed, most_in_a_row=hub_module.MAX_ATTEMPTS - 1)
 
     first = push(run_dir)
 
@@ -63,7 +51,7 @@ def test_a_push_through_random_failures_lands_everything_and_a_second_push_adds_
     [commit] = hub.commits(REPO)
     remote = hub.files(REPO)
     jobs = sorted(path.name for path in jobs_dir(run_dir).iterdir())
-    assert len(jobs) == 4
+    assert jobs == ["BTCUSDT_1h", "ETHUSDT_1h"]  # the trained run's
     for job in jobs:
         folder = job.replace("_", "/")
         for path in (jobs_dir(run_dir) / job).iterdir():
@@ -82,7 +70,7 @@ def test_a_push_through_random_failures_lands_everything_and_a_second_push_adds_
     # About 30 % of the requests failed (a draw per distinct request: how many varies with the bytes pushed, whose
     # paths differ from run to run), and their Retry-After was honoured.
     assert 0.1 * hub.calls.total() < failed.total() < 0.5 * hub.calls.total(), (failed.total(), hub.calls.total())
-    assert set(waits) >= {0.0, 1.0}
+    assert set(waits) & hub.retry_afters_sent  # (our backoff alone waits 2, 4, 8 or 16 s)
     # Each failed request was sent again on its own; none started a push over.
     for name in ONCE_A_PUSH:
         assert hub.calls[name] - failed[name] == 2, name
@@ -91,8 +79,8 @@ def test_a_push_through_random_failures_lands_everything_and_a_second_push_adds_
     assert hub.calls["lfs_upload"] - failed["lfs_upload"] == len(lfs_files)  # each uploaded once
     assert TOKEN not in first.output + second.output
 
-    fetched = download_job(f"hf://{REPO}/ETHUSDT/15m")  # and back, through the same failures
-    for path in (jobs_dir(run_dir) / "ETHUSDT_15m").iterdir():
+    fetched = download_job(f"hf://{REPO}/ETHUSDT/1h")  # and back, through the same failures
+    for path in (jobs_dir(run_dir) / "ETHUSDT_1h").iterdir():
         assert (fetched / path.name).read_bytes() == path.read_bytes(), path
     assert failed["resolve"] > 0
 

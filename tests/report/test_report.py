@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -18,8 +17,10 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from tests.conftest import REPO, tiny_config_dict
+from trainer.cli import main
 from trainer.config import load_config
 from trainer.data.sources import Source
 from trainer.errors import UserError
@@ -40,21 +41,20 @@ PENDING = ["ETHUSDT_15m", "ETHUSDT_1h"]
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    """A real run of the tiny config in a subprocess: BTC's two jobs trained, NOSUCHUSDT's failed (no candle
-    file), ETH's left pending (not selected by --only)."""
+    """A real run of the tiny config: BTC's two jobs trained, NOSUCHUSDT's failed (no candle file), ETH's left
+    pending (not selected by --only)."""
     tmp = tmp_path_factory.mktemp("report")
     config = tmp / "tiny.yaml"
     cfg = tiny_config_dict(tmp)
     cfg["data"] = {**cfg["data"], "symbols": ["BTCUSDT", "ETHUSDT", "NOSUCHUSDT"], "timeframes": ["15m", "1h"]}
     config.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    result = subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), "--only", "BTC*",
-                             "--only", "NOSUCH*", "--retries", "0"], cwd=REPO, capture_output=True, text=True,
-                            timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2"})
-    assert result.returncode == 1, result.stderr[-3000:]  # the failed jobs make it 1
+    result = CliRunner().invoke(main, ["run", "--config", str(config), "--only", "BTC*", "--only", "NOSUCH*",
+                                       "--retries", "0"])
+    assert result.exit_code == 1, result.output[-3000:]  # the failed jobs make it 1
     ledger = tmp / "run" / "ledger.sqlite"
     statuses = {r.name: r.status for r in Ledger(tmp / "run").jobs()} if ledger.exists() else {}
     expected = {**dict.fromkeys(DONE, "done"), **dict.fromkeys(FAILED, "failed"), **dict.fromkeys(PENDING, "pending")}
-    assert statuses == expected, result.stderr[-3000:]
+    assert statuses == expected, result.output[-3000:]
     return tmp / "run"
 
 

@@ -70,16 +70,22 @@ def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> 
         time.sleep(0.05)
 
 
-def _four_job_config(tiny_config) -> Path:
+def _four_job_config(tiny_config, symbols: tuple[str, ...] = ("BTCUSDT", "ETHUSDT")) -> Path:
+    """JOBS, 3 epochs each (or those of `symbols`): the first job is stopped in, the others trained after it."""
     return tiny_config(data={
         "source": "local", "local": {"path": str(CANDLES_DIR)},
-        "symbols": ["BTCUSDT", "ETHUSDT"], "timeframes": ["15m", "1h"], "max_rows": 500,
+        "symbols": list(symbols), "timeframes": ["15m", "1h"], "max_rows": 500,
     }, train={"batch_size": 32, "epochs": 3, "learning_rate": 0.003, "seed": 1,
               "early_stopping": {"patience": 5}, "reduce_lr": {"patience": 2}})
 
 
+def _two_job_config(tiny_config) -> Path:
+    """BTCUSDT's two jobs (JOBS[:2]): for a test about the first job, stopped, and one after it."""
+    return _four_job_config(tiny_config, ("BTCUSDT",))
+
+
 def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path, monkeypatch):
-    config = _four_job_config(tiny_config)
+    config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
     victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
@@ -106,7 +112,7 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
                                                                    code):
     """Stopped with half of the second epoch's checkpoint on disk: the rerun goes on from the first epoch's,
     and finishes. Ctrl-C and SIGTERM stop cleanly, saying how to resume."""
-    config = _four_job_config(tiny_config)
+    config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
     victim = _start_paused("checkpoint", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
@@ -129,7 +135,8 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
                                                     ("artifacts", [])])
 def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, monkeypatch, point,
                                                            first_job_epochs):
-    config = _four_job_config(tiny_config)
+    config = _two_job_config(tiny_config)
+    jobs = JOBS[:2]
     run_dir = tmp_path / "run"
     marker = tmp_path / "paused"
 
@@ -140,25 +147,25 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
 
     began = _rerun(tmp_path, config, monkeypatch)
     assert began.get("BTCUSDT_15m", []) == first_job_epochs
-    assert all(began[job] == [1, 2, 3] for job in JOBS[1:])
+    assert all(began[job] == [1, 2, 3] for job in jobs[1:])
 
     with sqlite3.connect(run_dir / "ledger.sqlite") as db:
         statuses = dict(db.execute("SELECT name, status FROM jobs"))
         done_attempts = db.execute("SELECT job, COUNT(*) FROM attempts WHERE outcome = 'done' GROUP BY job")
         done_attempts = dict(done_attempts.fetchall())
         manifests = dict(db.execute("SELECT name, manifest_sha256 FROM jobs"))
-    assert statuses == {job: "done" for job in JOBS}
-    assert done_attempts == {job: 1 for job in JOBS}
-    for job in JOBS:
+    assert statuses == {job: "done" for job in jobs}
+    assert done_attempts == {job: 1 for job in jobs}
+    for job in jobs:
         assert JobDir(run_dir / "jobs" / job).verify() == manifests[job]
         history = pd.read_csv(run_dir / "jobs" / job / "history.csv")
         assert history["epoch"].tolist() == list(range(1, len(history) + 1))  # no epoch lost or repeated
     leftovers = [p for p in run_dir.rglob("*") if p.is_file() and (p.name.startswith("tmp") or ".staging-" in str(p))]
     assert leftovers == []
-    for job in JOBS:  # each job's last checkpoint is kept, and the one before it, nothing else
+    for job in jobs:  # each job's last checkpoint is kept, and the one before it, nothing else
         kept = {p.name for p in (run_dir / ".backup" / job).iterdir()}
         assert kept == {"checkpoint.npz", "checkpoint.previous.npz"}, (job, kept)
-    assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == JOBS
+    assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == jobs
 
 
 def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twice(tiny_config, tmp_path):
@@ -179,7 +186,7 @@ def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twi
 
 
 def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny_config, tmp_path):
-    config = _four_job_config(tiny_config)
+    config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
     victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
     try:

@@ -31,6 +31,7 @@ from trainer.data.windows import Preprocessing
 from trainer.evaluation.baselines import Har
 from trainer.evaluation.results import non_finite
 from trainer.files import write_json
+from trainer.model.training import ModelCache
 from trainer.report.console import JobProgress, summary_line
 from trainer.run.jobdir import FORMAT, JobDir
 from trainer.run.jobs import Job
@@ -93,9 +94,16 @@ def test_saved_model_preprocessing_and_har_alone_reproduce_the_test_predictions(
 
 
 def test_same_config_and_data_give_the_same_metrics(trained_run, tmp_path):
+    """Also in one process, one run after another (a notebook's cells): the second builds no model of its own, it
+    takes the first's, traced, back to its initial weights."""
     run_dir, config_path, _ = trained_run
-    result = _run("--config", str(config_path), "--set", f"output_dir={tmp_path / 'again'}")
+    again = ("--config", str(config_path), "--set", f"output_dir={tmp_path / 'again'}")
+    result = _run(*again, "--only", "BTCUSDT_1h")
     assert result.exit_code == 0, result.output
+    builds = ModelCache.of_process().builds
+    result = _run(*again, "--only", "ETHUSDT_1h")
+    assert result.exit_code == 0, result.output
+    assert ModelCache.of_process().builds == builds
     assert gc.get_freeze_count() == 0  # the run gives the process its usual garbage collection back: objects are
     # frozen between jobs only (pipeline.release_free_memory)
     for job in ("BTCUSDT_1h", "ETHUSDT_1h"):

@@ -33,8 +33,8 @@ def test_long_change_lists_are_cut_short(tiny_config):
     path = tiny_config()
     with RunDir.create(load_config(path)):
         pass
-    many = load_config(path, ["model.layers.0.units=4", "model.layers.2.units=5", "model.layers.4.units=6",
-                              "train.learning_rate=0.1", "train.seed=2", "train.batch_size=8", "window.lookback=12"])
+    many = load_config(path, ["model.layers.0.units=4", "model.layers.3.units=6", "train.learning_rate=0.1",
+                              "train.seed=2", "train.batch_size=8", "window.lookback=12", "window.horizon=2"])
     with pytest.raises(UserError) as refused:
         RunDir.create(many)
     message = str(refused.value)

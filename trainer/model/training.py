@@ -10,6 +10,7 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import keras
 import numpy as np
@@ -43,7 +44,18 @@ class ModelCache:
 
     Only a build seeds the random generators: reseeding TensorFlow clears its cache of instantiated
     functions, which costs every later job ~0.3 s of graph optimisation before its first step.
+
+    A process has one (of_process), which every run in it shares: a notebook that runs twice, or a run after a
+    run, reuses the traced model of the same shape too.
     """
+    _process: ClassVar[ModelCache | None] = None
+
+    @classmethod
+    def of_process(cls) -> ModelCache:
+        """This process's one cache."""
+        if cls._process is None:
+            cls._process = cls()
+        return cls._process
 
     def __init__(self) -> None:
         self._key: str | None = None
@@ -74,6 +86,11 @@ class ModelCache:
             assign(self._model.variables, self._initial_state)
             assign(self._model.optimizer.variables, self._initial_optimizer_state)  # the learning rate too
         return self._model
+
+    def forget(self) -> None:
+        """Drop the model, which may be in a broken state (after out-of-memory, say): the next model_for builds
+        afresh."""
+        self._key, self._model = None, None
 
 
 def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:

@@ -414,7 +414,7 @@ if ray is not None:
                                                   for path in logs.rglob("*") if path.is_file()})
             except Exception as exc:
                 if not isinstance(exc, (JobError, _MailboxLost)):
-                    self.cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
+                    self.cache.forget()  # the model may be in a broken state (e.g. after out-of-memory)
                 raise
             finally:
                 package_log.removeHandler(handler)

@@ -37,7 +37,7 @@ class LocalExecutor:
 
     def __init__(self, cfg: RunConfig) -> None:
         self.cfg = cfg
-        self.cache = ModelCache()
+        self.cache = ModelCache.of_process()  # a run after a run in this process reuses its traced model
         self.cache.model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
         self._next: tuple[Job, Prepared, Path] | None = None
 
@@ -52,7 +52,7 @@ class LocalExecutor:
                                     tensorboard=tensorboard_dir(self.cfg.run_dir, job.name)))]
         except Exception as exc:  # KeyboardInterrupt and SystemExit go on up: the driver stops
             if not isinstance(exc, JobError):
-                self.cache = ModelCache()  # the model may be in a broken state (e.g. after out-of-memory)
+                self.cache.forget()  # the model may be in a broken state (e.g. after out-of-memory)
             return [(job, exc)]
 
 
