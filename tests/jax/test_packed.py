@@ -1,0 +1,123 @@
+"""Packed training (trainer.model.packed) on Keras's JAX backend, on the CPU: each job of a pack ends exactly as
+Keras's own `fit` on JAX leaves it trained alone on the same batches, with the same callbacks.
+
+These run in a process of their own with KERAS_BACKEND=jax (tests/test_jax.py starts it; `make test` runs them
+so): a process's Keras backend is chosen once, and the rest of the suite's is TensorFlow.
+
+Tolerance: float32 weights within 1e-5 and epoch losses within a relative 1e-5 of the solo run's. Packed and solo
+run the same operations on the same values; only batched products may sum in another order (a float32 rounding,
+~1e-7 relative, per operation), and Adam's steps carry such differences on without amplifying them over a few
+dozen steps: measured 2.4e-7 at most over 12 epochs of 4 jobs (2026-11-27)."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="on Keras's JAX backend: tests/test_jax.py")
+
+BATCH, VALIDATION_BATCH, EPOCHS = 16, 32, 10
+
+
+def build() -> keras.Model:
+    """A small model with two outputs (their losses weighted), clipping and the Adam the families use."""
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((12, 3), name="inputs")
+    hidden = keras.layers.LSTM(8)(inputs)
+    model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(hidden),
+                                 "b": keras.layers.Dense(1, name="b")(hidden)})
+    model.compile(keras.optimizers.Adam(3e-3, clipnorm=1.0), loss={"a": "mae", "b": "mse"},
+                  loss_weights={"a": 1.0, "b": 0.5}, jit_compile=True)
+    return model
+
+
+def series(seed: int, n: int, n_val: int, noise: bool = False):
+    """(x, y) train and validation sets: y follows x, or (noise) not at all, so that validation soon worsens."""
+    rng = np.random.default_rng(seed)
+
+    def split(size):
+        x = rng.normal(size=(size, 12, 3)).astype("float32")
+        if noise:
+            return x, {"a": rng.normal(size=(size, 2)).astype("float32"),
+                       "b": rng.normal(size=(size, 1)).astype("float32")}
+        return x, {"a": (x[:, -1, :2] * 0.5 + rng.normal(size=(size, 2)) * 0.1).astype("float32"),
+                   "b": (x[:, -2:-1, 2] + 0.1).astype("float32")}
+    return split(n), split(n_val)
+
+
+def callbacks():
+    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, mode="min", restore_best_weights=True),
+            keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=1, factor=0.5, mode="min")]
+
+
+class Batches(keras.utils.PyDataset):
+    """A job's train set in packed.batch_order's order, each epoch's (set by OrderOf)."""
+
+    def __init__(self, x, y, seed):
+        super().__init__()
+        from trainer.model.packed import batch_order
+        self.x, self.y, self.seed = x, y, seed
+        self.order = batch_order(len(x), seed, 0)  # Keras reads a batch before the first epoch begins
+
+    def __len__(self):
+        return math.ceil(len(self.x) / BATCH)
+
+    def __getitem__(self, i):
+        rows = self.order[i * BATCH:(i + 1) * BATCH]
+        return self.x[rows], {k: v[rows] for k, v in self.y.items()}
+
+
+class OrderOf(keras.callbacks.Callback):
+    def __init__(self, data: Batches):
+        super().__init__()
+        self.data = data
+
+    def on_epoch_begin(self, epoch, logs=None):
+        from trainer.model.packed import batch_order
+        self.data.order = batch_order(len(self.data.x), self.data.seed, epoch)
+
+
+def alone(seed, train, val):
+    """The job trained alone by Keras's fit on JAX: its history and weights."""
+    model = build()
+    data = Batches(*train, seed=seed)
+    history = model.fit(data, validation_data=val, validation_batch_size=VALIDATION_BATCH, epochs=EPOCHS, verbose=0,
+                        shuffle=False, callbacks=[OrderOf(data), *callbacks()])
+    return history.history, model.get_weights()
+
+
+def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alone():
+    from trainer.model.packed import Pack, PackedJob
+
+    sets = {"follows": series(0, 200, 50), "noise": series(1, 150, 40, noise=True),
+            "short": series(2, 90, 33), "diverges": series(3, 120, 30)}
+    sets["diverges"][0][0][5, 3, 1] = np.nan  # one window's input: its first epoch's loss is NaN
+    jobs = [PackedJob(name, *train, *val, seed=k, callbacks=callbacks())
+            for k, (name, (train, val)) in enumerate(sets.items())]
+
+    Pack(build(), jobs, BATCH, VALIDATION_BATCH).train(EPOCHS)
+
+    ran = {}
+    for k, job in enumerate(jobs[:3]):
+        history, weights = alone(k, *sets[job.name])
+        ran[job.name] = len(history["loss"])
+        assert job.error is None
+        assert len(job.history) == len(history["loss"]), job.name
+        for key in ("loss", "val_loss", "learning_rate"):
+            np.testing.assert_allclose([row[key] for row in job.history], history[key], rtol=1e-5, err_msg=job.name)
+        for packed, solo in zip(job.view.get_weights(), weights, strict=True):
+            np.testing.assert_allclose(packed, solo, atol=1e-5, err_msg=job.name)
+    # What the cases are: one stopped early, first; its learning rate was reduced; the others ran every epoch
+    assert ran == {"follows": EPOCHS, "noise": ran["noise"], "short": EPOCHS} and ran["noise"] < EPOCHS
+    assert min(row["learning_rate"] for row in jobs[1].history) < 3e-3
+    diverged = jobs[3]
+    assert diverged.error == "loss became nan in epoch 1" and diverged.history == []
+
+
+def test_packed_training_imports_no_tensorflow():
+    code = "import sys, trainer.model.packed; print('tensorflow' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

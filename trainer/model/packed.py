@@ -1,0 +1,274 @@
+"""Packed training (JAX): K jobs that share a model signature train together, one compiled step for all of them,
+each exactly as if alone.
+
+A small recurrent model's training step is latency-bound on an accelerator: one job at a time leaves a GPU mostly
+idle (../shared/docs/gpu.md measured 14.5x the one-job rate at K = 40 on an H100). So the family's own Keras model is
+built once, and K copies of its state — weights, dropout seed states, optimizer state (moments, step count, learning
+rate) — are stacked on a leading axis; one step maps Keras 3's stateless training computation
+(`model.compute_loss_and_updates`, `optimizer.stateless_apply`, what `fit` runs on the JAX backend) over them with
+`jax.vmap`, each job on its own batch. There is no second implementation of the model's layers.
+
+Each job trains as it would alone:
+- its own batches: its train windows in an order drawn from (seed, epoch) (`batch_order`), the last batch of an
+  epoch as short as it is (padded to the step's shape with zero-weighted samples, the others weighted so that the
+  loss is the mean over the real ones); a job with fewer batches is idle for the rest of the epoch;
+- its own loss (the packed loss is never summed across jobs: each job's gradient is of its own mean), Adam moments,
+  step count, clipping and learning rate;
+- its own epoch: its training loss (the batches' mean weighted by their sizes, as Keras logs it), its validation
+  loss, then its own callbacks (early stopping, LR reduction, its checkpoint: anything that drives a model through
+  `JobView`, the job's slice of the pack seen as a model);
+- a job that has stopped, or whose loss is no longer finite, is frozen: its weights, moments and step count stay
+  as they are (not just given zero gradients) while the others go on; a non-finite loss fails that job alone.
+
+Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import jax
+import jax.numpy as jnp
+import keras
+import numpy as np
+
+Arrays = np.ndarray | dict[str, np.ndarray]
+
+
+@dataclass
+class PackedJob:
+    """One job of a pack: its train and validation inputs and targets (numpy, as the model takes them), its seed
+    (its batch order), and the callbacks that see it as a model (JobView) each epoch."""
+    name: str
+    x_train: Arrays
+    y_train: dict[str, np.ndarray]
+    x_val: Arrays
+    y_val: dict[str, np.ndarray]
+    seed: int
+    callbacks: Sequence[keras.callbacks.Callback] = ()
+    initial_weights: list[np.ndarray] | None = None  # model.weights' order; default: the model's as built
+    # filled in by training
+    history: list[dict[str, float]] = field(default_factory=list)
+    error: str | None = None  # why the job failed (a non-finite loss), else None
+    view: JobView | None = None  # the job as a model (its weights), once packed
+
+
+def batch_order(n: int, seed: int, epoch: int) -> np.ndarray:
+    """The order a job's n train windows are taken in, in an epoch: the same for a job packed and alone."""
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+def _length(x: Arrays) -> int:
+    return len(next(iter(x.values())) if isinstance(x, dict) else x)
+
+
+def _pad(values: list[np.ndarray], length: int) -> np.ndarray:
+    """The jobs' arrays stacked (K, length, ...), each padded with zeros after its own rows."""
+    out = np.zeros((len(values), length, *values[0].shape[1:]), np.float32)
+    for k, value in enumerate(values):
+        out[k, :len(value)] = value
+    return out
+
+
+def _stack(items: list, length: int):
+    """Per-job nested arrays (dicts of arrays, or arrays) -> one of (K, length, ...) arrays."""
+    return jax.tree.map(lambda *values: jnp.asarray(_pad(list(values), length)), *items)
+
+
+class Pack:
+    """K jobs of one model signature, trained together (train). `model` is the family's compiled Keras model (on the
+    JAX backend); every job starts from its weights as they are (or from its own initial_weights), and from a fresh
+    optimizer state."""
+
+    def __init__(self, model: keras.Model, jobs: Sequence[PackedJob], batch_size: int,
+                 validation_batch_size: int) -> None:
+        if keras.backend.backend() != "jax":
+            raise RuntimeError(f"packed training runs on Keras's JAX backend, not {keras.backend.backend()}")
+        self.model, self.jobs = model, list(jobs)
+        self.batch_size, self.validation_batch_size = batch_size, validation_batch_size
+        model.optimizer.build(model.trainable_variables)
+        self._trainable = [v for v in model.trainable_variables]
+        self._non_trainable = [v for v in model.non_trainable_variables]
+        self._optimizer = [v for v in model.optimizer.variables]
+        # Where each of model.variables (its weights and its dropout layers' seed states) and model.weights lives
+        # in the stacked state
+        where = {id(v): ("trainable", i) for i, v in enumerate(self._trainable)}
+        where |= {id(v): ("non_trainable", i) for i, v in enumerate(self._non_trainable)}
+        self._variables = [where[id(v)] for v in model.variables]
+        self._weights = [where[id(v)] for v in model.weights]
+        self.state = {group: [jnp.stack([v.value] * len(self.jobs)) for v in variables]
+                      for group, variables in (("trainable", self._trainable), ("non_trainable", self._non_trainable))}
+        self.state["optimizer"] = [jnp.asarray(np.stack([v.numpy()] * len(self.jobs))) for v in self._optimizer]
+        self.views = [JobView(self, k) for k in range(len(self.jobs))]
+        for view, job in zip(self.views, self.jobs):
+            job.view = view
+            if job.initial_weights is not None:
+                view.set_weights(job.initial_weights)
+        self._train_step = jax.jit(jax.vmap(self._job_step, in_axes=(0, 0, 0, 0, 0, 0, 0)))
+        self._val_step = jax.jit(jax.vmap(self._job_loss, in_axes=(0, 0, 0, 0, 0, 0)))
+
+    # ------------------------------------------------------------------ one job's computation (vmapped)
+    def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
+        # The metrics' variables, which compute_loss_and_updates also updates, are the model's own: what a job's
+        # epoch logs comes from its batches' losses (Pack._epoch), not from them.
+        metrics = [jnp.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
+        return self.model.compute_loss_and_updates(trainable, non_trainable, metrics, x, y, weight,
+                                                   training=training, optimizer_variables=optimizer)
+
+    def _job_step(self, state, x, y, rows, weight, n, active):
+        """One job's training step on its batch `rows` of its arrays (x, y), the padding weighted 0: its state
+        after the step (as before when it is not active) and its batch's unscaled loss times its n samples."""
+        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
+
+        def loss(trainable):
+            return self._loss(trainable, state["non_trainable"], batch_x, batch_y, weight, True, state["optimizer"])
+
+        (_, (unscaled, _, non_trainable, _)), grads = jax.value_and_grad(loss, has_aux=True)(state["trainable"])
+        trainable, optimizer = self.model.optimizer.stateless_apply(state["optimizer"], grads, state["trainable"])
+        new = {"trainable": trainable, "non_trainable": non_trainable, "optimizer": optimizer}
+        new = jax.tree.map(lambda after, before: jnp.where(active, after, before), new, state)
+        return new, jnp.where(active, unscaled * n, 0.0)
+
+    def _job_loss(self, state, x, y, rows, weight, n):
+        """One job's validation loss on its batch `rows`, times its n samples (0 for an empty batch)."""
+        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
+        _, (unscaled, _, _, _) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight,
+                                            False)
+        return jnp.where(n > 0, unscaled * n, 0.0)
+
+    # ------------------------------------------------------------------ epochs
+    def train(self, epochs: int, initial_epoch: int = 0,
+              on_epoch_end: Callable[[PackedJob, int, dict[str, float]], None] | None = None) -> None:
+        """Train every job to `epochs` (or until its early stopping stops it, or it fails)."""
+        jobs = self.jobs
+        n_train = [_length(job.x_train) for job in jobs]
+        n_val = [_length(job.x_val) for job in jobs]
+        x, y = _stack([j.x_train for j in jobs], max(n_train)), _stack([j.y_train for j in jobs], max(n_train))
+        x_val, y_val = _stack([j.x_val for j in jobs], max(n_val)), _stack([j.y_val for j in jobs], max(n_val))
+        for view, job in zip(self.views, jobs):
+            for callback in job.callbacks:
+                callback.set_model(view)
+                callback.on_train_begin()
+        for epoch in range(initial_epoch, epochs):
+            running = [k for k, view in enumerate(self.views) if view.running]
+            if not running:
+                break
+            active = np.array([view.running for view in self.views])
+            orders = [batch_order(n, job.seed, epoch) for n, job in zip(n_train, jobs)]
+            train_sum = self._epoch(self._train_step, x, y, orders, self.batch_size, active, train=True)
+            val_orders = [np.arange(n) for n in n_val]
+            val_sum = self._epoch(self._val_step, x_val, y_val, val_orders, self.validation_batch_size, active,
+                                  train=False)
+            for k in running:
+                job, view = jobs[k], self.views[k]
+                logs = {"loss": float(train_sum[k]) / n_train[k], "val_loss": float(val_sum[k]) / max(n_val[k], 1)}
+                if not all(math.isfinite(v) for v in logs.values()):
+                    job.error = f"loss became {logs['loss']} in epoch {epoch + 1}"
+                    view.failed = True
+                    continue
+                for callback in job.callbacks:
+                    callback.on_epoch_begin(epoch)
+                job.history.append(logs)
+                for callback in job.callbacks:
+                    callback.on_epoch_end(epoch, logs)
+                if on_epoch_end is not None:
+                    on_epoch_end(job, epoch, logs)
+        for view, job in zip(self.views, jobs):
+            if not view.failed:
+                for callback in job.callbacks:
+                    callback.on_train_end()
+
+    def _epoch(self, step, x, y, orders: list[np.ndarray], batch_size: int, active: np.ndarray,
+               train: bool) -> np.ndarray:
+        """One pass over each job's samples in its order, in steps of one batch each: the sum over batches of each
+        job's batch loss times its size."""
+        steps = max(math.ceil(len(order) / batch_size) for order in orders)
+        total = jnp.zeros(len(orders))
+        for s in range(steps):
+            rows = np.zeros((len(orders), batch_size), np.int32)
+            weight = np.zeros((len(orders), batch_size), np.float32)
+            n = np.zeros(len(orders), np.float32)
+            for k, order in enumerate(orders):
+                batch = order[s * batch_size:(s + 1) * batch_size]
+                rows[k, :len(batch)] = batch
+                if len(batch):  # the mean over its real samples (Keras's losses divide by the whole batch)
+                    weight[k, :len(batch)] = batch_size / len(batch)
+                n[k] = len(batch)
+            step_active = active & (n > 0)
+            if train:
+                self.state, losses = step(self.state, x, y, rows, weight, n, step_active)
+            else:
+                weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
+                losses = step(weights, x, y, rows, weight, n * step_active)
+            total = total + losses
+        return np.asarray(total)
+
+
+class JobView:
+    """Job k of a pack as a model to the callbacks and checkpoints that drive one (early stopping, LR reduction,
+    resume.EpochCheckpoint): its weights, its optimizer's variables and learning rate, stop_training."""
+
+    def __init__(self, pack: Pack, k: int) -> None:
+        self.pack, self.k = pack, k
+        self.stop_training = False
+        self.failed = False
+        self.optimizer = _OptimizerView(pack, k)
+
+    @property
+    def running(self) -> bool:
+        return not (self.stop_training or self.failed)
+
+    @property
+    def weights(self) -> list[JobVariable]:
+        return [JobVariable(self.pack, group, i, self.k) for group, i in self.pack._weights]
+
+    @property
+    def variables(self) -> list[JobVariable]:
+        return [JobVariable(self.pack, group, i, self.k) for group, i in self.pack._variables]
+
+    def get_weights(self) -> list[np.ndarray]:
+        return [v.numpy() for v in self.weights]
+
+    def set_weights(self, weights: Sequence[np.ndarray]) -> None:
+        for variable, value in zip(self.weights, weights, strict=True):
+            variable.assign(value)
+
+
+class _OptimizerView:
+    def __init__(self, pack: Pack, k: int) -> None:
+        self.pack, self.k = pack, k
+        self._learning_rate = next(i for i, v in enumerate(pack._optimizer) if v.path.endswith("learning_rate"))
+
+    @property
+    def variables(self) -> list[JobVariable]:
+        return [JobVariable(self.pack, "optimizer", i, self.k) for i in range(len(self.pack._optimizer))]
+
+    @property
+    def learning_rate(self) -> float:
+        return float(JobVariable(self.pack, "optimizer", self._learning_rate, self.k).numpy())
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        JobVariable(self.pack, "optimizer", self._learning_rate, self.k).assign(value)
+
+
+class JobVariable:
+    """One variable of job k of a pack: read as an array, assigned in place in the stacked state."""
+
+    def __init__(self, pack: Pack, group: str, i: int, k: int) -> None:
+        self.pack, self.group, self.i, self.k = pack, group, i, k
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.pack.state[self.group][self.i].shape[1:])
+
+    def numpy(self) -> np.ndarray:
+        return np.asarray(self.pack.state[self.group][self.i][self.k])
+
+    def __array__(self, dtype=None, copy=None):
+        return self.numpy() if dtype is None else self.numpy().astype(dtype)
+
+    def assign(self, value) -> None:
+        stacked = self.pack.state[self.group][self.i]
+        self.pack.state[self.group][self.i] = stacked.at[self.k].set(jnp.asarray(value, stacked.dtype))
