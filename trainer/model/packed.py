@@ -113,7 +113,10 @@ class Pack:
         # The metrics' variables, which compute_loss_and_updates also updates, are the model's own: what a job's
         # epoch logs comes from its batches' losses (Pack._epoch), not from them.
         metrics = [jnp.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
-        return self.model.compute_loss_and_updates(trainable, non_trainable, metrics, x, y, weight,
+        # Each sample's weight over the values its loss averages (a loss reduces its target's last axis first)
+        weights = jax.tree.map(
+            lambda target: jnp.broadcast_to(weight.reshape(-1, *[1] * (target.ndim - 2)), target.shape[:-1]), y)
+        return self.model.compute_loss_and_updates(trainable, non_trainable, metrics, x, y, weights,
                                                    training=training, optimizer_variables=optimizer)
 
     def _job_step(self, state, x, y, rows, weight, n, active):

@@ -1,0 +1,23 @@
+"""benchmarks/bench_pack.py runs (small), so that it cannot break unnoticed."""
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import keras
+import pytest
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="on Keras's JAX backend: tests/test_jax.py")
+
+
+def test_bench_pack_measures_one_job_and_packs(tmp_path):
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_pack.py"
+    spec = importlib.util.spec_from_file_location("bench_pack", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "pack.json"
+    bench.main(["--family", "quickstart", "--ks", "2", "--steps", "2", "--repeats", "1", "--json", str(out)])
+    results = json.loads(out.read_text())
+    assert results["device"].startswith("cpu: ") and results["one_job_fit_samples_s"] > 0
+    assert set(results["packed"]) == {"2"} and all(r["samples_s"] > 0 for r in results["packed"].values())
