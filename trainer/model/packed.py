@@ -6,7 +6,8 @@ idle (../shared/docs/gpu.md measured 14.5x the one-job rate at K = 40 on an H100
 built once, and K copies of its state — weights, dropout seed states, optimizer state (moments, step count, learning
 rate) — are stacked on a leading axis; one step maps Keras 3's stateless training computation
 (`model.compute_loss_and_updates`, `optimizer.stateless_apply`, what `fit` runs on the JAX backend) over them with
-`jax.vmap`, each job on its own batch. There is no second implementation of the model's layers.
+`jax.vmap`, each job on its own batch, and an epoch's steps run in one compiled loop (`jax.lax.scan`: no
+dispatch from the host between steps). There is no second implementation of the model's layers.
 
 Each job trains as it would alone:
 - its own batches: its train windows in an order drawn from (seed, epoch) (`batch_order`), the last batch of an
@@ -105,8 +106,8 @@ class Pack:
             job.view = view
             if job.initial_weights is not None:
                 view.set_weights(job.initial_weights)
-        self._train_step = jax.jit(jax.vmap(self._job_step, in_axes=(0, 0, 0, 0, 0, 0, 0)))
-        self._val_step = jax.jit(jax.vmap(self._job_loss, in_axes=(0, 0, 0, 0, 0, 0)))
+        self._train_epoch = jax.jit(self._train_scan)
+        self._val_epoch = jax.jit(self._val_scan)
 
     # ------------------------------------------------------------------ one job's computation (vmapped)
     def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
@@ -159,10 +160,11 @@ class Pack:
                 break
             active = np.array([view.running for view in self.views])
             orders = [batch_order(n, job.seed, epoch) for n, job in zip(n_train, jobs)]
-            train_sum = self._epoch(self._train_step, x, y, orders, self.batch_size, active, train=True)
-            val_orders = [np.arange(n) for n in n_val]
-            val_sum = self._epoch(self._val_step, x_val, y_val, val_orders, self.validation_batch_size, active,
-                                  train=False)
+            self.state, train_sum = self._train_epoch(self.state, x, y, *_batches(orders, self.batch_size, active))
+            weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
+            val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
+            val_sum = self._val_epoch(weights, x_val, y_val, *val_batches)
+            train_sum, val_sum = np.asarray(train_sum), np.asarray(val_sum)
             for k in running:
                 job, view = jobs[k], self.views[k]
                 logs = {"loss": float(train_sum[k]) / n_train[k], "val_loss": float(val_sum[k]) / max(n_val[k], 1)}
@@ -182,30 +184,46 @@ class Pack:
                 for callback in job.callbacks:
                     callback.on_train_end()
 
-    def _epoch(self, step, x, y, orders: list[np.ndarray], batch_size: int, active: np.ndarray,
-               train: bool) -> np.ndarray:
-        """One pass over each job's samples in its order, in steps of one batch each: the sum over batches of each
-        job's batch loss times its size."""
-        steps = max(math.ceil(len(order) / batch_size) for order in orders)
-        total = jnp.zeros(len(orders))
-        for s in range(steps):
-            rows = np.zeros((len(orders), batch_size), np.int32)
-            weight = np.zeros((len(orders), batch_size), np.float32)
-            n = np.zeros(len(orders), np.float32)
-            for k, order in enumerate(orders):
-                batch = order[s * batch_size:(s + 1) * batch_size]
-                rows[k, :len(batch)] = batch
-                if len(batch):  # the mean over its real samples (Keras's losses divide by the whole batch)
-                    weight[k, :len(batch)] = batch_size / len(batch)
-                n[k] = len(batch)
-            step_active = active & (n > 0)
-            if train:
-                self.state, losses = step(self.state, x, y, rows, weight, n, step_active)
-            else:
-                weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
-                losses = step(weights, x, y, rows, weight, n * step_active)
-            total = total + losses
-        return np.asarray(total)
+    def _train_scan(self, state, x, y, rows, weight, n, active):
+        """An epoch's training steps (rows, weight, n, active: one per step, _batches) in one compiled loop: the
+        state after it, and each job's sum of its batches' losses times their sizes."""
+        step = jax.vmap(self._job_step)
+
+        def body(carry, batch):
+            state, total = carry
+            state, losses = step(state, x, y, *batch)
+            return (state, total + losses), None
+        (state, total), _ = jax.lax.scan(body, (state, jnp.zeros(n.shape[1])), (rows, weight, n, active))
+        return state, total
+
+    def _val_scan(self, weights, x, y, rows, weight, n, active):
+        """A validation pass (_batches) in one compiled loop: each job's sum of its batches' losses times their
+        sizes."""
+        step = jax.vmap(self._job_loss)
+
+        def body(total, batch):
+            rows, weight, n, active = batch
+            return total + step(weights, x, y, rows, weight, n * active), None
+        total, _ = jax.lax.scan(body, jnp.zeros(n.shape[1]), (rows, weight, n, active))
+        return total
+
+
+def _batches(orders: list[np.ndarray], batch_size: int, active: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each job's samples in its order, in batches, as arrays with a step axis then a job axis: the rows of each
+    step's batch (S, K, B), their weights (S, K, B: 0 for padding, the others so that a loss is the mean over the
+    batch's real samples, as Keras's losses divide by the whole batch), the batch's size (S, K), and whether the
+    job trains in that step (S, K: it is running and has a batch left)."""
+    steps = max(math.ceil(len(order) / batch_size) for order in orders)
+    rows = np.zeros((steps, len(orders), batch_size), np.int32)
+    weight = np.zeros((steps, len(orders), batch_size), np.float32)
+    n = np.zeros((steps, len(orders)), np.float32)
+    for k, order in enumerate(orders):
+        for s in range(math.ceil(len(order) / batch_size)):
+            batch = order[s * batch_size:(s + 1) * batch_size]
+            rows[s, k, :len(batch)] = batch
+            weight[s, k, :len(batch)] = batch_size / len(batch)
+            n[s, k] = len(batch)
+    return rows, weight, n, active[np.newaxis, :] & (n > 0)
 
 
 class JobView:
