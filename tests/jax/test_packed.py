@@ -121,3 +121,39 @@ def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alo
 def test_packed_training_imports_no_tensorflow():
     code = "import sys, trainer.model.packed; print('tensorflow' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+
+
+def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_one_that_was_not(tmp_path):
+    """Each job of a pack checkpoints every epoch in its own backup directory (resume.EpochCheckpoint, as a job
+    trained alone does); a new pack — a new process after a kill — resumes each from its own, one of them an epoch
+    further back (its latest checkpoint lost), and every job ends as in a pack that ran through."""
+    from trainer.model.packed import Pack, PackedJob
+    from trainer.model.resume import CHECKPOINTS
+    from trainer.model.settings import TrainConfig
+
+    train = TrainConfig(epochs=6, early_stopping={"patience": 2}, reduce_lr={"patience": 1})
+    sets = {"follows": series(0, 120, 40), "noise": series(1, 100, 30, noise=True), "short": series(2, 70, 25)}
+
+    def pack(backups, epochs):
+        jobs = [PackedJob(name, *train_set, *val_set, seed=k)
+                for k, (name, (train_set, val_set)) in enumerate(sets.items())]
+        packed = Pack(build(), jobs, BATCH, VALIDATION_BATCH)
+        for job in jobs:
+            packed.resume(job, train, backups / job.name)
+        packed.train(epochs)
+        return jobs
+
+    through = pack(tmp_path / "through", train.epochs)
+    pack(tmp_path / "cut", 3)  # killed after its third epoch
+    (tmp_path / "cut" / "short" / CHECKPOINTS[0]).unlink()  # and the short job's latest lost: it goes on after 2
+    resumed = pack(tmp_path / "cut", train.epochs)
+
+    assert [job.epoch for job in resumed] == [job.epoch for job in through]
+    assert len(resumed[2].history) == through[2].epoch - 2  # it trained its third epoch again
+    for again, whole in zip(resumed, through, strict=True):
+        assert again.error is None and whole.error is None
+        tail = whole.history[-len(again.history):]
+        np.testing.assert_allclose([r["val_loss"] for r in again.history], [r["val_loss"] for r in tail], rtol=1e-5,
+                                   err_msg=again.name)
+        for a, b in zip(again.view.get_weights(), whole.view.get_weights(), strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5, err_msg=again.name)

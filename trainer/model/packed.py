@@ -18,6 +18,8 @@ Each job trains as it would alone:
 - its own epoch: its training loss (the batches' mean weighted by their sizes, as Keras logs it), its validation
   loss, then its own callbacks (early stopping, LR reduction, its checkpoint: anything that drives a model through
   `JobView`, the job's slice of the pack seen as a model);
+- its own checkpoint and resume (Pack.resume: resume.EpochCheckpoint in its backup directory every epoch, as `fit`
+  writes it; a new pack goes on from each job's own last epoch);
 - a job that has stopped, or whose loss is no longer finite, is frozen: its weights, moments and step count stay
   as they are (not just given zero gradients) while the others go on; a non-finite loss fails that job alone.
 
@@ -26,13 +28,17 @@ Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import keras
 import numpy as np
+
+from .resume import EpochCheckpoint, resumable_callbacks, resume
+from .settings import TrainConfig
 
 Arrays = np.ndarray | dict[str, np.ndarray]
 
@@ -48,6 +54,8 @@ class PackedJob:
     y_val: dict[str, np.ndarray]
     seed: int
     callbacks: Sequence[keras.callbacks.Callback] = ()
+    epoch: int = 0  # the epochs it has done (Pack.resume: an interrupted run's)
+    end: int | None = None  # the epoch it trains to (None: train's `epochs`)
     initial_weights: list[np.ndarray] | None = None  # model.weights' order; default: the model's as built
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
@@ -142,45 +150,56 @@ class Pack:
         return jnp.where(n > 0, unscaled * n, 0.0)
 
     # ------------------------------------------------------------------ epochs
-    def train(self, epochs: int, initial_epoch: int = 0,
-              on_epoch_end: Callable[[PackedJob, int, dict[str, float]], None] | None = None) -> None:
-        """Train every job to `epochs` (or until its early stopping stops it, or it fails)."""
+    def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> None:
+        """Give the job its own early stopping, LR reduction and epoch checkpoint in `backup_dir`, as `fit` gives a
+        job trained alone, going on from the checkpoint an interrupted run of it left there (resume.resume): its
+        weights, optimizer state, counters and the epochs it has done."""
+        resumed = resume(backup_dir, job.view)
+        early_stopping, reduce_lr = resumable_callbacks(train, resumed)
+        checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
+        job.callbacks = [*job.callbacks, *(c for c in (early_stopping, reduce_lr) if c), checkpoint]
+        job.epoch, job.end = resumed.epochs, resumed.end(train)
+        if job.epoch >= job.end and early_stopping and early_stopping.restore_best_weights \
+                and resumed.best_weights is not None:  # it had ended training: its best weights, as fit does
+            job.view.set_weights(resumed.best_weights)
+
+    def train(self, epochs: int) -> None:
+        """Train every job from the epochs it has done to `epochs` (or the earlier end resume set), or until
+        its early stopping stops it, or it fails. Each epoch of the pack is the next epoch of every job that
+        trains: jobs resumed after different epochs go on from their own."""
         jobs = self.jobs
         n_train = [_length(job.x_train) for job in jobs]
         n_val = [_length(job.x_val) for job in jobs]
         x, y = _stack([j.x_train for j in jobs], max(n_train)), _stack([j.y_train for j in jobs], max(n_train))
         x_val, y_val = _stack([j.x_val for j in jobs], max(n_val)), _stack([j.y_val for j in jobs], max(n_val))
-        for view, job in zip(self.views, jobs):
+        ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
+        for job in jobs:
             for callback in job.callbacks:
-                callback.set_model(view)
+                callback.set_model(job.view)
                 callback.on_train_begin()
-        for epoch in range(initial_epoch, epochs):
-            running = [k for k, view in enumerate(self.views) if view.running]
-            if not running:
-                break
-            active = np.array([view.running for view in self.views])
-            orders = [batch_order(n, job.seed, epoch) for n, job in zip(n_train, jobs)]
+        while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
+            active = np.isin(np.arange(len(jobs)), running)
+            orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
             self.state, train_sum = self._train_epoch(self.state, x, y, *_batches(orders, self.batch_size, active))
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum = self._val_epoch(weights, x_val, y_val, *val_batches)
             train_sum, val_sum = np.asarray(train_sum), np.asarray(val_sum)
             for k in running:
-                job, view = jobs[k], self.views[k]
+                job, epoch = jobs[k], jobs[k].epoch
                 logs = {"loss": float(train_sum[k]) / n_train[k], "val_loss": float(val_sum[k]) / max(n_val[k], 1)}
                 if not all(math.isfinite(v) for v in logs.values()):
                     job.error = f"loss became {logs['loss']} in epoch {epoch + 1}"
-                    view.failed = True
+                    job.view.failed = True
                     continue
                 for callback in job.callbacks:
                     callback.on_epoch_begin(epoch)
                 job.history.append(logs)
                 for callback in job.callbacks:
                     callback.on_epoch_end(epoch, logs)
-                if on_epoch_end is not None:
-                    on_epoch_end(job, epoch, logs)
-        for view, job in zip(self.views, jobs):
-            if not view.failed:
+                job.epoch += 1
+        for job in jobs:
+            if not job.view.failed:
                 for callback in job.callbacks:
                     callback.on_train_end()
 
@@ -279,6 +298,12 @@ class JobVariable:
 
     def __init__(self, pack: Pack, group: str, i: int, k: int) -> None:
         self.pack, self.group, self.i, self.k = pack, group, i, k
+
+    @property
+    def path(self) -> str:  # the model's variable's (what a checkpoint that does not fit names)
+        variables = {"trainable": self.pack._trainable, "non_trainable": self.pack._non_trainable,
+                     "optimizer": self.pack._optimizer}[self.group]
+        return variables[self.i].path
 
     @property
     def shape(self) -> tuple[int, ...]:
