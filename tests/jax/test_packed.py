@@ -57,18 +57,20 @@ def callbacks():
 class Batches(keras.utils.PyDataset):
     """A job's train set in packed.batch_order's order, each epoch's (set by OrderOf)."""
 
-    def __init__(self, x, y, seed):
+    def __init__(self, x, y, seed, batch=BATCH):
         super().__init__()
         from trainer.model.packed import batch_order
-        self.x, self.y, self.seed = x, y, seed
-        self.order = batch_order(len(x), seed, 0)  # Keras reads a batch before the first epoch begins
+        self.x, self.y, self.seed, self.batch = x, y, seed, batch
+        self.n = len(next(iter(x.values())) if isinstance(x, dict) else x)
+        self.order = batch_order(self.n, seed, 0)  # Keras reads a batch before the first epoch begins
 
     def __len__(self):
-        return math.ceil(len(self.x) / BATCH)
+        return math.ceil(self.n / self.batch)
 
     def __getitem__(self, i):
-        rows = self.order[i * BATCH:(i + 1) * BATCH]
-        return self.x[rows], {k: v[rows] for k, v in self.y.items()}
+        rows = self.order[i * self.batch:(i + 1) * self.batch]
+        x = {k: v[rows] for k, v in self.x.items()} if isinstance(self.x, dict) else self.x[rows]
+        return x, {k: v[rows] for k, v in self.y.items()}
 
 
 class OrderOf(keras.callbacks.Callback):
@@ -78,7 +80,7 @@ class OrderOf(keras.callbacks.Callback):
 
     def on_epoch_begin(self, epoch, logs=None):
         from trainer.model.packed import batch_order
-        self.data.order = batch_order(len(self.data.x), self.data.seed, epoch)
+        self.data.order = batch_order(self.data.n, self.data.seed, epoch)
 
 
 def alone(seed, train, val):
@@ -157,3 +159,55 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
                                    err_msg=again.name)
         for a, b in zip(again.view.get_weights(), whole.view.get_weights(), strict=True):
             np.testing.assert_allclose(a, b, atol=1e-5, err_msg=again.name)
+
+
+def test_jobs_of_the_families_head_pack_as_they_train_alone_from_their_own_warm_start(tmp_path):
+    """The families' head (HAR-started candle: HAR's forecasts as inputs beside the windows, a range output on QLIKE
+    derived from the candle's targets, a warm start fitted on each job's own train split) on two jobs of the
+    bundled real candles: each job of the pack, warm-started through the pack's model, ends as Keras's fit on JAX
+    leaves the same job trained alone from the same warm start."""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import load_candles
+    from trainer.data.features import load_features
+    from trainer.data.windows import make_windows
+    from trainer.evaluation.baselines import fit_baselines
+    from trainer.model.models import build_network, output_shapes
+    from trainer.model.packed import Pack, windows_job
+
+    heads = [{"name": "ohlc", "kind": "har_candle", "columns": ["open", "high", "low", "close"], "loss": "mae"}]
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path, heads=heads))
+    epochs, batch = 3, cfg.train.batch_size
+
+    def built():
+        keras.utils.set_random_seed(cfg.train.seed)
+        model, warm_starts = build_network(cfg.network, cfg.train)
+        model.jit_compile = True
+        return model, warm_starts
+
+    model, warm_starts = built()
+    jobs = []
+    for k, symbol in enumerate(("BTCUSDT", "ETHUSDT")):
+        frame, _ = load_features(load_candles(cfg, symbol, "1h"), cfg.features, cfg.cache_path)
+        windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, output_shapes(model, cfg.heads))
+        fitted = fit_baselines(frame, "1h", cfg.window.horizon, windows.train.first_target_rows,
+                               windows.val.first_target_rows)
+        jobs.append(windows_job(symbol, windows.with_forecasts(fitted.har_inputs()), seed=k))
+    pack = Pack(model, jobs, batch, VALIDATION_BATCH)
+    for job in jobs:
+        pack.warm_start(job, warm_starts)
+    pack.train(epochs)
+
+    for k, job in enumerate(jobs):
+        solo, solo_warm_starts = built()
+        x = dict(job.x_train)
+        for warm_start in solo_warm_starts:
+            warm_start(iter([(x, job.y_train)]))
+        data = Batches(x, job.y_train, seed=k, batch=batch)
+        history = solo.fit(data, validation_data=(job.x_val, job.y_val), validation_batch_size=VALIDATION_BATCH,
+                           epochs=epochs, verbose=0, shuffle=False, callbacks=[OrderOf(data)]).history
+        np.testing.assert_allclose([r["loss"] for r in job.history], history["loss"], rtol=1e-5, err_msg=job.name)
+        np.testing.assert_allclose([r["val_loss"] for r in job.history], history["val_loss"], rtol=1e-5,
+                                   err_msg=job.name)
+        for packed, alone in zip(job.view.get_weights(), solo.get_weights(), strict=True):
+            np.testing.assert_allclose(packed, alone, atol=1e-5, err_msg=job.name)

@@ -37,10 +37,13 @@ import jax.numpy as jnp
 import keras
 import numpy as np
 
+from ..data.windows import Windows, float32
+from ..heads import WarmStart
 from .resume import EpochCheckpoint, resumable_callbacks, resume
 from .settings import TrainConfig
 
 Arrays = np.ndarray | dict[str, np.ndarray]
+WARM_START_BATCH = 1024  # the batches a warm start reads the train split in (as training.WindowTrainer's)
 
 
 @dataclass
@@ -61,6 +64,17 @@ class PackedJob:
     history: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None  # why the job failed (a non-finite loss), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
+
+
+def windows_job(name: str, windows: Windows, seed: int) -> PackedJob:
+    """A job's windows as a pack trains on them: its train and validation inputs (with those its heads read beside
+    the windows) and its targets, each head's derived ones too (as training.DeviceFeed gathers them)."""
+    def targets(split) -> dict[str, np.ndarray]:
+        y = dict(split.y)
+        for head in windows.preprocessing.heads:
+            y |= head.spec.derived_targets(y[head.name])
+        return {output: float32(values) for output, values in y.items()}
+    return PackedJob(name, windows.train.x, targets(windows.train), windows.val.x, targets(windows.val), seed=seed)
 
 
 def batch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -162,6 +176,22 @@ class Pack:
         if job.epoch >= job.end and early_stopping and early_stopping.restore_best_weights \
                 and resumed.best_weights is not None:  # it had ended training: its best weights, as fit does
             job.view.set_weights(resumed.best_weights)
+
+    def warm_start(self, job: PackedJob, warm_starts: Sequence[WarmStart]) -> None:
+        """The heads' warm starts (models.build_network's, each holding the layer of the pack's model it sets) on
+        the job's train split, from the job's weights: its weights after them. What training.WindowTrainer's
+        warm_start does for a job trained alone, one job at a time through the pack's model."""
+        for variable, value in zip(self.model.variables, job.view.variables, strict=True):
+            variable.assign(value.numpy())
+        n, x = _length(job.x_train), job.x_train if isinstance(job.x_train, dict) else {"inputs": job.x_train}
+
+        def batches():
+            for start in range(0, n, WARM_START_BATCH):
+                rows = slice(start, start + WARM_START_BATCH)
+                yield {k: v[rows] for k, v in x.items()}, {k: v[rows] for k, v in job.y_train.items()}
+        for warm_start in warm_starts:
+            warm_start(batches())
+        job.view.set_weights([variable.numpy() for variable in self.model.weights])
 
     def train(self, epochs: int) -> None:
         """Train every job from the epochs it has done to `epochs` (or the earlier end resume set), or until
