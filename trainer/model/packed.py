@@ -128,40 +128,51 @@ class Pack:
             job.view = view
             if job.initial_weights is not None:
                 view.set_weights(job.initial_weights)
+        # What an epoch logs besides the loss, as Keras's fit logs it: each output's loss (a model of several
+        # outputs), kept by its compiled metrics, which one evaluated batch builds
+        first = jax.tree.map(lambda a: a[:1], (self.jobs[0].x_train, self.jobs[0].y_train))
+        model.test_on_batch(*first)
+        position = {id(variable): i for i, variable in enumerate(model.metrics_variables)}
+        self._logged = [(metric.name, position[id(metric.variables[0])], position[id(metric.variables[1])])
+                        for metric in model.metrics if metric.name != "loss"]
         self._train_epoch = jax.jit(self._train_scan)
         self._val_epoch = jax.jit(self._val_scan)
 
     # ------------------------------------------------------------------ one job's computation (vmapped)
     def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
+        """compute_loss_and_updates of one job's batch, the padding weighted 0 (Keras's fit computes the same), and
+        what its epoch logs of it: the loss, and each output's (as Keras's fit logs them: unweighted)."""
         # The metrics' variables, which compute_loss_and_updates also updates, are the model's own: what a job's
         # epoch logs comes from its batches' losses (Pack._epoch), not from them.
         metrics = [jnp.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
         # Each sample's weight over the values its loss averages (a loss reduces its target's last axis first)
         weights = jax.tree.map(
             lambda target: jnp.broadcast_to(weight.reshape(-1, *[1] * (target.ndim - 2)), target.shape[:-1]), y)
-        return self.model.compute_loss_and_updates(trainable, non_trainable, metrics, x, y, weights,
-                                                   training=training, optimizer_variables=optimizer)
+        loss, (unscaled, _, non_trainable, metrics) = self.model.compute_loss_and_updates(
+            trainable, non_trainable, metrics, x, y, weights, training=training, optimizer_variables=optimizer)
+        # each output's loss, as its compiled metric (a mean: total / count) holds it after this one batch
+        logs = {"loss": unscaled} | {name: metrics[total] / metrics[count] for name, total, count in self._logged}
+        return loss, (logs, non_trainable)
 
     def _job_step(self, state, x, y, rows, weight, n, active):
-        """One job's training step on its batch `rows` of its arrays (x, y), the padding weighted 0: its state
-        after the step (as before when it is not active) and its batch's unscaled loss times its n samples."""
+        """One job's training step on its batch `rows` of its arrays (x, y): its state after the step (as before
+        when it is not active) and its batch's logs times its n samples."""
         batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
 
         def loss(trainable):
             return self._loss(trainable, state["non_trainable"], batch_x, batch_y, weight, True, state["optimizer"])
 
-        (_, (unscaled, _, non_trainable, _)), grads = jax.value_and_grad(loss, has_aux=True)(state["trainable"])
+        (_, (logs, non_trainable)), grads = jax.value_and_grad(loss, has_aux=True)(state["trainable"])
         trainable, optimizer = self.model.optimizer.stateless_apply(state["optimizer"], grads, state["trainable"])
         new = {"trainable": trainable, "non_trainable": non_trainable, "optimizer": optimizer}
         new = jax.tree.map(lambda after, before: jnp.where(active, after, before), new, state)
-        return new, jnp.where(active, unscaled * n, 0.0)
+        return new, jax.tree.map(lambda value: jnp.where(active, value * n, 0.0), logs)
 
     def _job_loss(self, state, x, y, rows, weight, n):
-        """One job's validation loss on its batch `rows`, times its n samples (0 for an empty batch)."""
+        """One job's validation logs on its batch `rows`, times its n samples (0 for an empty batch)."""
         batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
-        _, (unscaled, _, _, _) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight,
-                                            False)
-        return jnp.where(n > 0, unscaled * n, 0.0)
+        _, (logs, _) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight, False)
+        return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs)
 
     # ------------------------------------------------------------------ epochs
     def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> None:
@@ -214,10 +225,12 @@ class Pack:
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum = self._val_epoch(weights, x_val, y_val, *val_batches)
-            train_sum, val_sum = np.asarray(train_sum), np.asarray(val_sum)
+            train_sum, val_sum = jax.tree.map(np.asarray, (train_sum, val_sum))
             for k in running:
                 job, epoch = jobs[k], jobs[k].epoch
-                logs = {"loss": float(train_sum[k]) / n_train[k], "val_loss": float(val_sum[k]) / max(n_val[k], 1)}
+                # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
+                logs = {name: float(total[k]) / n_train[k] for name, total in train_sum.items()}
+                logs |= {f"val_{name}": float(total[k]) / max(n_val[k], 1) for name, total in val_sum.items()}
                 if not all(math.isfinite(v) for v in logs.values()):
                     job.error = f"loss became {logs['loss']} in epoch {epoch + 1}"
                     job.view.failed = True
@@ -240,9 +253,9 @@ class Pack:
 
         def body(carry, batch):
             state, total = carry
-            state, losses = step(state, x, y, *batch)
-            return (state, total + losses), None
-        (state, total), _ = jax.lax.scan(body, (state, jnp.zeros(n.shape[1])), (rows, weight, n, active))
+            state, logs = step(state, x, y, *batch)
+            return (state, jax.tree.map(jnp.add, total, logs)), None
+        (state, total), _ = jax.lax.scan(body, (state, self._zero_logs(n.shape[1])), (rows, weight, n, active))
         return state, total
 
     def _val_scan(self, weights, x, y, rows, weight, n, active):
@@ -252,9 +265,12 @@ class Pack:
 
         def body(total, batch):
             rows, weight, n, active = batch
-            return total + step(weights, x, y, rows, weight, n * active), None
-        total, _ = jax.lax.scan(body, jnp.zeros(n.shape[1]), (rows, weight, n, active))
+            return jax.tree.map(jnp.add, total, step(weights, x, y, rows, weight, n * active)), None
+        total, _ = jax.lax.scan(body, self._zero_logs(n.shape[1]), (rows, weight, n, active))
         return total
+
+    def _zero_logs(self, jobs: int) -> dict:
+        return {name: jnp.zeros(jobs) for name in ("loss", *(name for name, _, _ in self._logged))}
 
 
 def _batches(orders: list[np.ndarray], batch_size: int, active: np.ndarray) -> tuple[np.ndarray, ...]:
