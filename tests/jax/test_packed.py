@@ -1,5 +1,5 @@
 """Packed training (trainer.model.packed) on Keras's JAX backend, on the CPU: each job of a pack ends exactly as
-Keras's own `fit` on JAX leaves it trained alone on the same batches, with the same callbacks.
+Keras's own `fit` on JAX leaves it trained alone on the same batches, with the same callbacks — dropout on.
 
 These run in a process of their own with KERAS_BACKEND=jax (tests/test_jax.py starts it; `make test` runs them
 so): a process's Keras backend is chosen once, and the rest of the suite's is TensorFlow.
@@ -24,10 +24,11 @@ BATCH, VALIDATION_BATCH, EPOCHS = 16, 32, 10
 
 
 def build() -> keras.Model:
-    """A small model with two outputs (their losses weighted), clipping and the Adam the families use."""
+    """A small model with two outputs (their losses weighted), dropout (the recurrent layer's and a layer's: each
+    job draws from its own seed state, as it would alone), clipping and the Adam the families use."""
     keras.utils.set_random_seed(7)
     inputs = keras.Input((12, 3), name="inputs")
-    hidden = keras.layers.LSTM(8)(inputs)
+    hidden = keras.layers.Dropout(0.2, seed=3)(keras.layers.LSTM(8, dropout=0.1)(inputs))
     model = keras.Model(inputs, {"a": keras.layers.Dense(2, name="a")(hidden),
                                  "b": keras.layers.Dense(1, name="b")(hidden)})
     model.compile(keras.optimizers.Adam(3e-3, clipnorm=1.0), loss={"a": "mae", "b": "mse"},

@@ -14,7 +14,8 @@ Each job trains as it would alone:
   epoch as short as it is (padded to the step's shape with zero-weighted samples, the others weighted so that the
   loss is the mean over the real ones); a job with fewer batches is idle for the rest of the epoch;
 - its own loss (the packed loss is never summed across jobs: each job's gradient is of its own mean), Adam moments,
-  step count, clipping and learning rate;
+  step count, clipping and learning rate, and its own dropout draws (its seed states, advanced by its own steps and
+  validation passes, as Keras's fit advances them);
 - its own epoch: its training loss (the batches' mean weighted by their sizes, as Keras logs it), its validation
   loss, then its own callbacks (early stopping, LR reduction, its checkpoint: anything that drives a model through
   `JobView`, the job's slice of the pack seen as a model);
@@ -169,10 +170,12 @@ class Pack:
         return new, jax.tree.map(lambda value: jnp.where(active, value * n, 0.0), logs)
 
     def _job_loss(self, state, x, y, rows, weight, n):
-        """One job's validation logs on its batch `rows`, times its n samples (0 for an empty batch)."""
+        """One job's validation logs on its batch `rows`, times its n samples (0 for an empty batch), and its
+        non-trainable state after the batch."""
         batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
-        _, (logs, _) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight, False)
-        return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs)
+        _, (logs, non_trainable) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight,
+                                              False)
+        return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs), non_trainable
 
     # ------------------------------------------------------------------ epochs
     def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> None:
@@ -224,7 +227,7 @@ class Pack:
             self.state, train_sum = self._train_epoch(self.state, x, y, *_batches(orders, self.batch_size, active))
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
-            val_sum = self._val_epoch(weights, x_val, y_val, *val_batches)
+            val_sum, self.state["non_trainable"] = self._val_epoch(weights, x_val, y_val, *val_batches)
             train_sum, val_sum = jax.tree.map(np.asarray, (train_sum, val_sum))
             for k in running:
                 job, epoch = jobs[k], jobs[k].epoch
@@ -259,18 +262,30 @@ class Pack:
         return state, total
 
     def _val_scan(self, weights, x, y, rows, weight, n, active):
-        """A validation pass (_batches) in one compiled loop: each job's sum of its batches' losses times their
-        sizes."""
+        """A validation pass (_batches) in one compiled loop: each job's sum of its batches' logs times their
+        sizes, and its non-trainable state after them (a recurrent layer's dropout draws its seeds in inference too,
+        and Keras's evaluate keeps what they advanced to)."""
         step = jax.vmap(self._job_loss)
 
-        def body(total, batch):
+        def body(carry, batch):
+            non_trainable, total = carry
             rows, weight, n, active = batch
-            return jax.tree.map(jnp.add, total, step(weights, x, y, rows, weight, n * active)), None
-        total, _ = jax.lax.scan(body, self._zero_logs(n.shape[1]), (rows, weight, n, active))
-        return total
+            state = {"trainable": weights["trainable"], "non_trainable": non_trainable}
+            logs, after = step(state, x, y, rows, weight, n * active)
+            non_trainable = jax.tree.map(lambda new, old: jnp.where(_per_job(active, old), new, old), after,
+                                         non_trainable)
+            return (non_trainable, jax.tree.map(jnp.add, total, logs)), None
+        (non_trainable, total), _ = jax.lax.scan(body, (weights["non_trainable"], self._zero_logs(n.shape[1])),
+                                                 (rows, weight, n, active))
+        return total, non_trainable
 
     def _zero_logs(self, jobs: int) -> dict:
         return {name: jnp.zeros(jobs) for name in ("loss", *(name for name, _, _ in self._logged))}
+
+
+def _per_job(flags, like):
+    """(K,) flags shaped to broadcast over a (K, ...) array."""
+    return flags.reshape(-1, *[1] * (like.ndim - 1))
 
 
 def _batches(orders: list[np.ndarray], batch_size: int, active: np.ndarray) -> tuple[np.ndarray, ...]:
