@@ -12,9 +12,12 @@ import pytest
 pytestmark = pytest.mark.train
 
 
-def test_the_jax_backend_tests_pass():
+JAX_TESTS = sorted((Path(__file__).parent / "jax").glob("test_*.py"))
+
+
+@pytest.mark.parametrize("tests", JAX_TESTS, ids=[path.stem for path in JAX_TESTS])  # a process each: in parallel
+def test_the_jax_backend_tests_pass(tests):
     pytest.importorskip("jax")  # the dev extra installs it; the `jax` extra for users
-    tests = Path(__file__).parent / "jax"
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
                             env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
