@@ -12,6 +12,9 @@ import pytest
 pytestmark = pytest.mark.train
 
 
+# XLA on the CPU runs each op on every core by default: beside the suite's other workers (each given its share of the
+# cores, conftest.py), one thread, as the TensorFlow workers' ops get theirs
+XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 JAX_TESTS = sorted((Path(__file__).parent / "jax").glob("test_*.py"))
 
 
@@ -19,6 +22,7 @@ JAX_TESTS = sorted((Path(__file__).parent / "jax").glob("test_*.py"))
 def test_the_jax_backend_tests_pass(tests):
     pytest.importorskip("jax")  # the dev extra installs it; the `jax` extra for users
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-                            env={**os.environ, "KERAS_BACKEND": "jax"}, capture_output=True, text=True)
+                            env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": XLA_ONE_THREAD},
+                            capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-2000:]

@@ -60,7 +60,6 @@ class PackedJob:
     callbacks: Sequence[keras.callbacks.Callback] = ()
     epoch: int = 0  # the epochs it has done (Pack.resume: an interrupted run's)
     end: int | None = None  # the epoch it trains to (None: train's `epochs`)
-    initial_weights: list[np.ndarray] | None = None  # model.weights' order; default: the model's as built
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
     error: str | None = None  # why the job failed (a non-finite loss), else None
@@ -102,7 +101,7 @@ def _stack(items: list, length: int):
 
 class Pack:
     """K jobs of one model signature, trained together (train). `model` is the family's compiled Keras model (on the
-    JAX backend); every job starts from its weights as they are (or from its own initial_weights), and from a fresh
+    JAX backend); every job starts from its weights as they are (then Pack.warm_start, Pack.resume), and from a fresh
     optimizer state."""
 
     def __init__(self, model: keras.Model, jobs: Sequence[PackedJob], batch_size: int,
@@ -127,8 +126,6 @@ class Pack:
         self.views = [JobView(self, k) for k in range(len(self.jobs))]
         for view, job in zip(self.views, self.jobs):
             job.view = view
-            if job.initial_weights is not None:
-                view.set_weights(job.initial_weights)
         # What an epoch logs besides the loss, as Keras's fit logs it: each output's loss (a model of several
         # outputs), kept by its compiled metrics, which one evaluated batch builds
         first = jax.tree.map(lambda a: a[:1], (self.jobs[0].x_train, self.jobs[0].y_train))
