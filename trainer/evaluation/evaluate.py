@@ -16,7 +16,7 @@ import numpy as np
 from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from ..heads import CANDLE
-from ..model.training import INFERENCE_BATCH_SIZE
+from ..model.settings import INFERENCE_BATCH_SIZE
 from . import scores as score
 from .baselines import Baseline, Baselines, combination_weights, mae_factor, qlike_factor
 from .intervals import Conformal, Forecasts

@@ -41,10 +41,9 @@ import numpy as np
 from ..data.windows import Windows, float32
 from ..heads import WarmStart
 from .resume import EpochCheckpoint, resumable_callbacks, resume
-from .settings import TrainConfig
+from .settings import INFERENCE_BATCH_SIZE, TrainConfig
 
 Arrays = np.ndarray | dict[str, np.ndarray]
-WARM_START_BATCH = 1024  # the batches a warm start reads the train split in (as training.WindowTrainer's)
 
 
 @dataclass
@@ -123,9 +122,15 @@ class Pack:
         self.state = {group: [jnp.stack([v.value] * len(self.jobs)) for v in variables]
                       for group, variables in (("trainable", self._trainable), ("non_trainable", self._non_trainable))}
         self.state["optimizer"] = [jnp.asarray(np.stack([v.numpy()] * len(self.jobs))) for v in self._optimizer]
-        self.views = [JobView(self, k) for k in range(len(self.jobs))]
-        for view, job in zip(self.views, self.jobs):
-            job.view = view
+        for k, job in enumerate(self.jobs):
+            job.view = JobView(self, k)
+        # Every job's windows, each padded to the longest job's, on the device once
+        self._n_train = [_length(job.x_train) for job in self.jobs]
+        self._n_val = [_length(job.x_val) for job in self.jobs]
+        self._train_data = (_stack([j.x_train for j in self.jobs], max(self._n_train)),
+                            _stack([j.y_train for j in self.jobs], max(self._n_train)))
+        self._val_data = (_stack([j.x_val for j in self.jobs], max(self._n_val)),
+                          _stack([j.y_val for j in self.jobs], max(self._n_val)))
         # What an epoch logs besides the loss, as Keras's fit logs it: each output's loss (a model of several
         # outputs), kept by its compiled metrics, which one evaluated batch builds
         first = jax.tree.map(lambda a: a[:1], (self.jobs[0].x_train, self.jobs[0].y_train))
@@ -197,8 +202,8 @@ class Pack:
         n, x = _length(job.x_train), job.x_train if isinstance(job.x_train, dict) else {"inputs": job.x_train}
 
         def batches():
-            for start in range(0, n, WARM_START_BATCH):
-                rows = slice(start, start + WARM_START_BATCH)
+            for start in range(0, n, INFERENCE_BATCH_SIZE):
+                rows = slice(start, start + INFERENCE_BATCH_SIZE)
                 yield {k: v[rows] for k, v in x.items()}, {k: v[rows] for k, v in job.y_train.items()}
         for warm_start in warm_starts:
             warm_start(batches())
@@ -208,11 +213,8 @@ class Pack:
         """Train every job from the epochs it has done to `epochs` (or the earlier end resume set), or until
         its early stopping stops it, or it fails. Each epoch of the pack is the next epoch of every job that
         trains: jobs resumed after different epochs go on from their own."""
-        jobs = self.jobs
-        n_train = [_length(job.x_train) for job in jobs]
-        n_val = [_length(job.x_val) for job in jobs]
-        x, y = _stack([j.x_train for j in jobs], max(n_train)), _stack([j.y_train for j in jobs], max(n_train))
-        x_val, y_val = _stack([j.x_val for j in jobs], max(n_val)), _stack([j.y_val for j in jobs], max(n_val))
+        jobs, n_train, n_val = self.jobs, self._n_train, self._n_val
+        (x, y), (x_val, y_val) = self._train_data, self._val_data
         ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
         for job in jobs:
             for callback in job.callbacks:

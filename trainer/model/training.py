@@ -23,13 +23,9 @@ from ..heads import WarmStart
 from .device import apply_precision
 from .models import build_network, compile_settings
 from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
-from .settings import NetworkSpec, TrainConfig
+from .settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
 
 log = logging.getLogger(__name__)
-
-# Inference (validation, test predictions) keeps no activations for gradients, so a large batch costs little
-# memory and saves per-step dispatch: a job's validation passes take about half the time they take at batch 64.
-INFERENCE_BATCH_SIZE = 1024
 
 
 # ----------------------------------------------------------------------------- compiled-model reuse
