@@ -18,11 +18,15 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
 os.environ["KERAS_BACKEND"] = "jax"  # before Keras loads
-import jax
+try:
+    import jax
+except ImportError:
+    sys.exit("bench-pack runs on Keras's JAX backend, and JAX is not installed: pip install 'cryptotrain[jax]'")
 import keras
 import numpy as np
 
