@@ -1,5 +1,5 @@
-"""The same N small real-data jobs in one local `cryptotrain run` process vs on Ray with 2 single-threaded
-workers, measured side by side in one run on this machine.
+"""The same N small real-data jobs in one local `cryptotrain run` process vs on Ray with 2 (--workers)
+single-threaded workers, measured side by side in one run on this machine.
 
   make bench-ray
   python benchmarks/bench_ray.py --epochs 3 --rows 3000
@@ -41,9 +41,9 @@ STARTUP = """
 import time
 from trainer.config import ExecutorConfig, load_config
 from trainer.run.distributed import RayExecutor
-executor = RayExecutor(load_config(%r), ExecutorConfig(kind="ray", workers=2, cpus_per_worker=1))
+executor = RayExecutor(load_config(%r), ExecutorConfig(kind="ray", workers=%d, cpus_per_worker=1))
 started = time.perf_counter()
-with executor:  # a Ray of its own on this machine, its 2 workers asked for
+with executor:  # a Ray of its own on this machine, its workers asked for
     initialised = time.perf_counter()
     executor.started()
     ready = time.perf_counter()
@@ -93,6 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, default=3000)
     parser.add_argument("--only", default="*", help="the jobs to run, a glob as `cryptotrain run --only` takes it "
                                                     "(default: all 8)")
+    parser.add_argument("--workers", type=int, default=2, help="Ray workers, one CPU each (default 2)")
     parser.add_argument("--json", type=Path, default=RESULTS, help=f"where to write the figures (default {RESULTS})")
     args = parser.parse_args(argv)
     console = Console()
@@ -112,26 +113,27 @@ def main(argv: list[str] | None = None) -> None:
         console.print(f"jobs {args.only}, {args.epochs} epochs, the last {args.rows} candles each; "
                       f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})")
         local = timed_run(configs["local"], "--only", args.only)
-        on_ray = timed_run(configs["ray"], "--only", args.only, "--executor", "ray", "--workers", "2",
+        on_ray = timed_run(configs["ray"], "--only", args.only, "--executor", "ray", "--workers", str(args.workers),
                            "--cpus-per-worker", "1")
-        out = subprocess.run([sys.executable, "-c", STARTUP % str(configs["local"])], cwd=REPO, capture_output=True,
-                             text=True, env=ENV, check=True).stdout.split()
+        out = subprocess.run([sys.executable, "-c", STARTUP % (str(configs["local"]), args.workers)], cwd=REPO,
+                             capture_output=True, text=True, env=ENV, check=True).stdout.split()
         ray_init, workers_ready = float(out[0]), float(out[1])
         local_jobs, ray_jobs = job_seconds(tmp / "local"), job_seconds(tmp / "ray")
 
-    table = Table(title=f"the same real-data jobs ({args.only}): one local process vs 2 single-threaded Ray workers")
+    table = Table(title=f"the same real-data jobs ({args.only}): one local process vs "
+                  f"{args.workers} single-threaded Ray workers")
     for column in ("executor", "wall s", "sum of job s (ledger)"):
         table.add_column(column, justify="right" if column != "executor" else "left")
     table.add_row("local (1 process)", f"{local:.1f}", f"{local_jobs:.1f}")
-    table.add_row("ray (2 workers x 1 CPU)", f"{on_ray:.1f}", f"{ray_jobs:.1f}")
+    table.add_row(f"ray ({args.workers} workers x 1 CPU)", f"{on_ray:.1f}", f"{ray_jobs:.1f}")
     console.print(table)
     console.print(f"ray / local wall time: x{local / on_ray:.2f} faster" if on_ray < local
                   else f"ray / local wall time: x{on_ray / local:.2f} slower")
-    console.print(f"Ray start-up: ray.init {ray_init:.1f} s, 2 workers ready (TensorFlow imported) "
+    console.print(f"Ray start-up: ray.init {ray_init:.1f} s, {args.workers} workers ready (TensorFlow imported) "
                   f"{workers_ready:.1f} s")
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
-        "jobs": args.only, "epochs": args.epochs, "rows": args.rows, "cpus": os.cpu_count(),
+        "jobs": args.only, "workers": args.workers, "epochs": args.epochs, "rows": args.rows, "cpus": os.cpu_count(),
         "local_wall_s": round(local, 2), "ray_wall_s": round(on_ray, 2), "speedup": round(local / on_ray, 3),
         "local_job_s": round(local_jobs, 2), "ray_job_s": round(ray_jobs, 2),
         "ray_init_s": round(ray_init, 2), "ray_workers_ready_s": round(workers_ready, 2),

@@ -91,6 +91,7 @@ def test_bench_run(tmp_path):
 def test_bench_ray(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "ray.json"
-    benchmark("bench_ray").main(["--only", "BTCUSDT_1h", "--epochs", "1", "--rows", "500", "--json", str(out)])
+    benchmark("bench_ray").main(["--only", "BTCUSDT_1h", "--workers", "1", "--epochs", "1", "--rows", "500",
+                                 "--json", str(out)])
     results = written(out)
     assert results["local_wall_s"] > 0 and results["ray_wall_s"] > 0 and results["ray_workers_ready_s"] > 0
