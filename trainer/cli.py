@@ -4,6 +4,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import os
@@ -48,6 +49,15 @@ class _Stderr(logging.Handler):
 
 
 _LOG_LINES = _Stderr(logging.INFO)
+
+
+class _PackSize(click.ParamType):
+    name = "pack"
+
+    def convert(self, value, param, ctx):
+        if value == "auto" or (isinstance(value, str) and value.isdigit() and int(value) > 0):
+            return value
+        self.fail(f"{value!r} is neither a number of jobs (1, 2, ...) nor auto", param, ctx)
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -144,8 +154,13 @@ def plan(config_path, overrides, only, timeframes):
               help="Several processes on one run directory: a job whose process sent no heartbeat for this long (a "
                    "laptop asleep, a paused process) is taken over by another; the first, woken, discards its own "
                    "files of it [default: 300].")
+@click.option("--pack", type=_PackSize(), default=None, metavar="K|auto",
+              help="Train K jobs at a time in one compiled step on Keras's JAX backend, each exactly as if alone "
+                   "(pip install 'cryptotrain[jax]'): for GPUs, which one small model leaves mostly idle. auto: K "
+                   "from the accelerator's memory, 1 on a CPU. Default: the config's train.pack (1: one job at a "
+                   "time, TensorFlow).")
 def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push, verbose, tensorboard,
-        executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after):
+        executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after, pack):
     """Train and evaluate every job of a config, in one process; resumable.
 
     Interrupt it at any moment (Ctrl-C, SIGTERM, kill -9) and run the same command again: finished
@@ -160,11 +175,16 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
       cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
       cryptotrain run --config v8_aligned --executor ray --workers 4 --gpus-per-worker 1
     """
-    cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else [])), only,
-                      timeframes)
+    cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else []),
+                                    *([f"train.pack={pack}"] if pack is not None else [])), only, timeframes)
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
-    _import_tensorflow()
+    if _packs(cfg.train.pack):
+        if cfg.train.tensorboard:
+            raise UserError("--tensorboard is not available with --pack (its callback writes through TensorFlow)")
+        _keras_on_jax()
+    else:
+        _import_tensorflow()
     from .report.console import JobProgress, print_resume_hint, print_run_end
     from .run.runner import run_config
 
@@ -223,6 +243,40 @@ def _import_tensorflow() -> None:
             raise
         raise UserError("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs "
                         "it unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')") from exc
+
+
+def _packs(pack: int | str) -> bool:
+    """Whether train.pack trains packed, on Keras's JAX backend: a K > 1, or auto where JAX is installed and sees an
+    accelerator (on a CPU, auto is one job at a time, with TensorFlow). K > 1 without JAX is refused (UserError)."""
+    if pack == 1 or pack == "1":
+        return False
+    try:
+        import jax
+    except ImportError:
+        if pack == "auto":
+            return False
+        raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "
+                        "pip install 'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"
+                        ) from None
+    return pack != "auto" or jax.default_backend() != "cpu"
+
+
+def _keras_on_jax() -> None:
+    """Keras's backend for this process, chosen before Keras is imported: JAX (a packed run imports no TensorFlow)."""
+    if "keras" in sys.modules:  # this process's Keras (a notebook's, a test's) has its backend already
+        import keras
+
+        if keras.backend.backend() != "jax":
+            raise UserError(f"--pack trains on Keras's JAX backend, and this process's Keras runs on "
+                            f"{keras.backend.backend()}: run it in a new process, or with KERAS_BACKEND=jax")
+        return
+    os.environ["KERAS_BACKEND"] = "jax"
+    # Keras imports an installed TensorFlow (to recognise its types when it serialises layers): its native start-up
+    # lines kept off the terminal, as _import_tensorflow keeps them. Nothing trains with it.
+    from .files import native_stderr_silenced
+
+    with contextlib.suppress(ImportError), native_stderr_silenced():
+        import tensorflow  # noqa: F401
 
 
 def _require(module: str, option: str, install: str) -> None:

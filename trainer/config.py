@@ -170,7 +170,8 @@ class RunConfig(Strict):
     def fingerprint(self) -> str:
         """sha256 of everything that makes a run what it is. Where results go (output_dir, cache_dir), where they
         are published (hub), where jobs train (executor) and FREE_KEYS (how long jobs may train: a run is
-        extended, not replaced, when they change; whether TensorBoard logs are written) do not count."""
+        extended, not replaced, when they change; whether TensorBoard logs are written; how many jobs train together)
+        do not count."""
         data = self.fingerprint_data()
         for key in FREE_KEYS:
             section, _, name = key.rpartition(".")
@@ -184,7 +185,7 @@ class RunConfig(Strict):
 
 
 # What may change on an existing run without making it another run.
-FREE_KEYS = (*BUDGET_KEYS, "train.tensorboard")
+FREE_KEYS = (*BUDGET_KEYS, "train.tensorboard", "train.pack")
 
 
 def _at(data: dict, dotted: str) -> dict:

@@ -180,10 +180,11 @@ class Pack:
         return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs), non_trainable
 
     # ------------------------------------------------------------------ epochs
-    def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> None:
+    def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> EpochCheckpoint:
         """Give the job its own early stopping, LR reduction and epoch checkpoint in `backup_dir`, as `fit` gives a
         job trained alone, going on from the checkpoint an interrupted run of it left there (resume.resume): its
-        weights, optimizer state, counters and the epochs it has done."""
+        weights, optimizer state, counters and the epochs it has done. Its checkpoint callback, whose rows are the
+        job's history (callbacks.fit_result)."""
         resumed = resume(backup_dir, job.view)
         early_stopping, reduce_lr = resumable_callbacks(train, resumed)
         checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
@@ -192,6 +193,7 @@ class Pack:
         if job.epoch >= job.end and early_stopping and early_stopping.restore_best_weights \
                 and resumed.best_weights is not None:  # it had ended training: its best weights, as fit does
             job.view.set_weights(resumed.best_weights)
+        return checkpoint
 
     def warm_start(self, job: PackedJob, warm_starts: Sequence[WarmStart]) -> None:
         """The heads' warm starts (models.build_network's, each holding the layer of the pack's model it sets) on
@@ -216,9 +218,10 @@ class Pack:
         jobs, n_train, n_val = self.jobs, self._n_train, self._n_val
         (x, y), (x_val, y_val) = self._train_data, self._val_data
         ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
-        for job in jobs:
+        for job, end in zip(jobs, ends, strict=True):
             for callback in job.callbacks:
                 callback.set_model(job.view)
+                callback.set_params({"epochs": end, "verbose": 0})  # as fit gives them theirs
                 callback.on_train_begin()
         while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
             active = np.isin(np.arange(len(jobs)), running)

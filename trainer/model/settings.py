@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -71,6 +71,9 @@ class TrainConfig(Strict):
     # Epoch-level logs per job under RUN/tensorboard/JOB (Keras's TensorBoard callback):
     # `tensorboard --logdir runs/NAME/tensorboard` compares every job of the run.
     tensorboard: bool = False
+    # Jobs trained together in one compiled step on Keras's JAX backend (run --pack; run.packing): 1 trains one job
+    # at a time with TensorFlow; "auto" packs on an accelerator (K from its memory) and is 1 on a CPU.
+    pack: Annotated[int, Field(gt=0)] | Literal["auto"] = 1
 
     @model_validator(mode="after")
     def _one_kind_of_clipping(self) -> TrainConfig:

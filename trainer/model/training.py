@@ -7,19 +7,17 @@ import gc
 import json
 import logging
 import math
-import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import keras
 import numpy as np
-import pandas as pd
 import tensorflow as tf
 
 from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
 from ..heads import WarmStart
+from .callbacks import FitResult, StepTimer, StopOnNaN, fit_result
 from .device import apply_precision
 from .models import build_network, compile_settings
 from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
@@ -102,14 +100,6 @@ def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- fitting
-@dataclass
-class FitResult:
-    history: pd.DataFrame  # one row per epoch, including epochs run before a restart
-    best_epoch: int  # 1-based
-    best_val_loss: float
-    step_seconds: float  # time inside train steps in this process (for overhead accounting)
-
-
 def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: Path,
         callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
     """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
@@ -137,19 +127,7 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
                   shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
         model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
-    return _result(checkpoint, restores_best, step_seconds=timer.seconds)
-
-
-def _result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float) -> FitResult:
-    """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
-    them, else the last."""
-    history = checkpoint.history_frame()
-    if history.empty:
-        raise JobError("training produced no epoch (no training windows?)")
-    last = checkpoint.rows[-1]
-    epoch = last.early_stopping.best_epoch + 1 if restores_best else last.epoch
-    val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
-    return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds)
+    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds)
 
 
 class WindowTrainer(keras.Model):
@@ -299,68 +277,3 @@ class DeviceFeed:
         options = tf.data.Options()
         options.autotune.enabled = False
         return data.batch(batch_size).prefetch(1).with_options(options)
-
-
-# ----------------------------------------------------------------------------- callbacks
-class Diverged(JobError):
-    """Training diverged: its loss is no longer a finite number. Whether the data or the settings are to blame
-    is for the caller to tell (pipeline.train_one)."""
-
-
-class StopOnNaN(keras.callbacks.Callback):
-    """A NaN or infinite loss ends the job with a recorded error (Keras's TerminateOnNaN stops silently).
-    Checked on each epoch's mean loss, which a non-finite batch makes non-finite too: a per-batch check
-    would make every step wait for the device."""
-
-    def on_epoch_end(self, epoch, logs=None):
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            raise Diverged(f"loss became {float(loss)} in epoch {epoch + 1}")
-
-
-class StepTimer(keras.callbacks.Callback):
-    """Seconds spent in train steps (each epoch up to its validation), to tell training time from per-job
-    overhead. Timed per epoch, not per batch: a per-batch callback makes every step wait for the device."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seconds = 0.0
-        self._epoch_start: float | None = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = time.perf_counter()
-
-    def on_test_begin(self, logs=None):  # validation: the epoch's train steps are over
-        self._stop()
-
-    def on_epoch_end(self, epoch, logs=None):  # an epoch without validation
-        self._stop()
-
-    def _stop(self) -> None:
-        if self._epoch_start is not None:
-            self.seconds += time.perf_counter() - self._epoch_start
-            self._epoch_start = None
-
-
-class ReportProgress(keras.callbacks.Callback):
-    """Tells where a job's progress goes (pipeline.Events: the console's report.console.JobProgress, or a Ray worker's
-    outbox) the job's epoch count and the epoch it starts at (after the checkpointed ones of an interrupted run),
-    then each epoch's losses as plain floats."""
-
-    def __init__(self, events, job: str) -> None:
-        super().__init__()
-        self.events, self.job = events, job
-        self._first_epoch: int | None = None
-
-    def on_train_begin(self, logs=None):
-        self._first_epoch = None
-
-    def on_epoch_begin(self, epoch, logs=None):
-        if self._first_epoch is None:
-            self._first_epoch = epoch
-            self.events.training_started(self.job, self.params["epochs"], epoch)
-
-    def on_epoch_end(self, epoch, logs=None):
-        self.events.epoch_ended(self.job, epoch, {k: float(v) for k, v in (logs or {}).items()})
-
-

@@ -1,5 +1,6 @@
-"""Where jobs train: in the driver's own process (LocalExecutor), or on Ray workers (distributed.RayExecutor,
-imported only when asked for, so a local run never imports Ray).
+"""Where jobs train: in the driver's own process, one at a time with TensorFlow (LocalExecutor) or K at a time
+packed on Keras's JAX backend (packing.PackExecutor: train.pack), or on Ray workers (distributed.RayExecutor). Each is
+imported only when asked for: a local run never imports Ray, a packed one never TensorFlow.
 
 An executor takes prepared jobs (submit) up to its capacity and hands back each one's outcome (wait): a
 pipeline.JobOutput (its metrics and its files, which the driver writes into the job directory it commits), or
@@ -9,15 +10,19 @@ the exception the job failed with. Everything about the run directory and the le
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
+import keras
+
 from ..config import ExecutorConfig, RunConfig
-from ..errors import JobError
-from ..model.training import ModelCache
+from ..errors import JobError, UserError
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, tensorboard_dir, train_one
+
+log = logging.getLogger(__name__)
 
 
 class Executor(Protocol):
@@ -36,6 +41,8 @@ class LocalExecutor:
     capacity = 1
 
     def __init__(self, cfg: RunConfig) -> None:
+        from ..model.training import ModelCache
+
         self.cfg = cfg
         self.cache = ModelCache.of_process()  # a run after a run in this process reuses its traced model
         self.cache.model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
@@ -57,7 +64,33 @@ class LocalExecutor:
 
 
 @contextlib.contextmanager
-def open_executor(cfg: RunConfig, executor: ExecutorConfig) -> Iterator[Executor]:
+def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
+                  note: Callable[[str], None] = lambda line: None) -> Iterator[Executor]:
+    """The executor of `jobs` jobs: packed when train.pack asks for it and this process's Keras runs on JAX (the CLI
+    chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why."""
+    backend = keras.backend.backend()
+    if cfg.train.pack != 1 and (backend == "jax" or cfg.train.pack != "auto"):
+        if backend != "jax":
+            raise UserError(f"train.pack {cfg.train.pack} trains on Keras's JAX backend, and this process's Keras "
+                            f"runs on {backend}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
+        if executor.kind != "local":
+            raise UserError("--pack trains its jobs in this process; Ray workers train one job at a time: run "
+                            "--executor ray without --pack")
+        from .packing import PackExecutor, plan_pack
+
+        plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
+        note(f"packed training on {plan.device}: {plan.k} job{'s' * (plan.k > 1)} at a time ({plan.why})")
+        yield PackExecutor(cfg, plan.k)
+        return
+    if cfg.train.pack == "auto":
+        note("--pack auto: one job at a time, with TensorFlow (packing is for an accelerator JAX sees)")
+    from ..model.device import cudnn_report, setup
+
+    setup(cfg.train)  # TensorFlow, for this process (and a Ray run's driver), before any model is built
+    for layer in cudnn_report(cfg.model):
+        if not layer.eligible:
+            log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
+                        layer.index, layer.kind, "; ".join(layer.blockers))
     if executor.kind == "local":
         yield LocalExecutor(cfg)
         return

@@ -17,7 +17,7 @@ import os
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import keras
 import numpy as np
@@ -31,10 +31,13 @@ from ..errors import JobError
 from ..evaluation.baselines import Baselines, Har, cached_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
 from ..evaluation.results import DataInfo, JobMetrics
+from ..model.callbacks import Diverged, FitResult, ReportProgress
 from ..model.models import output_shapes
-from ..model.training import Diverged, ModelCache, ReportProgress, fit
 from .jobdir import JobDir
 from .jobs import Job
+
+if TYPE_CHECKING:
+    from ..model.training import ModelCache
 
 
 class Events(Protocol):
@@ -109,16 +112,27 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     """Train and evaluate one job. `backup_dir` holds its epoch checkpoints: an interrupted or extended job goes
     on from the last one there. With train.tensorboard, Keras's TensorBoard callback writes the job's epoch logs
     into `tensorboard`. JobError: the job failed for its own reasons (data, a non-finite loss)."""
+    from ..model.training import fit  # TensorFlow's: a packed run (packing.PackExecutor) never imports it
+
     started = time.perf_counter()
     if cfg.train.tensorboard:
         callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
                                                              write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg.network, cfg.train)
-    with _naming(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
+    with named_after(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
         windows, fitted = job_windows(cfg, job.timeframe, prepared.frame, output_shapes(model, cfg.heads))
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
                      callbacks=[*callbacks, ReportProgress(events, job.name)])
+    return evaluated(cfg, job, prepared, model, windows, fitted, result, started)
+
+
+def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, windows: Windows,
+              fitted: Baselines | None, result: FitResult, started: float) -> JobResult:
+    """A job whose model has trained (`result`: training.fit's, or a pack's), evaluated: its forecasts of the
+    validation and test splits, their scores against the baselines (`fitted`: job_windows's), and what its
+    directory holds. `started`: when the job began (perf_counter), for its metrics' seconds."""
+    with named_after(prepared):
         prep, test, val = windows.preprocessing, windows.test, windows.val
         val_raw = predict_fixed_batches(model, val.x)  # every output of the model
         val_outputs = prep.point(val_raw)
@@ -170,7 +184,7 @@ def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
 
 
 @contextlib.contextmanager
-def _naming(prepared: Prepared):
+def named_after(prepared: Prepared):
     """A job error raised inside (a value the windows cannot frame, a loss that diverged, predictions or metrics
     that are not finite) names the candles it comes from, and the implausible price in them that likely caused
     it, when there is one: then a diverged loss is not blamed on the learning rate."""

@@ -31,7 +31,6 @@ from ..data.features import collinear_columns
 from ..errors import Interrupted, JobError, RunStopped, UserError, first_line
 from ..evaluation.results import JobMetrics, JobSummary
 from ..files import atomic_write, remove_abandoned_temp_files
-from ..model.device import cudnn_report, setup
 from ..model.resume import budget_plan
 from . import artifacts
 from .executors import Executor, open_executor
@@ -82,10 +81,9 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
     if push is not None and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
-    device = setup(cfg.train)
     with contextlib.ExitStack() as opened:
         # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
-        with open_executor(cfg, executor or cfg.executor) as workers:
+        with open_executor(cfg, executor or cfg.executor, len(jobs), display.note) as workers:
             run = opened.enter_context(RunDir.create(cfg, new_run, display.note, stale_after))
             run_dir, ledger = run.path, run.ledger
             names = [job.name for job in jobs]
@@ -95,7 +93,6 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
             for directory in (run_dir, cfg.cache_path):  # what writes cut short by a kill left (checkpoints, entries)
                 remove_abandoned_temp_files(directory)
             _reconcile(cfg, ledger, by_name, retries, retry_failed)
-            _warn_cudnn(cfg, device)
 
             driver = _Driver(run, names, display, push)
             with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
@@ -299,13 +296,6 @@ def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_
         log.info("%s: its input changed since it failed; trying it again", record.name)
         return f"input changed since it failed with: {record.error}"
     return None
-
-
-def _warn_cudnn(cfg: RunConfig, device: dict) -> None:
-    blocked = [layer for layer in cudnn_report(cfg.model) if not layer.eligible]
-    for layer in blocked:
-        log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
-                    layer.index, layer.kind, "; ".join(layer.blockers))
 
 
 @contextlib.contextmanager

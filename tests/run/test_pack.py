@@ -1,0 +1,105 @@
+"""`cryptotrain run --pack K`: a run's jobs trained K at a time in one compiled step on Keras's JAX backend, as a user
+runs it, in processes of their own (a process's Keras backend is chosen once; this suite's is TensorFlow). Packed
+training itself (each job exactly as alone) is tested in tests/jax/test_packed.py."""
+from __future__ import annotations
+
+import json
+import signal
+import sqlite3
+import subprocess
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+from tests.conftest import REPO, cli_without, tiny_config_dict
+
+JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
+EPOCHS = 4
+
+
+def _config(tmp_path, **train):
+    raw = tiny_config_dict(tmp_path)
+    raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
+    raw["train"] |= {"epochs": EPOCHS, "batch_size": 16, **train}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def _checkpointed_epoch(backup) -> int:
+    try:
+        with np.load(backup / "checkpoint.npz") as saved:
+            return int(saved["epoch"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.processes
+def test_pack_without_jax_is_refused_in_one_line_before_any_work(tmp_path):
+    config = _config(tmp_path)
+    result = subprocess.run([*cli_without("jax"), "run", "--config", str(config), "--pack", "2"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "error: --pack 2 (train.pack) trains on Keras's JAX backend, and JAX is not installed: pip install "
+        "'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"]
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.train
+@pytest.mark.processes
+def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_ordinary_job_directories(tmp_path):
+    """kill -9 while a pack of two jobs trains, on a machine without TensorFlow (hidden from the process); the same
+    command resumes each job after its own last checkpointed epoch; each job ends as a job directory that this
+    process's TensorFlow Keras loads without custom objects and `predict` (TensorFlow) forecasts from."""
+    pytest.importorskip("jax")
+    config = _config(tmp_path)
+    command = [*cli_without("tensorflow"), "run", "--config", str(config), "--pack", "2", "-v"]
+    backups = tmp_path / "run" / ".backup"
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while min(_checkpointed_epoch(backups / job) for job in JOBS) < 1:
+            assert first.poll() is None and time.monotonic() < deadline, first.stdout.read()[-3000:]
+            time.sleep(0.05)
+        first.send_signal(signal.SIGKILL)
+        output, _ = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert "packed training on cpu: 2 jobs at a time (--pack 2)" in output, output[-3000:]
+    kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}
+    assert all(0 < epoch < EPOCHS for epoch in kept.values()), kept
+
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
+    for job, epoch in kept.items():
+        assert f"{job}: resuming at epoch {epoch + 1} of {EPOCHS}" in again.stderr, again.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+        assert dict(db.execute("SELECT name, status FROM jobs")) == dict.fromkeys(JOBS, "done")
+        attempts = [*db.execute("SELECT job, outcome FROM attempts")]
+    for job in JOBS:  # the killed attempt is recorded lost, never failed; done once
+        outcomes = [outcome for name, outcome in attempts if name == job]
+        assert outcomes.count("done") == 1 and "failed" not in outcomes, attempts
+
+    import keras  # this process's: TensorFlow's
+
+    for job in JOBS:
+        directory = tmp_path / "run" / "jobs" / job
+        history = pd.read_csv(directory / "history.csv")["epoch"].tolist()
+        assert history == list(range(1, len(history) + 1)) and len(history) >= kept[job] + 1, (job, history)
+        metrics = json.loads((directory / "metrics.json").read_text())
+        assert metrics["epochs_run"] == len(history) and np.isfinite(metrics["best_val_loss"])
+        model = keras.saving.load_model(directory / "model.keras")  # safe mode, no custom objects
+        assert sorted(model.output_names) == ["bb", "ohlc"]
+        outputs = model.predict(np.zeros((2, *model.input.shape[1:]), "float32"), verbose=0)
+        assert all(np.isfinite(values).all() for values in outputs.values())
+    forecast = subprocess.run([*cli_without(), "predict", "--model", str(tmp_path / "run" / "jobs" / JOBS[0]),
+                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert forecast.returncode == 0, forecast.stderr[-3000:]
+    served = json.loads(forecast.stdout)
+    assert len(served["forecast"]) == 3 and all(np.isfinite(step[key]) for step in served["forecast"]
+                                                 for key in ("expected_high", "expected_low", "close_80_high"))

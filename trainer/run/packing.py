@@ -1,0 +1,158 @@
+"""Packed runs (`run --pack K`, train.pack): the driver claims up to K jobs and prepares each, as for any executor;
+this one trains them together in one compiled step on Keras's JAX backend (model.packed.Pack), each exactly as if
+alone, then evaluates each as a job trained alone is evaluated (pipeline.evaluated). Every job keeps its own epoch
+checkpoints in its backup directory and is committed and recorded on its own by the driver: a pack killed at any
+moment resumes each of its jobs after its own last finished epoch.
+
+The jobs of a run share one model signature (one config, one model), so any K of them pack; jobs of different
+lengths pack too: each has its own number of batches an epoch, and one with fewer is idle for the rest of it.
+
+Imports no TensorFlow: it runs where only JAX is installed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import jax
+import keras
+
+from ..config import RunConfig
+from ..errors import UserError
+from ..model.callbacks import Diverged, ReportProgress, fit_result
+from ..model.models import build_network, output_shapes
+from ..model.packed import Pack, windows_job
+from ..model.resume import assign
+from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
+from .jobs import Job
+from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after
+
+# The most jobs one step takes (../shared/docs/gpu.md measured the rate still rising at 160 on an H100), and the
+# share of an accelerator's memory the pack may fill (the rest: XLA's workspace, evaluation, fragmentation).
+MAX_PACK, MEMORY_SHARE = 160, 0.5
+# Candles a job is assumed to have when the config does not cap them (data.max_rows): a year of 15m candles.
+ASSUMED_ROWS = 35_000
+
+
+@dataclass(frozen=True)
+class PackPlan:
+    """How many jobs train together, and why: what `run` and `doctor` print."""
+    k: int
+    device: str  # e.g. "gpu: NVIDIA H100 80GB HBM3", "cpu"
+    why: str
+
+
+def device_name() -> str:
+    device = jax.devices()[0]
+    return "cpu" if device.platform == "cpu" else f"{device.platform}: {device.device_kind}"
+
+
+def job_bytes(spec: NetworkSpec, train: TrainConfig, rows: int) -> int:
+    """An upper estimate of one packed job's device memory: its windows (train and validation, float32, as the pack
+    stacks them), its weights with their gradients and Adam's two moments, and its batch's activations (each layer's
+    units at every time step, kept for the backward pass, times a margin for the gates)."""
+    from ..model.models import count_params
+
+    features = len(spec.columns)
+    windows = rows * spec.lookback * features * 4
+    state = 4 * count_params(spec) * 4
+    units = sum(getattr(layer, "units", 0) or 0 for layer in spec.model.layers)
+    activations = train.batch_size * spec.lookback * max(units, features) * 8 * 4
+    return windows + state + activations
+
+
+def plan_pack(requested: int | str, jobs: int, spec: NetworkSpec, train: TrainConfig, rows: int | None) -> PackPlan:
+    """K for `requested` (train.pack): a number is taken as it is (at most the jobs there are); "auto" is 1 on a CPU
+    (packing gains nothing there: benchmarks/RESULTS.md, bench-pack) and, on an accelerator, as many jobs as fill
+    MEMORY_SHARE of its memory by job_bytes' estimate, at most MAX_PACK."""
+    device = device_name()
+    if requested != "auto":
+        k = max(1, min(int(requested), jobs))
+        return PackPlan(k, device, f"--pack {requested}" + (f" ({jobs} jobs)" if k < int(requested) else ""))
+    if jax.default_backend() == "cpu":
+        return PackPlan(1, device, "auto: one job at a time on a CPU (packing gains nothing there)")
+    stats = jax.devices()[0].memory_stats() or {}
+    per_job = job_bytes(spec, train, rows or ASSUMED_ROWS)
+    if "bytes_limit" not in stats:
+        k = min(jobs, 8)
+        return PackPlan(k, device, f"auto: {k} (the device does not report its memory)")
+    fits = int(stats["bytes_limit"] * MEMORY_SHARE // per_job)
+    k = max(1, min(jobs, MAX_PACK, fits))
+    return PackPlan(k, device, f"auto: {k} of {jobs} jobs ({per_job / 2**20:,.0f} MiB a job estimated, "
+                               f"{MEMORY_SHARE:.0%} of {stats['bytes_limit'] / 2**30:,.1f} GiB)")
+
+
+def pack_precision(precision: str) -> str:
+    """train.precision for a pack: float32, or mixed_bfloat16 (no loss scaling); "auto" is float32 on a CPU and
+    mixed_bfloat16 on an accelerator (../shared/docs/gpu.md: a packed V7 epoch 8.4 s in float32, 6.7 s so).
+    mixed_float16 would need a loss scale per job: refused."""
+    if precision == "mixed_float16":
+        raise UserError("train.precision mixed_float16 is not available with --pack (its loss scale is not packed): "
+                        "use mixed_bfloat16, float32 or auto")
+    if precision == "auto":
+        return "float32" if jax.default_backend() == "cpu" else "mixed_bfloat16"
+    return precision
+
+
+@dataclass
+class _Submitted:
+    job: Job
+    prepared: Prepared
+    backup: Path
+
+
+class PackExecutor:
+    """Trains the jobs submitted since the last wait (at most `capacity`) together, then evaluates each."""
+
+    def __init__(self, cfg: RunConfig, capacity: int) -> None:
+        self.cfg, self.capacity = cfg, capacity
+        keras.mixed_precision.set_dtype_policy(pack_precision(cfg.train.precision))
+        keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
+        # A model the config cannot build is bad input, said before a run directory records it.
+        self.model, self.warm_starts = build_network(cfg.network, cfg.train)
+        self.initial = [v.numpy() for v in self.model.variables]  # every job starts from them, as alone
+        self._submitted: list[_Submitted] = []
+
+    def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
+        self._submitted.append(_Submitted(job, prepared, backup))
+
+    def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
+        submitted, self._submitted = self._submitted, []
+        started = time.perf_counter()
+        cfg, model = self.cfg, self.model
+        outcomes: dict[str, JobOutput | BaseException] = {}
+        framed = []  # (submitted, windows, fitted, packed job)
+        for item in submitted:
+            try:
+                with named_after(item.prepared):
+                    windows, fitted = job_windows(cfg, item.job.timeframe, item.prepared.frame,
+                                                  output_shapes(model, cfg.heads))
+                framed.append((item, windows, fitted, windows_job(item.job.name, windows, cfg.train.seed)))
+            except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
+                outcomes[item.job.name] = exc
+        if framed:
+            assign(model.variables, self.initial)
+            pack = Pack(model, [packed for *_, packed in framed], cfg.train.batch_size, INFERENCE_BATCH_SIZE)
+            checkpoints = {}
+            for item, _, _, packed in framed:
+                checkpoints[packed.name] = pack.resume(packed, cfg.train, item.backup)
+                if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
+                    pack.warm_start(packed, self.warm_starts)
+                packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name)]
+            pack.train(cfg.train.epochs)
+            trained = time.perf_counter() - started
+            restores_best = bool(cfg.train.early_stopping and cfg.train.early_stopping.restore_best_weights)
+            for item, windows, fitted, packed in framed:
+                try:
+                    with named_after(item.prepared):
+                        if packed.error is not None:
+                            raise Diverged(packed.error)
+                        result = fit_result(checkpoints[packed.name], restores_best, step_seconds=trained)
+                    assign(model.weights, packed.view.get_weights())
+                    outcomes[item.job.name] = evaluated(cfg, item.job, item.prepared, model, windows, fitted, result,
+                                                        started)
+                except Exception as exc:
+                    outcomes[item.job.name] = exc
+        return [(item.job, outcomes[item.job.name]) for item in submitted]
+
