@@ -187,6 +187,8 @@ def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
     assert "no GPU visible" in result.output
     assert "make install TF_EXTRA=gpu" in result.output
     assert "n/a (CPU)" in result.output
+    assert "packing (run --pack, JAX " in result.output and "on cpu; --pack auto for V7's 40 jobs: auto: one job " \
+        "at a time on a CPU" in result.output
     assert "verdict: no problems found" in result.output
 
 
@@ -204,6 +206,7 @@ def test_doctor_json_times_the_cpu_step():
     assert cpu_step["device"] == "CPU:0" and cpu_step["loss_finite"]
     assert cpu_step["step_ms"] > 0 and cpu_step["fused_kernel"] is None
     assert [f["severity"] for f in report["findings"]] == ["notice"]
+    assert report["packing"]["available"] and report["packing"]["auto_k_v7"] == 1
 
 
 H100 = {"index": 0, "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30, "memory_used_bytes": 0,

@@ -221,6 +221,7 @@ class Diagnosis(BaseModel):
     driver: dict  # nvidia_driver()
     precision_auto: str
     train_steps: list[dict]  # time_train_step() on the CPU, then on each GPU
+    packing: dict  # pack_report(): run --pack's device and the K auto chooses, or why it is not available
     findings: list[Finding]
     verdict: str
 
@@ -247,6 +248,7 @@ def diagnose() -> Diagnosis:
     steps += [time_train_step(f"GPU:{i}", configured["precision"]) for i in range(len(gpus))]
     findings = _findings(build, gpus, driver, configured, steps)
     problems = sum(f.severity == "problem" for f in findings)
+    packing = pack_report()
     return Diagnosis(
         versions={"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
                   "cuda_build": bool(build.get("is_cuda_build")), "cuda": build.get("cuda_version"),
@@ -255,6 +257,7 @@ def diagnose() -> Diagnosis:
         driver=driver,
         precision_auto=configured["precision"],
         train_steps=steps,
+        packing=packing,
         findings=findings,
         verdict=f"{problems} problem(s) found" if problems else "no problems found",
     )
@@ -301,6 +304,40 @@ def _op_types(graph: tf.Graph) -> set[str]:
     for function in graph_def.library.function:  # ops inside while loops and other nested functions
         types.update(node.op for node in function.node_def)
     return types
+
+
+# Asked in a process of its own: packing runs on Keras's JAX backend, and a process's Keras has one backend (this
+# one's is TensorFlow); JAX there takes device memory as it needs it, not most of it at once, as it would by default.
+PACK_PROBE = """
+import json, os
+os.environ["KERAS_BACKEND"] = "jax"
+os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+try:
+    import jax
+except ImportError:
+    print(json.dumps({"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}))
+    raise SystemExit
+from trainer.config import load_config
+from trainer.run.jobs import make_jobs
+from trainer.run.packing import plan_pack
+cfg = load_config("v7")
+plan = plan_pack("auto", len(make_jobs(cfg)), cfg.network, cfg.train, cfg.data.max_rows)
+print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version__, "auto_k_v7": plan.k,
+                  "why": plan.why}))
+"""
+
+
+def pack_report() -> dict:
+    """Whether `run --pack` can run here, on what device, and the K `--pack auto` chooses for the V7 family's 40
+    jobs: {"available", "device", "jax", "auto_k_v7", "why"}, or {"available": False, "why"}."""
+    import json
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", PACK_PROBE], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
+    if result.returncode != 0:
+        return {"available": False, "why": f"JAX failed to start: {result.stderr.strip().splitlines()[-1:]}"}
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def nvidia_driver() -> dict:

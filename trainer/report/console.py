@@ -480,6 +480,10 @@ def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool
                       ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
     out.print(steps)
     out.print(f"precision 'auto' resolves to: {diagnosis.precision_auto}")
+    packing = diagnosis.packing
+    out.print(escape(f"packing (run --pack, JAX {packing['jax']}): on {packing['device']}; --pack auto for V7's 40 "
+                     f"jobs: {packing['why']}") if packing["available"] else
+              f"packing (run --pack): [yellow]not available[/] ({escape(packing['why'])})")
 
     for f in diagnosis.findings:
         style = "red" if f.severity == "problem" else "yellow"
