@@ -75,8 +75,8 @@ def old_job(config_path: Path, job: str, out_dir: Path) -> None:
     from bench_features import old_prepare
 
     from trainer.config import load_config
-    from trainer.model.models import build_model
     from trainer.model.callbacks import StepTimer
+    from trainer.model.models import build_model
 
     cfg = load_config(config_path)
     x_train, y_train, x_val, y_val, _, _ = old_prepare(cfg.data.local.path / f"{job}.csv.gz", cfg.window.lookback,

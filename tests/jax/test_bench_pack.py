@@ -17,7 +17,10 @@ def test_bench_pack_measures_one_job_and_packs(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "pack.json"
-    bench.main(["--family", "quickstart", "--ks", "2", "--steps", "2", "--repeats", "1", "--json", str(out)])
+    bench.main(["--family", "quickstart", "--ks", "2", "--steps", "2", "--repeats", "1", "--no-tensorflow",
+                "--data", str(path.parents[1] / "data" / "ohlcv"), "--max-jobs", "2", "--json", str(out)])
     results = json.loads(out.read_text())
+    epoch = results["family_epoch"]
+    assert epoch["jobs"] == 2 and not epoch["failed"] and epoch["epoch_s"] > 0 and epoch["train_windows"] > 0
     assert results["device"].startswith("cpu: ") and results["one_job_fit_samples_s"] > 0
     assert set(results["packed"]) == {"2"} and all(r["samples_s"] > 0 for r in results["packed"].values())

@@ -230,6 +230,7 @@ CUDA_12_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version
 def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatch, build, driver, message, fix):
     monkeypatch.setattr(device, "nvidia_driver", lambda: driver)
     monkeypatch.setattr(tf.sysconfig, "get_build_info", lambda: build)
+    monkeypatch.setattr(device, "pack_report", lambda: {"available": False, "why": "not asked"})  # tested above
     result = CliRunner().invoke(main, ["doctor", "--json"])
     assert result.exit_code == 1
     [finding] = json.loads(result.output)["findings"]
@@ -269,6 +270,8 @@ def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
         "precision_auto": "mixed_float16",
         "train_steps": [{**GPU_STEP, "device": "CPU:0", "precision": "float32", "peak_memory_bytes": None,
                          "fused_kernel": None}, GPU_STEP],
+        "packing": {"available": True, "device": "gpu: NVIDIA H100 80GB HBM3", "jax": "0.10.2", "auto_k_v7": 40,
+                    "why": "auto: 40 of 40 jobs (95 MiB a job estimated, 50% of 79.1 GiB)"},
         "findings": [], "verdict": "no problems found",
     }
     console = Console(width=200, record=True)
@@ -277,4 +280,6 @@ def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
     assert "CUDA 12.5, cuDNN 9" in text and "GPU 0 NVIDIA H100, 80.0 GiB" in text
     gpu_row = next(line for line in text.splitlines() if "GPU:0" in line and "mixed_float16" in line)
     assert "24.0 MiB" in gpu_row and "yes" in gpu_row
+    assert "packing (run --pack, JAX 0.10.2): on gpu: NVIDIA H100 80GB HBM3; --pack auto for V7's 40 jobs: auto: 40 " \
+        "of 40 jobs" in text
     assert "verdict: no problems found" in text

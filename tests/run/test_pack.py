@@ -15,8 +15,10 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, cli_without, tiny_config_dict
+from tests.hub_server import serve_hub
 
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
+TOKEN = "hf_PackedRunTestToken0123456789abcdef"
 EPOCHS = 4
 
 
@@ -51,10 +53,12 @@ def test_pack_without_jax_is_refused_in_one_line_before_any_work(tmp_path):
 
 @pytest.mark.train
 @pytest.mark.processes
-def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_ordinary_job_directories(tmp_path):
+def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_ordinary_job_directories(
+        tmp_path, monkeypatch):
     """kill -9 while a pack of two jobs trains, on a machine without TensorFlow (hidden from the process); the same
     command resumes each job after its own last checkpointed epoch; each job ends as a job directory that this
-    process's TensorFlow Keras loads without custom objects and `predict` (TensorFlow) forecasts from."""
+    process's TensorFlow Keras loads without custom objects, `predict` (TensorFlow) forecasts from, and that forecasts
+    the same after a round trip through a (local) Hugging Face Hub."""
     pytest.importorskip("jax")
     config = _config(tmp_path)
     command = [*cli_without("tensorflow"), "run", "--config", str(config), "--pack", "2", "-v"]
@@ -103,3 +107,14 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
     served = json.loads(forecast.stdout)
     assert len(served["forecast"]) == 3 and all(np.isfinite(step[key]) for step in served["forecast"]
                                                  for key in ("expected_high", "expected_low", "close_80_high"))
+
+    from trainer.publish.hub import push_run
+    from trainer.publish.predict import predict_job
+    from trainer.run.rundir import RunDir
+
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
+        with RunDir.open(tmp_path / "run", config_required=True) as opened:
+            push_run(opened, repo_id="tester/packed", private=True, overwrite_cards=False, only=())
+        remote = predict_job("hf://tester/packed/BTCUSDT/1h", symbol=None, timeframe=None, data_path=None,
+                             config_path=None)
+    assert remote.as_dict()["forecast"] == served["forecast"]
