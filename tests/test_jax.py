@@ -18,11 +18,19 @@ XLA_ONE_THREAD = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_thread
 JAX_TESTS = sorted((Path(__file__).parent / "jax").glob("test_*.py"))
 
 
+def compilation_cache(directory: Path) -> dict[str, str]:
+    """JAX's persistent compilation cache in `directory`, for one process or several in turn (not at once): the
+    tests build the same small models again and again (a job alone, then packed), and XLA compiles each anew unless
+    it finds the same computation there (a quarter of tests/jax's CPU time)."""
+    return {"JAX_COMPILATION_CACHE_DIR": str(directory), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
+
+
 @pytest.mark.parametrize("tests", JAX_TESTS, ids=[path.stem for path in JAX_TESTS])  # a process each: in parallel
-def test_the_jax_backend_tests_pass(tests):
+def test_the_jax_backend_tests_pass(tests, tmp_path):
     pytest.importorskip("jax")  # the dev extra installs it; the `jax` extra for users
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
-                            env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": XLA_ONE_THREAD},
+                            env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": XLA_ONE_THREAD,
+                                 **compilation_cache(tmp_path / "xla")},
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-2000:]

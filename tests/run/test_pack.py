@@ -4,6 +4,7 @@ training itself (each job exactly as alone) is tested in tests/jax/test_packed.p
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -16,6 +17,7 @@ import yaml
 
 from tests.conftest import REPO, cli_without, tiny_config_dict
 from tests.hub_server import serve_hub
+from tests.test_jax import compilation_cache
 
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h"]
 TOKEN = "hf_PackedRunTestToken0123456789abcdef"
@@ -76,8 +78,10 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
     pytest.importorskip("jax")
     config = _config(tmp_path)
     command = [*cli_without("tensorflow"), "run", "--config", str(config), "--pack", "2", "-v"]
+    env = {**os.environ, **compilation_cache(tmp_path / "xla")}  # the second process finds what the first compiled
     backups = tmp_path / "run" / ".backup"
-    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env=env)
     try:
         deadline = time.monotonic() + 400
         while min(_checkpointed_epoch(backups / job) for job in JOBS) < 1:
@@ -92,7 +96,7 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
     kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}
     assert all(0 < epoch < EPOCHS for epoch in kept.values()), kept
 
-    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600, env=env)
     assert again.returncode == 0 and "Traceback" not in again.stderr, again.stderr[-3000:]
     for job, epoch in kept.items():
         assert f"{job}: resuming at epoch {epoch + 1} of {EPOCHS}" in again.stderr, again.stderr[-3000:]
