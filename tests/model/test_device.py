@@ -51,6 +51,7 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
     assert {k: v for k, v in again.items() if k != "precision"} == {k: v for k, v in first.items() if k != "precision"}
 
 
+@pytest.mark.processes
 def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them(monkeypatch):
     # in a fresh process: TensorFlow's thread pools can be sized only before its first op; every CPU it may run on
     monkeypatch.delenv(device.CPUS_ENV, raising=False)  # (the suite gives each of its workers a share)
