@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.train
+pytestmark = [pytest.mark.train, pytest.mark.processes]  # each case a JAX process of its own
 
 
 # XLA on the CPU runs each op on every core by default: beside the suite's other workers (each given its share of the
