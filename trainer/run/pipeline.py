@@ -1,5 +1,6 @@
-"""One job, top to bottom: candles -> features (prepare) -> windows -> train -> evaluate -> the job's files
-(train_one).
+"""One job, top to bottom: candles -> features (prepare) -> windows (job_windows) -> train -> evaluate -> the job's
+files (train_one: TensorFlow's training.fit, then `evaluated`). A packed run (packing.PackExecutor) trains K jobs
+together on JAX between job_windows and `evaluated`, the same two steps.
 
 `prepare` runs where the data is (the driver, with its feature cache); `train_one` runs anywhere — in the
 driver's process for a local run, in a Ray worker for a distributed one. Neither prints nor touches the run
