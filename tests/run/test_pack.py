@@ -42,6 +42,23 @@ def _checkpointed_epoch(backup) -> int:
         return 0
 
 
+def test_pack_auto_fills_half_an_accelerators_memory_with_jobs_by_their_estimated_size():
+    pytest.importorskip("jax")
+    from trainer.config import load_config
+    from trainer.run.packing import MAX_PACK, job_bytes, jobs_that_fit
+
+    cfg = load_config("v7")
+    per_job = job_bytes(cfg.network, cfg.train, rows=10_000)
+    windows = 10_000 * cfg.network.lookback * len(cfg.network.columns) * 4
+    assert windows < per_job < 2 * windows  # the job's windows on the device, most of it
+    assert job_bytes(cfg.network, cfg.train, rows=20_000) > per_job
+    h100 = 80 * 2**30
+    assert jobs_that_fit(40, per_job, h100) == 40  # a family on one H100
+    assert jobs_that_fit(400, per_job, h100) == MAX_PACK
+    assert jobs_that_fit(40, per_job, 2**30) == 2**29 // per_job < 40  # a small device: what half of it holds
+    assert jobs_that_fit(40, per_job, per_job) == 1  # never none
+
+
 @pytest.mark.processes
 def test_pack_without_jax_is_refused_in_one_line_before_any_work(tmp_path):
     config = _config(tmp_path)

@@ -77,10 +77,15 @@ def plan_pack(requested: int | str, jobs: int, spec: NetworkSpec, train: TrainCo
     if "bytes_limit" not in stats:
         k = min(jobs, 8)
         return PackPlan(k, device, f"auto: {k} (the device does not report its memory)")
-    fits = int(stats["bytes_limit"] * MEMORY_SHARE // per_job)
-    k = max(1, min(jobs, MAX_PACK, fits))
+    k = jobs_that_fit(jobs, per_job, stats["bytes_limit"])
     return PackPlan(k, device, f"auto: {k} of {jobs} jobs ({per_job / 2**20:,.0f} MiB a job estimated, "
                                f"{MEMORY_SHARE:.0%} of {stats['bytes_limit'] / 2**30:,.1f} GiB)")
+
+
+def jobs_that_fit(jobs: int, per_job: int, bytes_limit: int) -> int:
+    """`--pack auto`'s K on an accelerator of `bytes_limit` bytes: as many of the jobs as fill MEMORY_SHARE of it at
+    `per_job` bytes each, at most MAX_PACK, at least 1."""
+    return max(1, min(jobs, MAX_PACK, int(bytes_limit * MEMORY_SHARE // per_job)))
 
 
 def pack_precision(precision: str) -> str:
