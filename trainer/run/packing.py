@@ -22,8 +22,8 @@ from ..config import RunConfig
 from ..errors import UserError
 from ..model.callbacks import Diverged, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
-from ..model.packed import Pack, windows_job
-from ..model.resume import assign
+from ..model.packed import Pack, PackedJob, windows_job
+from ..model.resume import EpochCheckpoint, assign
 from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after
@@ -116,7 +116,10 @@ class PackExecutor:
         keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
         # A model the config cannot build is bad input, said before a run directory records it.
         self.model, self.warm_starts = build_network(cfg.network, cfg.train)
-        self.initial = [v.numpy() for v in self.model.variables]  # every job starts from them, as alone
+        self.model.optimizer.build(self.model.trainable_variables)
+        # every job starts from them, as alone
+        self.initial = [v.numpy() for v in self.model.variables]
+        self.initial_optimizer = [v.numpy() for v in self.model.optimizer.variables]
         self._submitted: list[_Submitted] = []
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
@@ -137,15 +140,11 @@ class PackExecutor:
             except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
                 outcomes[item.job.name] = exc
         if framed:
-            assign(model.variables, self.initial)
-            pack = Pack(model, [packed for *_, packed in framed], cfg.train.batch_size, INFERENCE_BATCH_SIZE)
-            checkpoints = {}
-            for item, _, _, packed in framed:
-                checkpoints[packed.name] = pack.resume(packed, cfg.train, item.backup)
-                if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
-                    pack.warm_start(packed, self.warm_starts)
-                packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name)]
-            pack.train(cfg.train.epochs)
+            try:
+                checkpoints = self._train([packed for *_, packed in framed], [item.backup for item, *_ in framed],
+                                          events)
+            except Exception as exc:  # the pack could not train (out of device memory, say): each job fails with it
+                return [(item.job, outcomes.get(item.job.name, exc)) for item in submitted]
             trained = time.perf_counter() - started
             restores_best = bool(cfg.train.early_stopping and cfg.train.early_stopping.restore_best_weights)
             for item, windows, fitted, packed in framed:
@@ -154,10 +153,29 @@ class PackExecutor:
                         if packed.error is not None:
                             raise Diverged(packed.error)
                         result = fit_result(checkpoints[packed.name], restores_best, step_seconds=trained)
-                    assign(model.weights, packed.view.get_weights())
+                    # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
+                    # too: model.keras holds it, as a job trained alone saves its own)
+                    assign(model.variables, [v.numpy() for v in packed.view.variables])
+                    assign(model.optimizer.variables, [v.numpy() for v in packed.view.optimizer.variables])
                     outcomes[item.job.name] = evaluated(cfg, item.job, item.prepared, model, windows, fitted, result,
                                                         started)
                 except Exception as exc:
                     outcomes[item.job.name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]
+
+    def _train(self, jobs: list[PackedJob], backups: list[Path], events: Events) -> dict[str, EpochCheckpoint]:
+        """The jobs trained in one pack, each going on from its backup directory's checkpoint (a fresh job from the
+        heads' warm start); each job's checkpoint callback, by name."""
+        model = self.model
+        assign(model.variables, self.initial)
+        assign(model.optimizer.variables, self.initial_optimizer)
+        pack = Pack(model, jobs, self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
+        checkpoints = {}
+        for packed, backup in zip(jobs, backups, strict=True):
+            checkpoints[packed.name] = pack.resume(packed, self.cfg.train, backup)
+            if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
+                pack.warm_start(packed, self.warm_starts)
+            packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name)]
+        pack.train(self.cfg.train.epochs)
+        return checkpoints
 
