@@ -248,7 +248,7 @@ def _import_tensorflow() -> None:
 def _packs(pack: int | str) -> bool:
     """Whether train.pack trains packed, on Keras's JAX backend: a K > 1, or auto where JAX is installed and sees an
     accelerator (on a CPU, auto is one job at a time, with TensorFlow). K > 1 without JAX is refused (UserError)."""
-    if pack == 1 or pack == "1":
+    if pack == 1:
         return False
     try:
         import jax

@@ -12,12 +12,14 @@ Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throu
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
 import platform
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -330,13 +332,11 @@ print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version
 def pack_report() -> dict:
     """Whether `run --pack` can run here, on what device, and the K `--pack auto` chooses for the V7 family's 40
     jobs: {"available", "device", "jax", "auto_k_v7", "why"}, or {"available": False, "why"}."""
-    import json
-    import sys
-
     result = subprocess.run([sys.executable, "-c", PACK_PROBE], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if result.returncode != 0:
-        return {"available": False, "why": f"JAX failed to start: {result.stderr.strip().splitlines()[-1:]}"}
+        last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
+        return {"available": False, "why": f"JAX failed to start: {last}"}
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
