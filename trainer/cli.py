@@ -145,7 +145,8 @@ def plan(config_path, overrides, only, timeframes):
               help="The Ray cluster to use: auto (the one `ray start` made here), or its address. Default: a "
                    "Ray started for this run on this machine only.")
 @click.option("--workers", type=click.IntRange(1), default=None, help="Ray workers, each training one job at "
-                                                                     "a time with its own TensorFlow [default: 2].")
+                                                                     "a time with its own TensorFlow (with --pack, K "
+                                                                     "jobs packed on JAX) [default: 2].")
 @click.option("--cpus-per-worker", type=click.FloatRange(0, min_open=True), default=None,
               help="CPUs each Ray worker takes (and its TensorFlow thread pools) [default: 1].")
 @click.option("--gpus-per-worker", type=click.FloatRange(0), default=None,
@@ -157,8 +158,8 @@ def plan(config_path, overrides, only, timeframes):
 @click.option("--pack", type=_PackSize(), default=None, metavar="K|auto",
               help="Train K jobs at a time in one compiled step on Keras's JAX backend, each exactly as if alone "
                    "(pip install 'cryptotrain[jax]'): for GPUs, which one small model leaves mostly idle. auto: K "
-                   "from the accelerator's memory, 1 on a CPU. Default: the config's train.pack (1: one job at a "
-                   "time, TensorFlow).")
+                   "from the accelerator's memory, 1 on a CPU. With --executor ray, each worker packs K jobs. "
+                   "Default: the config's train.pack (1: one job at a time, TensorFlow).")
 def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push, verbose, tensorboard,
         executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after, pack):
     """Train and evaluate every job of a config, in one process; resumable.
@@ -174,6 +175,7 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
       cryptotrain run --config quickstart
       cryptotrain run --config v8_aligned --only 'BTC*' --set train.epochs=5
       cryptotrain run --config v8_aligned --executor ray --workers 4 --gpus-per-worker 1
+      cryptotrain run --config v7 --pack 40 --executor ray --workers 2 --gpus-per-worker 1
     """
     cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else []),
                                     *([f"train.pack={pack}"] if pack is not None else [])), only, timeframes)

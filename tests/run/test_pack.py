@@ -71,20 +71,6 @@ def test_pack_without_jax_is_refused_in_one_line_before_any_work(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.processes
-def test_pack_on_ray_workers_is_refused_in_one_line_before_any_work(tmp_path):
-    pytest.importorskip("jax")
-    pytest.importorskip("ray")
-    config = _config(tmp_path)
-    result = subprocess.run([*cli_without(), "run", "--config", str(config), "--pack", "2", "--executor", "ray"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [
-        "error: --pack trains its jobs in this process; Ray workers train one job at a time: run --executor ray "
-        "without --pack"]
-    assert not (tmp_path / "run").exists()
-
-
 @pytest.mark.train
 @pytest.mark.processes
 def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_ordinary_job_directories(

@@ -171,32 +171,38 @@ KINDS = {
 NODE = ("raylet", "gcs_server")  # the head goes with them: the test uses one of its own, started again after
 
 
-@pytest.mark.parametrize("victim, exit_code, said", [
-    ("worker", 0, "its Ray worker died"),  # the run goes on: each job in a new worker
-    ("mailbox", 0, "Ray lost the mailbox the workers report to"),  # goes on: a new mailbox, jobs handed out again
-    ("driver", -signal.SIGKILL, ""),
-    ("raylet", 1, "error: stopped: the Ray node of this process is gone"),  # the run stops, in one line
-    ("gcs_server", 1, "error: stopped: the Ray cluster at"),
-])
-def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, cluster,
+@pytest.mark.parametrize("victim, exit_code, said, pack", [
+    ("worker", 0, "its Ray worker died", None),  # the run goes on: each job in a new worker
+    # one worker training both jobs packed (on Keras's JAX backend): both go on in its replacement
+    ("worker", 0, "its Ray worker died", 2),
+    ("mailbox", 0, "Ray lost the mailbox the workers report to", None),  # goes on: a new mailbox, jobs handed out again
+    ("driver", -signal.SIGKILL, "", None),
+    ("raylet", 1, "error: stopped: the Ray node of this process is gone", None),  # the run stops, in one line
+    ("gcs_server", 1, "error: stopped: the Ray cluster at", None),
+], ids=["worker", "worker-of-a-pack", "mailbox", "driver", "raylet", "gcs_server"])
+def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, pack, cluster,
                                                                           tmp_path):
     """SIGKILL of one kind of Ray process of ours while jobs train: no traceback; the run goes on, or ends
     (exit_code) and the same command goes on; either way every job resumes after the last checkpoint the driver
     held at the kill or later, no epoch is lost or repeated, no attempt counts as failed, every job is done
     exactly once."""
+    if pack:
+        pytest.importorskip("jax")
     head = RayHead() if victim in NODE else cluster
     config = _config(tmp_path, "run", epochs=4, batch_size=16)
     raw = yaml.safe_load(config.read_text())
     raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address, "--workers", "2",
-            "--cpus-per-worker", "1", "--set", "executor.gcs_patience_s=2"]  # noticed well before the jobs end
+    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address,
+            *(["--workers", "1", "--pack", str(pack)] if pack else ["--workers", "2"]), "--cpus-per-worker", "1",
+            "--set", "executor.gcs_patience_s=2"]  # noticed well before the jobs end
     backups = tmp_path / "run" / ".backup"
+    watched = JOBS if pack else JOBS[:1]  # a pack's jobs end their epochs together
     try:
         driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, env=ENV)
         deadline = time.monotonic() + 300
-        while _checkpointed_epoch(backups / JOBS[0]) < 1:  # the first job has an epoch on the driver, more to go
+        while min(_checkpointed_epoch(backups / job) for job in watched) < 1:  # an epoch on the driver, more to go
             assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()[-3000:]
             time.sleep(0.05)
         at_kill = {job: _checkpointed_epoch(backups / job) for job in JOBS}
@@ -207,6 +213,7 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             os.kill(pid, signal.SIGKILL)
         first, _ = driver.communicate(timeout=600)
         assert driver.returncode == exit_code and said in first and "Traceback" not in first, first[-3000:]
+        assert not pack or f"packed training on Ray workers: {pack} jobs at a time on each" in first, first[-3000:]
         if exit_code == 1:  # its own line, the last
             lines = first.splitlines()
             assert [line for line in lines if line.startswith("error:")] == lines[-1:], first[-3000:]
@@ -227,7 +234,7 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     resumed = {job: int(epoch) for job, epoch in
                re.findall(r"^(\w+): resuming at epoch (\d+) of 4", outputs[-1], re.MULTILINE)}
     if kept is None:  # the jobs under way went on in the same run, after the last checkpoint the driver had
-        assert JOBS[0] in resumed, outputs[-1][-3000:]  # at the kill or later
+        assert set(watched) <= resumed.keys(), outputs[-1][-3000:]  # at the kill or later
         assert all(epoch - 1 >= max(at_kill[job], 1) for job, epoch in resumed.items()), (resumed, at_kill)
     else:  # the same command went on after the last checkpoint on disk, each job it had not finished
         assert resumed == {job: epoch + 1 for job, epoch in kept.items() if 0 < epoch < 4}, (resumed, kept)

@@ -4,7 +4,9 @@ The driver keeps everything that is the run's: the run directory, its ledger, th
 job where the data is (pipeline.prepare) and hands the prepared rows to a worker through Ray's object store,
 with the job's epoch checkpoints as the driver holds them; the worker trains it (pipeline.train_one, the same
 code as a local run) in its one TensorFlow context, with its own compiled-model cache, so each model shape is
-traced once per worker, not once per job.
+traced once per worker, not once per job. With train.pack (`run --pack K --executor ray`), a worker takes up to K
+jobs at a time and trains them packed on Keras's JAX backend (packing.PackExecutor, the same code as a local packed
+run): each job of the hand-over has its own messages, checkpoints and outcome, as if it had a worker of its own.
 
 While a job trains, its progress, its log lines and each finished epoch's checkpoint files come back through a
 mailbox (a small Ray actor of ours): the driver shows the first two and writes the checkpoints into
@@ -12,8 +14,8 @@ RUN/.backup/JOB, as a local run would have. A finished job's files and TensorBoa
 one place they travel as such): the driver writes the logs where a local run does, and the files into the
 staging directory it commits. Faults:
 - a worker that dies (SIGKILL, out of memory, its node lost) loses at most the epoch under way: Ray starts a new
-  worker process in its place and the driver hands it the job again, with the checkpoints it has, so training
-  goes on after the last one — not a failed attempt;
+  worker process in its place and the driver hands it the job (every job of its pack) again, with the checkpoints
+  it has, so training goes on after the last one — not a failed attempt;
 - the mailbox lost likewise: the driver makes a new one, and a job that may have lost messages in the old one
   (a checkpoint, an epoch's progress) goes on in its worker from the last checkpoint the driver holds;
 - this node's Ray (its raylet) or the cluster's GCS gone, or anything else Ray cannot do: the run stops with
@@ -30,6 +32,7 @@ import hashlib
 import itertools
 import logging
 import os
+import pickle
 import socket
 import tempfile
 import time
@@ -40,7 +43,7 @@ from ..config import ExecutorConfig, RunConfig
 from ..errors import JobError, RunStopped, UserError, first_line
 from ..evaluation.results import JobMetrics
 from ..files import atomic_write
-from ..model.training import ModelCache
+from ..model.models import build_network
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
 
@@ -61,9 +64,9 @@ RESUME = "run the same command again to resume (finished epochs are kept)"
 @dataclass
 class _Task:
     job: Job
-    actor: object  # the _Worker handle training it
     prepared: Prepared
     backup: Path  # the driver's backup directory for the job
+    actor: object = None  # the _Worker handle training it, once handed over
     deaths: int = 0  # workers that died while training it
     # Of its current hand-over to a worker: the number its messages carry, the mailbox they go to, how many of
     # them the driver has taken.
@@ -89,15 +92,16 @@ class _MailboxLost(Exception):
 
 
 class RayExecutor:
-    """`executor.workers` Ray actors, one job each at a time (see the module's docstring)."""
+    """`executor.workers` Ray actors, one job each at a time, or `pack` jobs each packed on Keras's JAX backend (see
+    the module's docstring)."""
 
-    def __init__(self, cfg: RunConfig, executor: ExecutorConfig) -> None:
+    def __init__(self, cfg: RunConfig, executor: ExecutorConfig, pack: int | None = None) -> None:
         if ray is None:
             raise UserError("--executor ray needs Ray: pip install 'cryptotrain[ray]' (or pip install 'ray>=2.9'), "
                             "or run without --executor ray")
-        self.cfg, self.options = cfg, executor
-        self.capacity = executor.workers
-        ModelCache().model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
+        self.cfg, self.options, self.pack = cfg, executor, pack
+        self.capacity = executor.workers * (pack or 1)
+        build_network(cfg.network, cfg.train)  # a model the config cannot build is bad input, said before any work
         self._connected_here = False  # ray.init called here (not in a notebook before)
         self._workers: list = []
         self._free: list = []
@@ -114,8 +118,11 @@ class RayExecutor:
         self._raylet, self._gcs = _watched_addresses()
         self.mailbox = _Mailbox.remote()
         resources = {"num_cpus": self.options.cpus_per_worker, "num_gpus": self.options.gpus_per_worker}
+        if self.pack is not None:  # each worker process's Keras on JAX, chosen before it imports Keras
+            resources["runtime_env"] = {"env_vars": {"KERAS_BACKEND": "jax"}}
         self._workers = [_Worker.options(**resources, max_restarts=-1, max_task_retries=0)
-                         .remote(self.cfg, self.options.cpus_per_worker) for _ in range(self.options.workers)]
+                         .remote(self.cfg, self.options.cpus_per_worker, self.pack)
+                         for _ in range(self.options.workers)]
         self._free = list(self._workers)
         return self
 
@@ -152,7 +159,7 @@ class RayExecutor:
         return ray.get([worker.pid.remote() for worker in self._workers])
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
-        self._submitted.append(_Task(job, self._free.pop(), prepared, backup))
+        self._submitted.append(_Task(job, prepared, backup))
 
     def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         """The module's docstring says what each fault does; RunStopped when the run cannot go on."""
@@ -165,8 +172,9 @@ class RayExecutor:
     def _wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         while True:
             self._check_ray()  # before anything that needs this node's object store
-            while self._submitted:
-                self._dispatch(self._submitted.pop(0))
+            while self._submitted and self._free:  # a free worker takes as many as it packs
+                tasks, self._submitted = self._submitted[:self.pack or 1], self._submitted[self.pack or 1:]
+                self._dispatch(self._free.pop(), tasks)
             self._drain(events)
             waiting = [*self._running, *self._restarting]
             ready, _ = ray.wait(waiting, num_returns=1, timeout=0.2, fetch_local=False)
@@ -178,61 +186,83 @@ class RayExecutor:
             for ref in ready:
                 if ref in self._restarting:
                     self._back_yet(ref)
-                elif (outcome := self._outcome(ref, self._running.pop(ref))) is not None:
-                    outcomes.append(outcome)
+                else:
+                    outcomes += self._outcomes(ref, self._running.pop(ref))
             if outcomes:
                 return outcomes
 
-    def _dispatch(self, task: _Task) -> None:
-        task.token, task.mailbox, task.received = next(self._tokens), self.mailbox, 0
-        self._tasks[task.token] = task
-        self._running[task.actor.train.remote(task.job, task.prepared, _read_dir(task.backup), task.mailbox,
-                                              task.token)] = task
+    def _dispatch(self, actor, tasks: list[_Task]) -> None:
+        """A hand-over of jobs (one, or a pack) to a worker, each job's messages with a token of its own."""
+        for task in tasks:
+            task.actor, task.token, task.mailbox, task.received = actor, next(self._tokens), self.mailbox, 0
+            self._tasks[task.token] = task
+        self._running[actor.train.remote([task.job for task in tasks], [task.prepared for task in tasks],
+                                         [_read_dir(task.backup) for task in tasks], self.mailbox,
+                                         [task.token for task in tasks])] = tasks
 
-    def _outcome(self, ref, task: _Task) -> tuple[Job, JobOutput | BaseException] | None:
-        """How a hand-over of a job to a worker ended: the job's outcome, or None when the job goes on in a
-        worker (a new one in a dead one's place, or the same one after a lost mailbox)."""
-        del self._tasks[task.token]
+    def _outcomes(self, ref, tasks: list[_Task]) -> list[tuple[Job, JobOutput | BaseException]]:
+        """How a hand-over to a worker ended: the outcome of each job that ended, none for the jobs that go on in
+        a worker (a new one in a dead one's place, or the same one after a lost mailbox)."""
+        actor = tasks[0].actor
+        for task in tasks:
+            del self._tasks[task.token]
         try:
-            sent, result = self._read(ref)
-        except RayTaskError as exc:  # raised in the worker
-            if not isinstance(exc.cause, _MailboxLost):  # the job's own failure
-                self._free.append(task.actor)
-                return task.job, exc.cause if isinstance(exc.cause, Exception) else exc
-            if task.mailbox is self.mailbox:
+            replies = self._read(ref)
+        except RayTaskError as exc:  # raised in the worker, not by a job (those are replies)
+            if not isinstance(exc.cause, _MailboxLost):
+                self._free.append(actor)
+                return [(task.job, exc.cause if isinstance(exc.cause, Exception) else exc) for task in tasks]
+            if tasks[0].mailbox is self.mailbox:
                 self._new_mailbox(exc.cause)
-            self._dispatch(task)
-            return None
-        except RayActorError as exc:  # the worker died: the job goes on in its replacement
+            self._dispatch(actor, tasks)
+            return []
+        except RayActorError as exc:  # the worker died: its jobs go on in its replacement
+            return self._worker_died(actor, tasks, exc)
+        outcomes, again = [], []
+        for task, (sent, result) in zip(tasks, replies, strict=True):
+            if task.received < sent:  # some of its messages were lost with a mailbox: go on from what the driver has
+                again.append(task)
+                continue
+            if not isinstance(result, BaseException):
+                try:
+                    _write_tensorboard(tensorboard_dir(self.cfg.run_dir, task.job.name), result.tensorboard)
+                except OSError as exc:  # a full disk, say: the driver tells, as it does of the job's files
+                    result = exc
+            outcomes.append((task.job, result))
+        if again:
+            self._dispatch(actor, again)
+        else:
+            self._free.append(actor)
+        return outcomes
+
+    def _worker_died(self, actor, tasks: list[_Task], exc: RayActorError) -> list[tuple[Job, JobError]]:
+        """Each job goes on in the dead worker's replacement, once it answers, unless its workers died too often."""
+        failed = []
+        for task in tasks:
             task.deaths += 1
             if task.deaths >= MAX_WORKER_DEATHS:
-                self._free.append(task.actor)
-                return task.job, JobError(f"its Ray worker died {task.deaths} times while training it (out of "
-                                          f"memory?): {_first_line(exc)}")
-            log.warning("%s: its Ray worker died (%s); training goes on in a new worker from its last checkpointed "
-                        "epoch", task.job.name, _first_line(exc))
-            self._restarting[task.actor.pid.remote()] = task
-            return None
-        if task.received < sent:  # some of its messages were lost with a mailbox: go on from what the driver has
-            self._dispatch(task)
-            return None
-        self._free.append(task.actor)
-        try:
-            _write_tensorboard(tensorboard_dir(self.cfg.run_dir, task.job.name), result.tensorboard)
-        except OSError as exc:  # a full disk, say: the driver tells, as it does of the job's files
-            return task.job, exc
-        return task.job, result
+                failed.append((task.job, JobError(f"its Ray worker died {task.deaths} times while training it (out "
+                                                  f"of memory?): {_first_line(exc)}")))
+            else:
+                log.warning("%s: its Ray worker died (%s); training goes on in a new worker from its last "
+                            "checkpointed epoch", task.job.name, _first_line(exc))
+        going_on = [task for task in tasks if task.deaths < MAX_WORKER_DEATHS]
+        if going_on:
+            self._restarting[actor.pid.remote()] = going_on
+        else:
+            self._free.append(actor)
+        return failed
 
     def _back_yet(self, probe) -> None:
-        """A dead worker's replacement answered, or not yet: its job is handed to it once it does."""
-        task = self._restarting.pop(probe)
+        """A dead worker's replacement answered, or not yet: its jobs are handed to it once it does."""
+        tasks = self._restarting.pop(probe)
         try:
             self._read(probe)
         except RayActorError:  # Ray is still starting the new worker process
             time.sleep(0.2)
-            self._restarting[task.actor.pid.remote()] = task
+            self._restarting[tasks[0].actor.pid.remote()] = tasks
             return
-        self._dispatch(task)
+        self._dispatch(tasks[0].actor, tasks)
 
     def _drain(self, events: Events) -> None:
         """Show what the workers reported, and write the checkpoints they sent, in the order they came: all that
@@ -376,48 +406,83 @@ if ray is not None:
 
     @ray.remote
     class _Worker:
-        """One TensorFlow context and its compiled-model cache, for as many jobs as it is given."""
+        """One TensorFlow context and its compiled-model cache, for as many jobs as it is given one at a time; or,
+        packing, one model on Keras's JAX backend that trains `pack` jobs at a time (packing.PackExecutor)."""
 
-        def __init__(self, cfg: RunConfig, cpus: float) -> None:
+        def __init__(self, cfg: RunConfig, cpus: float, pack: int | None) -> None:
+            self.cfg = cfg
+            if pack is not None:
+                from .packing import PackExecutor
+
+                self.packer = PackExecutor(cfg, pack)
+                return
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             from ..model.device import setup
+            from ..model.training import ModelCache
 
             setup(cfg.train, cpus=max(1, round(cpus)))
-            self.cfg = cfg
-            self.cache = ModelCache()
+            self.packer, self.cache = None, ModelCache()
 
         def pid(self) -> int:
             return os.getpid()
 
-        def train(self, job: Job, prepared: Prepared, checkpoint: dict[str, bytes], mailbox,
-                  token: int) -> tuple[int, _Shipped]:
-            """(the number of messages sent, the job's result). The job's checkpoints, TensorBoard logs and files
-            live in a temporary directory meanwhile, removed when it ends."""
-            from .pipeline import train_one
-
-            outbox = _Outbox(mailbox, token)
-            handler = _OutboxLog(outbox)
+        def train(self, jobs: list[Job], prepared: list[Prepared], checkpoints: list[dict[str, bytes]], mailbox,
+                  tokens: list[int]) -> list[tuple[int, _Shipped | Exception]]:
+            """Each job's (number of messages sent, result or the exception it failed with), in order; raises
+            _MailboxLost when a message could not be sent. The jobs' checkpoints, TensorBoard logs and files live in
+            a temporary directory meanwhile, removed when they end."""
+            outboxes = {job.name: _Outbox(mailbox, token) for job, token in zip(jobs, tokens, strict=True)}
+            handler = _OutboxLog(outboxes[jobs[0].name])  # the lines of a pack's jobs name their job
             package_log = logging.getLogger(__package__)  # "trainer": each module logs to a child of it
             package_log.addHandler(handler)
             try:
-                with tempfile.TemporaryDirectory(prefix=f"cryptotrain-{job.name}-") as tmp:
-                    backup, logs, files = Path(tmp) / "backup", Path(tmp) / "tensorboard", Path(tmp) / "files"
-                    for directory in (backup, files):
-                        directory.mkdir()
-                    for name, content in checkpoint.items():
-                        (backup / name).write_bytes(content)
-                    result = train_one(self.cfg, job, prepared, backup, self.cache, _OutboxEvents(outbox),
-                                       callbacks=(_ShipCheckpoints(backup, outbox),), tensorboard=logs)
-                    result.write(files)
-                    return outbox.sent, _Shipped(result.metrics, _read_dir(files),
-                                                 {str(path.relative_to(logs)): path.read_bytes()
-                                                  for path in logs.rglob("*") if path.is_file()})
+                with tempfile.TemporaryDirectory(prefix="cryptotrain-") as tmp:
+                    for job, checkpoint in zip(jobs, checkpoints, strict=True):
+                        for directory in ("backup", "tensorboard", "files"):
+                            (Path(tmp) / job.name / directory).mkdir(parents=True)
+                        for name, content in checkpoint.items():
+                            (Path(tmp) / job.name / "backup" / name).write_bytes(content)
+                    ended = self._train(jobs, prepared, Path(tmp), outboxes)
+                    if any(isinstance(outcome, _MailboxLost) for outcome in ended):
+                        raise _MailboxLost("a message of the jobs could not be sent")
+                    return [(outboxes[job.name].sent, _shipped(outcome, Path(tmp) / job.name))
+                            for job, outcome in zip(jobs, ended, strict=True)]
+            finally:
+                package_log.removeHandler(handler)
+
+        def _train(self, jobs: list[Job], prepared: list[Prepared], tmp: Path,
+                   outboxes: dict[str, _Outbox]) -> list[JobOutput | Exception]:
+            """Each job's outcome: packed, or the one job with TensorFlow."""
+            events = _OutboxEvents(outboxes)
+            ship = {job.name: _ShipCheckpoints(tmp / job.name / "backup", outboxes[job.name]) for job in jobs}
+            if self.packer is not None:
+                for job, rows in zip(jobs, prepared, strict=True):
+                    self.packer.submit(job, rows, tmp / job.name / "backup", callbacks=(ship[job.name],))
+                return [outcome for _, outcome in self.packer.wait(events)]
+            from .pipeline import train_one
+
+            [job], [rows] = jobs, prepared
+            try:
+                return [train_one(self.cfg, job, rows, tmp / job.name / "backup", self.cache, events,
+                                  callbacks=(ship[job.name],), tensorboard=tmp / job.name / "tensorboard")]
             except Exception as exc:
                 if not isinstance(exc, (JobError, _MailboxLost)):
                     self.cache.forget()  # the model may be in a broken state (e.g. after out-of-memory)
-                raise
-            finally:
-                package_log.removeHandler(handler)
+                return [exc]
+
+    def _shipped(outcome: JobOutput | Exception, directory: Path) -> _Shipped | Exception:
+        """A job's outcome as it travels to the driver: its files as bytes, or the exception it failed with (as
+        a JobError with its message when it would not travel as it is)."""
+        if isinstance(outcome, Exception):
+            try:
+                pickle.loads(pickle.dumps(outcome))
+            except Exception:
+                return JobError(f"{type(outcome).__name__}: {_first_line(outcome)}")
+            return outcome
+        outcome.write(directory / "files")
+        logs = directory / "tensorboard"
+        return _Shipped(outcome.metrics, _read_dir(directory / "files"),
+                        {str(path.relative_to(logs)): path.read_bytes() for path in logs.rglob("*") if path.is_file()})
 
     class _Outbox:
         """One hand-over's messages to the driver, each delivered to the mailbox before training goes on, and
@@ -434,16 +499,16 @@ if ray is not None:
             self.sent += 1
 
     class _OutboxEvents:
-        """pipeline.Events, sent to the driver."""
+        """pipeline.Events, each job's sent to the driver through its outbox."""
 
-        def __init__(self, outbox: _Outbox) -> None:
-            self.outbox = outbox
+        def __init__(self, outboxes: dict[str, _Outbox]) -> None:
+            self.outboxes = outboxes
 
         def training_started(self, job: str, epochs: int, done: int) -> None:
-            self.outbox.put("training_started", (epochs, done))
+            self.outboxes[job].put("training_started", (epochs, done))
 
         def epoch_ended(self, job: str, epoch: int, logs: dict) -> None:
-            self.outbox.put("epoch_ended", (epoch, logs))
+            self.outboxes[job].put("epoch_ended", (epoch, logs))
 
     class _OutboxLog(logging.Handler):
         """The job's warnings, shown by the driver (Ray's own forwarding of worker output is off)."""

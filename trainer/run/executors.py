@@ -69,32 +69,35 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
     """The executor of `jobs` jobs: packed when train.pack asks for it and this process's Keras runs on JAX (the CLI
     chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why."""
     backend = keras.backend.backend()
+    pack = None  # jobs a Ray worker packs; None: one at a time, with TensorFlow
     if cfg.train.pack != 1 and (backend == "jax" or cfg.train.pack != "auto"):
         if backend != "jax":
             raise UserError(f"train.pack {cfg.train.pack} trains on Keras's JAX backend, and this process's Keras "
                             f"runs on {backend}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
-        if executor.kind != "local":
-            raise UserError("--pack trains its jobs in this process; Ray workers train one job at a time: run "
-                            "--executor ray without --pack")
         from .packing import PackExecutor, plan_pack
 
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
-        note(f"packed training on {plan.device}: {plan.k} job{'s' * (plan.k > 1)} at a time ({plan.why})")
-        yield PackExecutor(cfg, plan.k)
-        return
-    if cfg.train.pack == "auto":
-        note("--pack auto: one job at a time, with TensorFlow (packing is for an accelerator JAX sees)")
-    from ..model.device import cudnn_report, setup
+        at_a_time = f"{plan.k} job{'s' * (plan.k > 1)} at a time"
+        if executor.kind == "local":
+            note(f"packed training on {plan.device}: {at_a_time} ({plan.why})")
+            yield PackExecutor(cfg, plan.k)
+            return
+        note(f"packed training on Ray workers: {at_a_time} on each ({plan.why})")
+        pack = plan.k
+    else:
+        if cfg.train.pack == "auto":
+            note("--pack auto: one job at a time, with TensorFlow (packing is for an accelerator JAX sees)")
+        from ..model.device import cudnn_report, setup
 
-    setup(cfg.train)  # TensorFlow, for this process (and a Ray run's driver), before any model is built
-    for layer in cudnn_report(cfg.model):
-        if not layer.eligible:
-            log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
-                        layer.index, layer.kind, "; ".join(layer.blockers))
-    if executor.kind == "local":
-        yield LocalExecutor(cfg)
-        return
+        setup(cfg.train)  # TensorFlow, for this process (and a Ray run's driver), before any model is built
+        for layer in cudnn_report(cfg.model):
+            if not layer.eligible:
+                log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
+                            layer.index, layer.kind, "; ".join(layer.blockers))
+        if executor.kind == "local":
+            yield LocalExecutor(cfg)
+            return
     from .distributed import RayExecutor
 
-    with RayExecutor(cfg, executor) as workers:
+    with RayExecutor(cfg, executor, pack) as workers:
         yield workers

@@ -11,6 +11,7 @@ Imports no TensorFlow: it runs where only JAX is installed.
 """
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ from ..model.resume import EpochCheckpoint, assign
 from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after
+
+log = logging.getLogger(__name__)
 
 # The most jobs one step takes (../shared/docs/gpu.md measured the rate still rising at 160 on an H100), and the
 # share of an accelerator's memory the pack may fill (the rest: XLA's workspace, evaluation, fragmentation).
@@ -105,6 +108,7 @@ class _Submitted:
     job: Job
     prepared: Prepared
     backup: Path
+    callbacks: tuple[keras.callbacks.Callback, ...]  # the job's own, after its checkpoint's (a Ray worker's)
 
 
 class PackExecutor:
@@ -122,8 +126,9 @@ class PackExecutor:
         self.initial_optimizer = [v.numpy() for v in self.model.optimizer.variables]
         self._submitted: list[_Submitted] = []
 
-    def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
-        self._submitted.append(_Submitted(job, prepared, backup))
+    def submit(self, job: Job, prepared: Prepared, backup: Path,
+               callbacks: tuple[keras.callbacks.Callback, ...] = ()) -> None:
+        self._submitted.append(_Submitted(job, prepared, backup, callbacks))
 
     def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         submitted, self._submitted = self._submitted, []
@@ -140,9 +145,11 @@ class PackExecutor:
             except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
                 outcomes[item.job.name] = exc
         if framed:
+            if len(framed) > 1:  # what the progress display shows as jobs training at once
+                log.info("training packed, %d jobs in one step: %s", len(framed),
+                         ", ".join(item.job.name for item, *_ in framed))
             try:
-                checkpoints = self._train([packed for *_, packed in framed], [item.backup for item, *_ in framed],
-                                          events)
+                checkpoints = self._train([(item, packed) for item, *_, packed in framed], events)
             except Exception as exc:  # the pack could not train (out of device memory, say): each job fails with it
                 return [(item.job, outcomes.get(item.job.name, exc)) for item in submitted]
             trained = time.perf_counter() - started
@@ -163,19 +170,19 @@ class PackExecutor:
                     outcomes[item.job.name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]
 
-    def _train(self, jobs: list[PackedJob], backups: list[Path], events: Events) -> dict[str, EpochCheckpoint]:
+    def _train(self, jobs: list[tuple[_Submitted, PackedJob]], events: Events) -> dict[str, EpochCheckpoint]:
         """The jobs trained in one pack, each going on from its backup directory's checkpoint (a fresh job from the
         heads' warm start); each job's checkpoint callback, by name."""
         model = self.model
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
-        pack = Pack(model, jobs, self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
+        pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
         checkpoints = {}
-        for packed, backup in zip(jobs, backups, strict=True):
-            checkpoints[packed.name] = pack.resume(packed, self.cfg.train, backup)
+        for item, packed in jobs:
+            checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
             if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
                 pack.warm_start(packed, self.warm_starts)
-            packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name)]
+            packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name), *item.callbacks]
         pack.train(self.cfg.train.epochs)
         return checkpoints
 
