@@ -5,6 +5,7 @@ cannot use. The GPU-only parts of doctor (findings, report) are checked on a GPU
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -284,3 +285,25 @@ def test_gpu_report_shows_memory_growth_peak_memory_and_fused_kernel():
     assert "packing (run --pack, JAX 0.10.2): on gpu: NVIDIA H100 80GB HBM3; --pack auto for V7's 40 jobs: auto: 40 " \
         "of 40 jobs" in text
     assert "verdict: no problems found" in text
+
+
+def test_doctor_says_packing_is_not_available_where_jax_is_not_installed(tmp_path, monkeypatch):
+    """What a user without the jax extra sees: doctor's probe (a process of its own) finds no JAX and says how to
+    install it; the rest of the report is as usual."""
+    stub = tmp_path / "site" / "jax"
+    stub.mkdir(parents=True)  # ahead of site-packages on the probe's path: `import jax` fails as if not installed
+    (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jax'\", name='jax')\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")]))
+    packing = device.pack_report()
+    assert packing == {"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}
+
+    report = {"versions": {"python": "3.11", "tensorflow": "2.21.0", "keras": "3.15.1", "cuda_build": False},
+              "devices": [{"name": "CPU", "kind": "EPYC", "memory_bytes": 2**34,
+                           "threads": {"usable_cpus": 2, "intra_op": 2, "inter_op": 2}}],
+              "driver": {"found": False, "gpus": [], "error": None}, "precision_auto": "float32",
+              "train_steps": [{**GPU_STEP, "device": "CPU:0", "precision": "float32", "peak_memory_bytes": None,
+                               "fused_kernel": None}], "packing": packing, "findings": [], "verdict": "no problems found"}
+    console = Console(width=200, record=True)
+    reporting.print_doctor(device.Diagnosis.model_validate(report), console)
+    assert "packing (run --pack): not available (JAX is not installed: pip install 'cryptotrain[jax]')" in \
+        console.export_text()
