@@ -179,6 +179,11 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     """
     cfg, jobs = _load(config_path, (*overrides, *(["train.tensorboard=true"] if tensorboard else []),
                                     *([f"train.pack={pack}"] if pack is not None else [])), only, timeframes)
+    given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
+             "gpus_per_worker": gpus_per_worker}
+    on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
+    if on.kind == "ray":
+        _ray_driver_in_a_child()
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
     if _packs(cfg.train.pack):
@@ -191,9 +196,6 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     from .run.runner import run_config
 
     signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
-    given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
-             "gpus_per_worker": gpus_per_worker}
-    on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
     publish = None
     if push:  # the Hub's client, imported for a run that pushes
         from .publish.hub import push_pending as publish
@@ -223,6 +225,46 @@ def _write_report(run_dir: Path) -> Path | None:
 
 def _terminated(signum, frame):
     raise Terminated()
+
+
+def _ray_driver_in_a_child() -> None:
+    """A run on Ray, from a terminal or a script on Linux: this process forks, the child goes on as the run (it
+    drives Ray) and this one waits for it. Ray ends a driver whose node's raylet is gone, at any moment, with a
+    bare exit 1 from its C++ core ("Exiting because the Raylet IPC connection failed" in Ray's log; no Python
+    handler runs), which the executor forestalls at the reads it makes but cannot everywhere: this process,
+    outliving the child, says it in one line. The child dies with this process (kill -9 of the command kills the
+    run); Ctrl-C reaches both from the terminal and is the child's to handle; SIGTERM and SIGHUP are passed on.
+    Not under click's CliRunner (no real stdout to share) nor off Linux, where the run stays in this process."""
+    try:
+        sys.stdout.fileno(), sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    sys.stdout.flush(), sys.stderr.flush()
+    parent, (said, say) = os.getpid(), os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(said)
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
+        if os.getppid() != parent:  # it died before that
+            os._exit(1)
+        # when the command's last line is out (the root context closes after _Cli.invoke): the parent adds none
+        click.get_current_context().find_root().call_on_close(lambda: os.write(say, b"."))
+        return
+    os.close(say)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for passed in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(passed, lambda signum, frame: os.kill(child, signum))
+    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
+    if os.read(said, 1):
+        sys.exit(code if code >= 0 else 128 - code)
+    how = f"was killed ({signal.Signals(-code).name})" if code < 0 else \
+        f"ended with exit {code} (Ray's way when the Ray node of this run is gone: its log says why)"
+    raise RunStopped(f"stopped: the run's Ray driver (process {child}) {how}; run the same command again to "
+                     "resume (finished epochs are kept)")
 
 
 def _import_tensorflow() -> None:

@@ -177,7 +177,8 @@ NODE = ("raylet", "gcs_server")  # the head goes with them: the test uses one of
     ("worker", 0, "its Ray worker died", 2),
     ("mailbox", 0, "Ray lost the mailbox the workers report to", None),  # goes on: a new mailbox, jobs handed out again
     ("driver", -signal.SIGKILL, "", None),
-    ("raylet", 1, "error: stopped: the Ray node of this process is gone", None),  # the run stops, in one line
+    # the run stops, in one line: the executor's, or `cryptotrain run`'s should Ray end its driver process first
+    ("raylet", 1, "the Ray node of this run is gone", None),
     ("gcs_server", 1, "error: stopped: the Ray cluster at", None),
 ], ids=["worker", "worker-of-a-pack", "mailbox", "driver", "raylet", "gcs_server"])
 def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, pack, cluster,
@@ -209,9 +210,11 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
         victims = [driver.pid] if victim == "driver" else \
             [pid for pid, command in head.processes().items() if KINDS[victim](command)]
         assert victims, f"no {victim} process"
+        its_child = _children(driver.pid)  # the process that drives Ray: it dies with the command
         for pid in victims:
             os.kill(pid, signal.SIGKILL)
         first, _ = driver.communicate(timeout=600)
+        assert victim != "driver" or _gone(its_child), its_child
         assert driver.returncode == exit_code and said in first and "Traceback" not in first, first[-3000:]
         assert not pack or f"packed training on Ray workers: {pack} jobs at a time on each" in first, first[-3000:]
         if exit_code == 1:  # its own line, the last
@@ -247,6 +250,39 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
                  for epoch in re.findall(rf"^{job}: epoch (\d)/4", output, re.MULTILINE)]
         assert history == list(range(1, len(history) + 1)), job
         assert shown == sorted(set(shown)) and set(shown) <= set(history), (job, shown, history)
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _gone(pids: list[int], timeout: float = 30) -> bool:
+    """Whether every process of `pids` has ended (a zombie counts as ended) within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while any(pid in _processes() for pid in pids):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def test_a_run_whose_ray_driver_is_killed_says_so_in_one_line(tmp_path):
+    """`cryptotrain run --executor ray` drives Ray from a child process, which Ray may end without a word (when the
+    raylet is gone): the command, outliving it, says what became of it in one line and exits 1. Here the child is
+    SIGKILLed at once, while it starts (no Ray needed)."""
+    command = subprocess.Popen([sys.executable, "-m", "trainer", "run", "--config", str(_config(tmp_path, "run")),
+                                "--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    deadline = time.monotonic() + 60
+    while not (child := _children(command.pid)):
+        assert command.poll() is None and time.monotonic() < deadline, command.communicate()
+        time.sleep(0.01)
+    os.kill(child[0], signal.SIGKILL)
+    out, err = command.communicate(timeout=60)
+    assert command.returncode == 1, (out, err)
+    assert err.splitlines() == [f"error: stopped: the run's Ray driver (process {child[0]}) was killed (SIGKILL); "
+                                "run the same command again to resume (finished epochs are kept)"], err
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_tests_stop_only_their_own_ray(cluster, tmp_path):

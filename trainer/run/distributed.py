@@ -20,9 +20,10 @@ staging directory it commits. Faults:
   (a checkpoint, an epoch's progress) goes on in its worker from the last checkpoint the driver holds;
 - this node's Ray (its raylet) or the cluster's GCS gone, or anything else Ray cannot do: the run stops with
   errors.RunStopped (one line, exit 1), its jobs left to resume with the same command. Ray itself ends a driver
-  whose raylet is gone at its next read from the object store (exit 1, no line: "Exiting because the Raylet IPC
-  connection failed" in Ray's log), so the driver waits for a reply without reading it, checks the raylet, then
-  reads: only a raylet lost in the milliseconds of that read ends the run Ray's way (it resumes the same).
+  whose raylet is gone at its next use of it (exit 1, no line: "Exiting because the Raylet IPC connection failed"
+  in Ray's log), so the driver waits for a reply without reading it, checks the raylet, then reads; where Ray
+  ends the driver anyway, `cryptotrain run` (the driver's parent process, cli._ray_driver_in_a_child) says so in
+  one line. Either way the same command resumes.
 A job that fails for its own reasons (bad data, a non-finite loss) fails as it does locally.
 """
 from __future__ import annotations
@@ -318,7 +319,7 @@ class RayExecutor:
         try:
             _reachable(self._raylet, timeout=2.0)
         except OSError as exc:
-            raise RunStopped(f"stopped: the Ray node of this process is gone (its raylet at {self._raylet}: "
+            raise RunStopped(f"stopped: the Ray node of this run is gone (its raylet at {self._raylet}: "
                              f"{_first_line(exc)}); {RESUME}") from None
         try:
             _reachable(self._gcs, timeout=2.0)
