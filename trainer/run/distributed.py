@@ -101,7 +101,8 @@ class RayExecutor:
             raise UserError("--executor ray needs Ray: pip install 'cryptotrain[ray]' (or pip install 'ray>=2.9'), "
                             "or run without --executor ray")
         self.cfg, self.options, self.pack = cfg, executor, pack
-        self.capacity = executor.workers * (pack or 1)
+        self.per_worker = pack or 1  # jobs a worker takes at a time
+        self.capacity = executor.workers * self.per_worker
         build_network(cfg.network, cfg.train)  # a model the config cannot build is bad input, said before any work
         self._connected_here = False  # ray.init called here (not in a notebook before)
         self._workers: list = []
@@ -174,7 +175,7 @@ class RayExecutor:
         while True:
             self._check_ray()  # before anything that needs this node's object store
             while self._submitted and self._free:  # a free worker takes as many as it packs
-                tasks, self._submitted = self._submitted[:self.pack or 1], self._submitted[self.pack or 1:]
+                tasks, self._submitted = self._submitted[:self.per_worker], self._submitted[self.per_worker:]
                 self._dispatch(self._free.pop(), tasks)
             self._drain(events)
             waiting = [*self._running, *self._restarting]
