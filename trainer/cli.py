@@ -187,8 +187,6 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
     if _packs(cfg.train.pack):
-        if cfg.train.tensorboard:
-            raise UserError("--tensorboard is not available with --pack (its callback writes through TensorFlow)")
         _keras_on_jax()
     else:
         _import_tensorflow()

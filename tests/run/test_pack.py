@@ -18,6 +18,7 @@ import yaml
 
 from tests.conftest import REPO, cli_without, tiny_config_dict
 from tests.hub_server import serve_hub
+from tests.model.test_tensorboard import epoch_values
 from tests.test_jax import compilation_cache
 
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h", "SOLUSDT_1h"]
@@ -82,7 +83,7 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
     forecasts from, and that forecasts the same after a round trip through a (local) Hugging Face Hub."""
     pytest.importorskip("jax")
     config = _config(tmp_path)
-    command = [*cli_without("tensorflow"), "run", "--config", str(config), "--pack", "2", "-v"]
+    command = [*cli_without("tensorflow"), "run", "--config", str(config), "--pack", "2", "-v", "--tensorboard"]
     env = {**os.environ, **compilation_cache(tmp_path / "xla")}  # the second process finds what the first compiled
     backups = tmp_path / "run" / ".backup"
     first = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -126,6 +127,14 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         assert history == list(range(1, len(history) + 1)) and len(history) >= kept.get(job, 0) + 1, (job, history)
         metrics = json.loads((directory / "metrics.json").read_text())
         assert metrics["epochs_run"] == len(history) and np.isfinite(metrics["best_val_loss"])
+        # --tensorboard without TensorFlow: each epoch's losses, as Keras's callback writes them, in whichever
+        # process trained it (the killed one's event file too; an epoch it ended but had not logged may lack)
+        logs, losses = tmp_path / "run" / "tensorboard" / job, pd.read_csv(directory / "history.csv")
+        for split, column in (("train", "loss"), ("validation", "val_loss")):
+            logged = epoch_values(logs / split, "epoch_loss")
+            assert set(range(kept.get(job, 0), len(history))) <= logged.keys(), (job, split, logged)
+            np.testing.assert_allclose([logged[step] for step in sorted(logged)],
+                                       losses[column].iloc[sorted(logged)], rtol=1e-6)
         model = keras.saving.load_model(directory / "model.keras")  # safe mode, no custom objects
         assert sorted(model.output_names) == ["bb", "ohlc"]
         assert model.optimizer.iterations.numpy() > 0  # its own optimizer's state, as a job trained alone saves it

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 
 import keras
+import numpy as np
 import pandas as pd
 
 from ..errors import JobError
@@ -96,3 +97,40 @@ class ReportProgress(keras.callbacks.Callback):
         self.events.epoch_ended(self.job, epoch, {k: float(v) for k, v in (logs or {}).items()})
 
 
+
+
+class EpochSummaries(keras.callbacks.Callback):
+    """A packed job's epoch logs for TensorBoard under `log_dir`, as Keras's TensorBoard callback writes a job's
+    at update_freq="epoch" (`train/` and `validation/`, tags epoch_NAME, scalar tensors, the epoch as the step,
+    the learning rate with the train split's), through the tensorboard package alone: Keras's callback writes
+    through TensorFlow, which a packed run (Keras on JAX) does not import."""
+
+    def __init__(self, log_dir) -> None:
+        super().__init__()
+        self.log_dir = log_dir
+        self._writers: dict = {}
+
+    def on_epoch_end(self, epoch, logs=None):
+        from tensorboard.compat.proto.event_pb2 import Event
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from tensorboard.plugins.scalar.metadata import create_summary_metadata
+        from tensorboard.summary.writer.event_file_writer import EventFileWriter
+        from tensorboard.util.tensor_util import make_tensor_proto
+
+        logs = dict(logs or {})
+        logs.setdefault("learning_rate", float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate)))
+        splits = {"train": {k: v for k, v in logs.items() if not k.startswith("val_")},
+                  "validation": {k[4:]: v for k, v in logs.items() if k.startswith("val_")}}
+        for split, values in splits.items():
+            if split not in self._writers:
+                self._writers[split] = EventFileWriter(str(self.log_dir / split))
+            summary = Summary(value=[Summary.Value(tag=f"epoch_{name}", tensor=make_tensor_proto(np.float32(value)),
+                                                   metadata=create_summary_metadata(f"epoch_{name}", ""))
+                                     for name, value in values.items()])
+            self._writers[split].add_event(Event(wall_time=time.time(), step=epoch, summary=summary))
+            self._writers[split].flush()  # each epoch on disk as it ends: a job killed later keeps it
+
+    def on_train_end(self, logs=None):
+        for writer in self._writers.values():
+            writer.close()
+        self._writers = {}

@@ -459,7 +459,8 @@ if ray is not None:
             ship = {job.name: _ShipCheckpoints(tmp / job.name / "backup", outboxes[job.name]) for job in jobs}
             if self.packer is not None:
                 for job, rows in zip(jobs, prepared, strict=True):
-                    self.packer.submit(job, rows, tmp / job.name / "backup", callbacks=(ship[job.name],))
+                    self.packer.submit(job, rows, tmp / job.name / "backup", callbacks=(ship[job.name],),
+                                       tensorboard=tmp / job.name / "tensorboard")
                 return [outcome for _, outcome in self.packer.wait(events)]
             from .pipeline import train_one
 

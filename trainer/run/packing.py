@@ -21,13 +21,13 @@ import keras
 
 from ..config import RunConfig
 from ..errors import UserError
-from ..model.callbacks import Diverged, ReportProgress, fit_result
+from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
 from ..model.packed import Pack, PackedJob, windows_job
 from ..model.resume import EpochCheckpoint, assign
 from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
 from .jobs import Job
-from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after
+from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after, tensorboard_dir
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +109,7 @@ class _Submitted:
     prepared: Prepared
     backup: Path
     callbacks: tuple[keras.callbacks.Callback, ...]  # the job's own, after its checkpoint's (a Ray worker's)
+    tensorboard: Path  # where its epoch logs go, with train.tensorboard
 
 
 class PackExecutor:
@@ -127,8 +128,11 @@ class PackExecutor:
         self._submitted: list[_Submitted] = []
 
     def submit(self, job: Job, prepared: Prepared, backup: Path,
-               callbacks: tuple[keras.callbacks.Callback, ...] = ()) -> None:
-        self._submitted.append(_Submitted(job, prepared, backup, callbacks))
+               callbacks: tuple[keras.callbacks.Callback, ...] = (), tensorboard: Path | None = None) -> None:
+        """`tensorboard`: where the job's epoch logs go with train.tensorboard (default: the run's directory for
+        them, pipeline.tensorboard_dir)."""
+        self._submitted.append(_Submitted(job, prepared, backup, callbacks,
+                                          tensorboard or tensorboard_dir(self.cfg.run_dir, job.name)))
 
     def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         submitted, self._submitted = self._submitted, []
@@ -183,6 +187,8 @@ class PackExecutor:
             if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
                 pack.warm_start(packed, self.warm_starts)
             packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name), *item.callbacks]
+            if self.cfg.train.tensorboard:
+                packed.callbacks.append(EpochSummaries(item.tensorboard))
         pack.train(self.cfg.train.epochs)
         return checkpoints
 
