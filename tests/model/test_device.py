@@ -302,7 +302,8 @@ def test_doctor_says_packing_is_not_available_where_jax_is_not_installed(tmp_pat
                            "threads": {"usable_cpus": 2, "intra_op": 2, "inter_op": 2}}],
               "driver": {"found": False, "gpus": [], "error": None}, "precision_auto": "float32",
               "train_steps": [{**GPU_STEP, "device": "CPU:0", "precision": "float32", "peak_memory_bytes": None,
-                               "fused_kernel": None}], "packing": packing, "findings": [], "verdict": "no problems found"}
+                               "fused_kernel": None}],
+              "packing": packing, "findings": [], "verdict": "no problems found"}
     console = Console(width=200, record=True)
     reporting.print_doctor(device.Diagnosis.model_validate(report), console)
     assert "packing (run --pack): not available (JAX is not installed: pip install 'cryptotrain[jax]')" in \
