@@ -231,7 +231,7 @@ def _ray_driver_in_a_child() -> None:
     bare exit 1 from its C++ core ("Exiting because the Raylet IPC connection failed" in Ray's log; no Python
     handler runs), which the executor forestalls at the reads it makes but cannot everywhere: this process,
     outliving the child, says it in one line. The child dies with this process (kill -9 of the command kills the
-    run); Ctrl-C reaches both from the terminal and is the child's to handle; SIGTERM and SIGHUP are passed on.
+    run); SIGTERM and SIGHUP are passed on to it, and SIGINT unless the terminal sent it (Ctrl-C reaches both).
     Not under click's CliRunner (no real stdout to share) nor off Linux, where the run stays in this process."""
     try:
         sys.stdout.fileno(), sys.stderr.fileno()
@@ -253,9 +253,16 @@ def _ray_driver_in_a_child() -> None:
         click.get_current_context().find_root().call_on_close(lambda: os.write(say, b"."))
         return
     os.close(say)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for passed in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(passed, lambda signum, frame: os.kill(child, signum))
+
+    def pass_on(signum, frame):
+        with contextlib.suppress(OSError, AttributeError, ValueError):  # no terminal
+            if signum == signal.SIGINT and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp():
+                return  # Ctrl-C: the terminal sent it to the child as well
+        with contextlib.suppress(ProcessLookupError):  # it has ended
+            os.kill(child, signum)
+
+    for passed in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(passed, pass_on)
     code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
     if os.read(said, 1):
         sys.exit(code if code >= 0 else 128 - code)
