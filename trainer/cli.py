@@ -243,6 +243,9 @@ def _ray_driver_in_a_child() -> None:
 
     sys.stdout.flush(), sys.stderr.flush()
     parent, (said, say) = os.getpid(), os.pipe()
+    # held until each side handles them: a signal in the instant after the fork is neither lost nor taken by the
+    # interpreter's at-fork handlers
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
     child = os.fork()
     if child == 0:
         os.close(said)
@@ -251,6 +254,7 @@ def _ray_driver_in_a_child() -> None:
             os._exit(1)
         # when the command's last line is out (the root context closes after _Cli.invoke): the parent adds none
         click.get_current_context().find_root().call_on_close(lambda: os.write(say, b"."))
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return
     os.close(say)
 
@@ -263,6 +267,7 @@ def _ray_driver_in_a_child() -> None:
 
     for passed in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(passed, pass_on)
+    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
     if os.read(said, 1):
         sys.exit(code if code >= 0 else 128 - code)
