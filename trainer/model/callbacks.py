@@ -97,8 +97,6 @@ class ReportProgress(keras.callbacks.Callback):
         self.events.epoch_ended(self.job, epoch, {k: float(v) for k, v in (logs or {}).items()})
 
 
-
-
 class EpochSummaries(keras.callbacks.Callback):
     """A packed job's epoch logs for TensorBoard under `log_dir`, as Keras's TensorBoard callback writes a job's
     at update_freq="epoch" (`train/` and `validation/`, tags epoch_NAME, scalar tensors, the epoch as the step,
