@@ -29,7 +29,7 @@ from trainer.report import console as reporting
 def float32_after():
     """For tests that set a dtype policy or build models: the next test starts clean."""
     yield
-    keras.backend.clear_session()
+    keras.backend.clear_session(free_memory=False)  # as fresh_keras_session (conftest.py)
     keras.mixed_precision.set_dtype_policy("float32")
 
 
