@@ -30,8 +30,10 @@ from trainer.config import HubConfig
 from trainer.errors import JobError, UserError
 from trainer.files import write_json
 from trainer.publish.hub import download_job, push_jobs, push_run
+from trainer.publish.plots import job_plot
 from trainer.run import runner
 from trainer.run.artifacts import commit, jobs_dir, seal, staging_dir
+from trainer.run.jobdir import JobDir
 from trainer.run.ledger import Ledger
 from trainer.run.rundir import RunDir
 
@@ -150,6 +152,18 @@ def test_push_run_commits_every_job_once_and_a_second_push_changes_nothing(hub, 
     assert len(hub.commits(REPO)) == 1  # nothing changed: no commit, nothing uploaded
     assert hub.calls["commit"] == calls_before["commit"]
     assert hub.calls["lfs_upload"] == calls_before["lfs_upload"]
+
+
+def test_a_job_whose_files_changed_is_pushed_with_its_plot_drawn_again(hub, run_dir):
+    # a push draws a job's plot once a process for the same files (plots.job_plot): not for changed ones
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    before = hub.files(REPO)["BTCUSDT/1h/plot.png"]
+    job = JobDir(jobs_dir(run_dir) / "BTCUSDT_1h")
+    (job.path / "history.csv").write_text("epoch,loss,val_loss\n1,0.9,1.0\n2,0.5,0.7\n3,0.3,0.6\n")
+    job.write_manifest()
+    push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
+    assert hub.files(REPO)["BTCUSDT/1h/plot.png"] != before
+    assert hub.files(REPO)["ETHUSDT/1h/plot.png"] == job_plot(JobDir(jobs_dir(run_dir) / "ETHUSDT_1h"))
 
 
 def test_cards_hold_metadata_metrics_and_usage(hub, run_dir):
