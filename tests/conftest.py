@@ -38,7 +38,10 @@ def _isolated_cache(tmp_path, monkeypatch):
 def _tensorflow_set_up_first():
     """Every test process starts as the CLI's does: trainer.model.device.setup configures TensorFlow before anything
     uses it. Otherwise whichever test first builds a model fixes TensorFlow's thread pools, and every later
-    in-process `cryptotrain run` warns that they keep their sizes."""
+    in-process `cryptotrain run` warns that they keep their sizes. Not on another Keras backend (tests/jax): the
+    process's tests use no TensorFlow."""
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+        return
     from trainer.config import TrainConfig
     from trainer.model.device import setup
 
