@@ -129,6 +129,10 @@ class EpochSummaries(keras.callbacks.Callback):
             self._writers[split].flush()  # each epoch on disk as it ends: a job killed later keeps it
 
     def on_train_end(self, logs=None):
+        self.close()
+
+    def close(self) -> None:
+        """Close the event files: at the end of training, or where it ended without one (a job that failed)."""
         for writer in self._writers.values():
             writer.close()
         self._writers = {}

@@ -181,14 +181,19 @@ class PackExecutor:
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
         pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
-        checkpoints = {}
+        checkpoints, summaries = {}, []
         for item, packed in jobs:
             checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
             if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
                 pack.warm_start(packed, self.warm_starts)
             packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name), *item.callbacks]
             if self.cfg.train.tensorboard:
-                packed.callbacks.append(EpochSummaries(item.tensorboard))
-        pack.train(self.cfg.train.epochs)
+                summaries.append(EpochSummaries(item.tensorboard))
+                packed.callbacks.append(summaries[-1])
+        try:
+            pack.train(self.cfg.train.epochs)
+        finally:  # a job that failed ends without on_train_end
+            for summary in summaries:
+                summary.close()
         return checkpoints
 
