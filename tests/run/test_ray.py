@@ -41,15 +41,16 @@ class RayHead:
     the machine (a user's cluster, another test run's)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
-        self.address = f"127.0.0.1:{self.port}"
-        self.temp_dir = tempfile.mkdtemp(prefix="ct-ray-")  # short: Ray's socket paths under it must fit 107 bytes
         fixed = ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")  # the same on every
         # head unless given: a second head on the machine could not bind them
+        *ports, chosen = _free_ports(len(fixed) + 1, taken={port})
+        self.port = port or chosen
+        self.address = f"127.0.0.1:{self.port}"
+        self.temp_dir = tempfile.mkdtemp(prefix="ct-ray-")  # short: Ray's socket paths under it must fit 107 bytes
         start = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head",
                                   "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
                                   "--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats",
-                                  *(f"--{option}={_free_port()}" for option in fixed)],
+                                  *(f"--{option}={free}" for option, free in zip(fixed, ports))],
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV,
                                  start_new_session=True)
         self.session = start.pid  # `ray start` leads the session; the processes it starts stay in it
@@ -88,9 +89,21 @@ def _processes() -> dict[int, tuple[int, str]]:
 
 
 def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]  # nothing listens there once the probe is closed
+    return _free_ports(1)[0]
+
+
+def _free_ports(n: int, taken: set[int | None] = frozenset()) -> list[int]:
+    """n distinct ports nothing listens on, none of `taken`: their probes are held open together, or the system
+    may hand out one port twice (a head then refused to start: "dashboard is trying to use a port number ... that
+    is used by other components")."""
+    with contextlib.ExitStack() as probes:
+        ports: list[int] = []
+        while len(ports) < n:
+            probe = probes.enter_context(socket.socket())
+            probe.bind(("127.0.0.1", 0))
+            if probe.getsockname()[1] not in taken:
+                ports.append(probe.getsockname()[1])
+        return ports  # nothing listens there once the probes are closed
 
 
 @pytest.fixture(scope="module")
