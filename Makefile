@@ -45,7 +45,7 @@ TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, 2 * len(os.sched_g
 test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (15–19 min on 2 cores)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
-test-fast: $(STAMP) ## the unit tier: no training, no TensorFlow process started, no Ray (~1 min; CONTRIBUTING.md)
+test-fast: $(STAMP) ## the unit tier: no training, no TensorFlow process started, no Ray (~45 s; CONTRIBUTING.md)
 	$(PY) -m pytest -q -n auto --dist worksteal -m "not train and not processes"
 
 demo: $(STAMP)   ## train the quickstart config end to end (offline, real bundled candles, under a minute on CPU)
