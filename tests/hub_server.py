@@ -191,7 +191,7 @@ class HubServer:
         self._http = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._http.daemon_threads = True
         self.url = f"http://127.0.0.1:{self._http.server_address[1]}"
-        # shutdown() waits for serve_forever's next poll: 0.5 s by default, a second of every test's time
+        # shutdown() waits for serve_forever's next poll: up to 0.5 s at the end of every test, by default
         self._thread = threading.Thread(target=self._http.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
 
     def __enter__(self) -> HubServer:
