@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -92,7 +93,7 @@ def _free_port() -> int:
     return _free_ports(1)[0]
 
 
-def _free_ports(n: int, taken: set[int | None] = frozenset()) -> list[int]:
+def _free_ports(n: int, taken: Collection[int | None] = ()) -> list[int]:
     """n distinct ports nothing listens on, none of `taken`: their probes are held open together, or the system
     may hand out one port twice (a head then refused to start: "dashboard is trying to use a port number ... that
     is used by other components")."""
@@ -101,8 +102,8 @@ def _free_ports(n: int, taken: set[int | None] = frozenset()) -> list[int]:
         while len(ports) < n:
             probe = probes.enter_context(socket.socket())
             probe.bind(("127.0.0.1", 0))
-            if probe.getsockname()[1] not in taken:
-                ports.append(probe.getsockname()[1])
+            if (port := probe.getsockname()[1]) not in taken:
+                ports.append(port)
         return ports  # nothing listens there once the probes are closed
 
 
