@@ -46,7 +46,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from enum import Enum
 from importlib.metadata import version
 from pathlib import Path
 
@@ -58,21 +57,7 @@ from ..data import store
 from ..data.validate import timeframe_delta
 from ..errors import JobError
 from ..heads import quantities
-
-
-class Baseline(str, Enum):
-    """The point forecasts' names (see the module's docstring), as metrics.json keeps them."""
-    NO_CHANGE = "no_change"
-    PERSISTENCE = "persistence"
-    EWMA = "ewma"
-    HAR_TOD = "har_tod"
-    HAR_TOD_RMS = "har_tod_rms"
-    HAR_TOD_LEVEL = "har_tod_level"
-    HAR_TOD_LEVEL_RMS = "har_tod_level_rms"
-
-    def __str__(self) -> str:
-        return self.value
-
+from .names import Baseline
 
 QUANTITIES = ("high", "low", "range", "return")
 EXCURSIONS = ("high", "low")

@@ -13,7 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .baselines import Baseline
+from .names import Baseline
 
 # The bar the network's forecasts of the size of the coming candles are judged against: HAR + time of day put on its
 # level on validation, as the network's are (evaluate.calibrated), like with like
