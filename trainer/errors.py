@@ -39,6 +39,12 @@ class RunStopped(Exception):
     exit_code = 1
 
 
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether an error is a failed allocation on the device: TensorFlow's ResourceExhaustedError, or XLA's
+    RESOURCE_EXHAUSTED (JAX's JaxRuntimeError)."""
+    return "ResourceExhausted" in type(exc).__name__ or str(exc).startswith("RESOURCE_EXHAUSTED")
+
+
 def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, cut to `limit` characters ("" for an empty message): what a
     one-line error shows of a cause it did not raise itself."""

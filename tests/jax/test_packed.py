@@ -215,3 +215,31 @@ def test_jobs_of_the_families_head_pack_as_they_train_alone_from_their_own_warm_
                                        err_msg=f"{job.name} {key}")
         for packed, alone in zip(job.view.get_weights(), solo.get_weights(), strict=True):
             np.testing.assert_allclose(packed, alone, atol=1e-5, err_msg=job.name)
+
+
+def test_a_pack_out_of_device_memory_fails_its_jobs_in_one_line_saying_to_pack_fewer(tmp_path, monkeypatch):
+    """XLA's RESOURCE_EXHAUSTED while a pack trains (more jobs than the device holds: auto's estimate fell short, or
+    --pack K asked for them): each job of the pack fails with one line that says what to do; the run goes on."""
+    import yaml
+    from click.testing import CliRunner
+    from conftest import tiny_config_dict
+
+    from trainer.cli import main
+    from trainer.model.packed import Pack
+
+    jax = pytest.importorskip("jax")
+
+    def exhausted(self, epochs):  # as XLA raises it when an allocation fails (on this CPU, for 64 GiB, say)
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes.")
+
+    monkeypatch.setattr(Pack, "train", exhausted)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path), sort_keys=False))
+    result = CliRunner().invoke(main, ["run", "--config", str(config), "--pack", "2"])
+    assert result.exit_code == 1, result.output
+    said = "a pack of 2 jobs ran out of memory on cpu (RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 " \
+           "bytes.): train fewer at a time (--pack 1) or lower train.batch_size"
+    lines = result.output.splitlines()
+    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):  # as it fails (each attempt), and in the run's last lines
+        assert f"{job}: failed: {said}" in lines and lines.count(f"{job} failed: {said}") == 1, result.output
+    assert "Traceback" not in result.output

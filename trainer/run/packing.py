@@ -20,7 +20,7 @@ import jax
 import keras
 
 from ..config import RunConfig
-from ..errors import UserError
+from ..errors import JobError, UserError, first_line, out_of_memory
 from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
 from ..model.packed import Pack, PackedJob, windows_job
@@ -154,7 +154,11 @@ class PackExecutor:
                          ", ".join(item.job.name for item, *_ in framed))
             try:
                 checkpoints = self._train([(item, packed) for item, *_, packed in framed], events)
-            except Exception as exc:  # the pack could not train (out of device memory, say): each job fails with it
+            except Exception as exc:  # the pack could not train: each job fails with it
+                if out_of_memory(exc):  # more jobs than the device holds (auto's estimate fell short, or --pack K)
+                    exc = JobError(f"a pack of {len(framed)} jobs ran out of memory on {device_name()} "
+                                   f"({first_line(exc)}): train fewer at a time (--pack {max(1, len(framed) // 2)}) "
+                                   "or lower train.batch_size")
                 return [(item.job, outcomes.get(item.job.name, exc)) for item in submitted]
             trained = time.perf_counter() - started
             restores_best = bool(cfg.train.early_stopping and cfg.train.early_stopping.restore_best_weights)

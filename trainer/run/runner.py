@@ -28,7 +28,7 @@ import pandas as pd
 from ..config import ExecutorConfig, RunConfig
 from ..data import input_digest
 from ..data.features import collinear_columns
-from ..errors import Interrupted, JobError, RunStopped, UserError, first_line
+from ..errors import Interrupted, JobError, RunStopped, UserError, first_line, out_of_memory
 from ..evaluation.results import JobMetrics, JobSummary
 from ..files import atomic_write, remove_abandoned_temp_files
 from ..model.resume import budget_plan
@@ -312,7 +312,7 @@ def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
     if isinstance(exc, JobError):
         return str(exc)
     line = first_line(exc, limit=300)
-    hint = "; out of memory: lower train.batch_size" if "ResourceExhausted" in type(exc).__name__ else ""
+    hint = "; out of memory: lower train.batch_size" if out_of_memory(exc) else ""
     log_file = run_dir / "logs" / f"{name}.log"
     try:
         log_file.parent.mkdir(exist_ok=True)
