@@ -217,9 +217,14 @@ def test_jobs_of_the_families_head_pack_as_they_train_alone_from_their_own_warm_
             np.testing.assert_allclose(packed, alone, atol=1e-5, err_msg=job.name)
 
 
-def test_a_pack_out_of_device_memory_fails_its_jobs_in_one_line_saying_to_pack_fewer(tmp_path, monkeypatch):
+
+@pytest.mark.parametrize("fits", [1, 0], ids=["a job alone fits", "nothing fits"])
+def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_that_fit(fits, tmp_path, monkeypatch):
     """XLA's RESOURCE_EXHAUSTED while a pack trains (more jobs than the device holds: auto's estimate fell short, or
-    --pack K asked for them): each job of the pack fails with one line that says what to do; the run goes on."""
+    --pack K asked for them): its jobs train in halves, one after the other, each ending as in the same pack on a
+    device with room for it; a job that does not fit alone fails, in one line saying to lower the batch."""
+    import json
+
     import yaml
     from click.testing import CliRunner
     from conftest import tiny_config_dict
@@ -228,18 +233,40 @@ def test_a_pack_out_of_device_memory_fails_its_jobs_in_one_line_saying_to_pack_f
     from trainer.model.packed import Pack
 
     jax = pytest.importorskip("jax")
+    exhausted = "RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes."
+    train = Pack.train
 
-    def exhausted(self, epochs):  # as XLA raises it when an allocation fails (on this CPU, for 64 GiB, say)
-        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes.")
+    def on_a_small_device(self, epochs):  # XLA's error, as it raises it when an allocation fails
+        if len(self.jobs) > fits:
+            raise jax.errors.JaxRuntimeError(exhausted)
+        return train(self, epochs)
 
-    monkeypatch.setattr(Pack, "train", exhausted)
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path), sort_keys=False))
-    result = CliRunner().invoke(main, ["run", "--config", str(config), "--pack", "2"])
-    assert result.exit_code == 1, result.output
-    said = "a pack of 2 jobs ran out of memory on cpu (RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 " \
-           "bytes.): train fewer at a time (--pack 1) or lower train.batch_size"
-    lines = result.output.splitlines()
-    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):  # as it fails (each attempt), and in the run's last lines
-        assert f"{job}: failed: {said}" in lines and lines.count(f"{job} failed: {said}") == 1, result.output
-    assert "Traceback" not in result.output
+    def run(name: str, pack: int) -> tuple[object, dict]:
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, output_dir=str(tmp_path / name)),
+                                         sort_keys=False))
+        result = CliRunner().invoke(main, ["run", "--config", str(config), "--pack", str(pack), "--retries", "0"])
+        jobs = tmp_path / name / "jobs"
+        return result, {job.name: json.loads((job / "metrics.json").read_text())
+                        for job in jobs.iterdir()} if jobs.is_dir() else {}
+
+    with monkeypatch.context() as small:
+        small.setattr(Pack, "train", on_a_small_device)
+        halved, metrics = run("halved", 2)
+    lines = halved.output.splitlines()
+    assert lines.count(f"a pack of 2 jobs ran out of memory on cpu ({exhausted}): training them 1 and 1 at a "
+                       "time") == 1, halved.output
+    assert "Traceback" not in halved.output
+    if fits:
+        assert halved.exit_code == 0, halved.output
+        roomy, packed = run("roomy", 2)  # the same pack on a device with room for it
+        assert roomy.exit_code == 0 and "ran out of memory" not in roomy.output, roomy.output
+        assert metrics.keys() == packed.keys() == {"BTCUSDT_1h", "ETHUSDT_1h"}
+        for job, scores in metrics.items():
+            assert scores["best_val_loss"] == pytest.approx(packed[job]["best_val_loss"], rel=1e-5), job
+    else:
+        assert halved.exit_code == 1 and not metrics, halved.output
+        for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+            said = [line for line in lines if line.startswith(f"{job} failed: JaxRuntimeError: {exhausted}; out of "
+                                                              "memory: lower train.batch_size")]
+            assert len(said) == 1, halved.output

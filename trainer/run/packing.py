@@ -20,7 +20,7 @@ import jax
 import keras
 
 from ..config import RunConfig
-from ..errors import JobError, UserError, first_line, out_of_memory
+from ..errors import UserError, first_line, out_of_memory
 from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
 from ..model.packed import Pack, PackedJob, windows_job
@@ -103,6 +103,9 @@ def pack_precision(precision: str) -> str:
     return precision
 
 
+Trained = tuple[PackedJob, EpochCheckpoint]  # a job as its pack left it, and its checkpoint callback
+
+
 @dataclass
 class _Submitted:
     job: Job
@@ -149,25 +152,19 @@ class PackExecutor:
             except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
                 outcomes[item.job.name] = exc
         if framed:
-            if len(framed) > 1:  # what the progress display shows as jobs training at once
-                log.info("training packed, %d jobs in one step: %s", len(framed),
-                         ", ".join(item.job.name for item, *_ in framed))
-            try:
-                checkpoints = self._train([(item, packed) for item, *_, packed in framed], events)
-            except Exception as exc:  # the pack could not train: each job fails with it
-                if out_of_memory(exc):  # more jobs than the device holds (auto's estimate fell short, or --pack K)
-                    exc = JobError(f"a pack of {len(framed)} jobs ran out of memory on {device_name()} "
-                                   f"({first_line(exc)}): train fewer at a time (--pack {max(1, len(framed) // 2)}) "
-                                   "or lower train.batch_size")
-                return [(item.job, outcomes.get(item.job.name, exc)) for item in submitted]
+            trained_jobs = self._train_fitting(framed, events)
             trained = time.perf_counter() - started
             restores_best = bool(cfg.train.early_stopping and cfg.train.early_stopping.restore_best_weights)
-            for item, windows, fitted, packed in framed:
+            for item, windows, fitted, _ in framed:
+                if isinstance(trained_job := trained_jobs[item.job.name], BaseException):
+                    outcomes[item.job.name] = trained_job  # its pack could not train
+                    continue
+                packed, checkpoint = trained_job
                 try:
                     with named_after(item.prepared):
                         if packed.error is not None:
                             raise Diverged(packed.error)
-                        result = fit_result(checkpoints[packed.name], restores_best, step_seconds=trained)
+                        result = fit_result(checkpoint, restores_best, step_seconds=trained)
                     # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
                     # too: model.keras holds it, as a job trained alone saves its own)
                     assign(model.variables, [v.numpy() for v in packed.view.variables])
@@ -177,6 +174,29 @@ class PackExecutor:
                 except Exception as exc:
                     outcomes[item.job.name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]
+
+    def _train_fitting(self, framed: list[tuple], events: Events) -> dict[str, Trained | BaseException]:
+        """The framed jobs (submitted, windows, fitted, packed job) trained in one pack; should the device not hold
+        them (more than auto's estimate allowed for, or --pack K), in two halves, one after the other, and theirs
+        likewise. Each job goes on from its own last checkpoint, so it ends as in a pack that ran through. Per job:
+        its trained PackedJob and its checkpoint callback, or what failed it (a job alone the device cannot hold:
+        the run's line says to lower train.batch_size)."""
+        if len(framed) > 1:  # what the progress display shows as jobs training at once
+            log.info("training packed, %d jobs in one step: %s", len(framed),
+                     ", ".join(item.job.name for item, *_ in framed))
+        jobs = [(item, packed) for item, *_, packed in framed]
+        try:
+            checkpoints = self._train(jobs, events)
+        except Exception as exc:  # the pack could not train
+            if len(framed) == 1 or not out_of_memory(exc):
+                return {item.job.name: exc for item, _ in jobs}  # each job fails with it
+            half = len(framed) // 2
+            log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
+                        len(framed), device_name(), first_line(exc), half, len(framed) - half)
+            again = [(item, windows, fitted, windows_job(item.job.name, windows, self.cfg.train.seed))
+                     for item, windows, fitted, _ in framed]  # the failed pack's jobs hold its callbacks
+            return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
+        return {item.job.name: (packed, checkpoints[packed.name]) for item, packed in jobs}
 
     def _train(self, jobs: list[tuple[_Submitted, PackedJob]], events: Events) -> dict[str, EpochCheckpoint]:
         """The jobs trained in one pack, each going on from its backup directory's checkpoint (a fresh job from the
