@@ -5,7 +5,7 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 from __future__ import annotations
 
 import contextlib
-import importlib
+import importlib.util
 import logging
 import os
 import shlex
@@ -20,7 +20,7 @@ import click
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
-from .errors import Interrupted, JobError, RunStopped, Terminated, UserError
+from .errors import RAY_MISSING, Interrupted, JobError, RunStopped, Terminated, UserError
 
 
 class _Cli(click.Group):
@@ -183,6 +183,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
              "gpus_per_worker": gpus_per_worker}
     on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
     if on.kind == "ray":
+        if not _installed("ray"):  # said now, not after seconds of importing TensorFlow
+            raise UserError(RAY_MISSING)
         _ray_driver_in_a_child()
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
@@ -331,6 +333,13 @@ def _keras_on_jax() -> None:
 
     with contextlib.suppress(ImportError), native_stderr_silenced():
         import tensorflow  # noqa: F401
+
+
+def _installed(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; ValueError: sys.modules[module] is None
+        return False
 
 
 def _require(module: str, option: str, install: str) -> None:

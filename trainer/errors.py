@@ -14,6 +14,10 @@ class UserError(Exception):
     exit_code = 2
 
 
+RAY_MISSING = ("--executor ray needs Ray: pip install 'cryptotrain[ray]' (or pip install 'ray>=2.9'), or run without "
+               "--executor ray")
+
+
 class ConfigError(UserError):
     """A bad config or override: the message is one line naming the file and the key path."""
 

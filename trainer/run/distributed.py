@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExecutorConfig, RunConfig
-from ..errors import JobError, RunStopped, UserError, first_line
+from ..errors import RAY_MISSING, JobError, RunStopped, UserError, first_line
 from ..evaluation.results import JobMetrics
 from ..files import atomic_write
 from ..model.models import build_network
@@ -98,8 +98,7 @@ class RayExecutor:
 
     def __init__(self, cfg: RunConfig, executor: ExecutorConfig, pack: int | None = None) -> None:
         if ray is None:
-            raise UserError("--executor ray needs Ray: pip install 'cryptotrain[ray]' (or pip install 'ray>=2.9'), "
-                            "or run without --executor ray")
+            raise UserError(RAY_MISSING)
         self.cfg, self.options, self.pack = cfg, executor, pack
         self.per_worker = pack or 1  # jobs a worker takes at a time
         self.capacity = executor.workers * self.per_worker
