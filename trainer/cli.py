@@ -336,6 +336,7 @@ def _keras_on_jax() -> None:
 
 
 def _installed(module: str) -> bool:
+    """Whether `module` can be imported, without importing it."""
     try:
         return importlib.util.find_spec(module) is not None
     except (ImportError, ValueError):  # a finder that refuses it; ValueError: sys.modules[module] is None
