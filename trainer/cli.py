@@ -185,6 +185,9 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     if on.kind == "ray":
         if not _installed("ray"):  # said now, not after seconds of importing TensorFlow
             raise UserError(RAY_MISSING)
+        from .run.reachable import check_cluster
+
+        check_cluster(on.address)  # likewise
         _ray_driver_in_a_child()
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")

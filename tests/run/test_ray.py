@@ -289,17 +289,19 @@ def test_the_command_outlives_its_ray_driver_and_passes_signals_on(victim, signu
     """`cryptotrain run --executor ray` drives Ray from a child process, which Ray may end without a word (when the
     raylet is gone): the command, outliving it, says what became of it in one line and exits 1. Here the child is
     SIGKILLed at once, while it starts (no Ray needed); or the command gets a SIGINT no terminal sent, which it
-    passes on to the child (Ctrl-C at a terminal reaches both)."""
-    command = subprocess.Popen([sys.executable, "-m", "trainer", "run", "--config", str(_config(tmp_path, "run")),
-                                "--executor", "ray", "--ray-address", f"127.0.0.1:{_free_port()}"], cwd=REPO,
-                               stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               env=ENV, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    deadline = time.monotonic() + 60
-    while not (child := _children(command.pid)):
-        assert command.poll() is None and time.monotonic() < deadline, command.communicate()
-        time.sleep(0.01)
-    os.kill(child[0] if victim == "driver" else command.pid, signum)
-    out, err = command.communicate(timeout=60)
+    passes on to the child (Ctrl-C at a terminal reaches both). The address answers (a listening socket, so that the
+    command gets past its reachability check) and is no Ray: the child is stopped long before it would find out."""
+    with socket.create_server(("127.0.0.1", 0)) as listening:
+        command = subprocess.Popen([sys.executable, "-m", "trainer", "run", "--config", str(_config(tmp_path, "run")),
+                                    "--executor", "ray", "--ray-address", f"127.0.0.1:{listening.getsockname()[1]}"],
+                                   cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True, env=ENV, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 60
+        while not (child := _children(command.pid)):
+            assert command.poll() is None and time.monotonic() < deadline, command.communicate()
+            time.sleep(0.01)
+        os.kill(child[0] if victim == "driver" else command.pid, signum)
+        out, err = command.communicate(timeout=60)
     assert command.returncode == 1, (out, err)
     assert err.strip().splitlines() == [said.format(child=child[0])], err
     assert not (tmp_path / "run").exists()

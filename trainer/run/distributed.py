@@ -34,7 +34,6 @@ import itertools
 import logging
 import os
 import pickle
-import socket
 import tempfile
 import time
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from ..files import atomic_write
 from ..model.models import build_network
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
+from .reachable import check_cluster, reachable, unreachable_cluster
 
 try:
     import ray
@@ -140,18 +140,16 @@ class RayExecutor:
         if ray.is_initialized():  # a notebook that called ray.init itself: its output is left as it is
             return
         quiet = {"log_to_driver": False, "logging_level": logging.ERROR}  # no Ray chatter through the display
+        check_cluster(address)
         try:
             if address is None:  # a Ray of its own on this machine, reachable from it alone
                 ray.init(num_cpus=max(1, round(self.options.workers * self.options.cpus_per_worker)),
                          num_gpus=round(self.options.workers * self.options.gpus_per_worker) or None,
                          include_dashboard=False, _node_ip_address="127.0.0.1", **quiet)
             else:
-                _reachable(address)  # Ray itself would keep trying for minutes
                 ray.init(address=address, **quiet)
         except Exception as exc:  # ConnectionError, RuntimeError, ValueError: Ray's ways of saying "not there"
-            where = f"the Ray cluster at {address}" if address else "a local Ray"
-            raise UserError(f"--ray-address {address}: cannot reach {where} ({_first_line(exc)}); start one with "
-                            "`ray start --head`, or leave --ray-address out for a Ray on this machine") from None
+            raise unreachable_cluster(address, exc) from None
         self._connected_here = True
         _show_ray_notices(False)
 
@@ -317,12 +315,12 @@ class RayExecutor:
         if self._gcs is None:
             return
         try:
-            _reachable(self._raylet, timeout=2.0)
+            reachable(self._raylet, timeout=2.0)
         except OSError as exc:
             raise RunStopped(f"stopped: the Ray node of this run is gone (its raylet at {self._raylet}: "
                              f"{_first_line(exc)}); {RESUME}") from None
         try:
-            _reachable(self._gcs, timeout=2.0)
+            reachable(self._gcs, timeout=2.0)
         except OSError as exc:
             self._gcs_silent_since = self._gcs_silent_since or time.monotonic()
             if time.monotonic() - self._gcs_silent_since > self.options.gcs_patience_s:
@@ -347,16 +345,6 @@ def _watched_addresses() -> tuple[str | None, str | None]:
     node = None if ray.util.client.ray.is_connected() else \
         next((node for node in ray.nodes() if node["NodeID"] == context.get_node_id()), None)
     return (f"{node['NodeManagerAddress']}:{node['NodeManagerPort']}", context.gcs_address) if node else (None, None)
-
-
-def _reachable(address: str, timeout: float = 5.0) -> None:
-    """Raises OSError (ConnectionError, TimeoutError) when nothing answers at a HOST:PORT address ("auto" and
-    ray:// are Ray's to find)."""
-    host, _, port = address.rpartition(":")
-    if address == "auto" or "://" in address or not port.isdigit():
-        return
-    with socket.create_connection((host, int(port)), timeout=timeout):
-        pass
 
 
 def _read_dir(directory: Path) -> dict[str, bytes]:
