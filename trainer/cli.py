@@ -348,10 +348,8 @@ def _installed(module: str) -> bool:
 
 def _require(module: str, option: str, install: str) -> None:
     """An option whose package is missing is refused when the command starts, before any work."""
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        raise UserError(f"{option} needs the {module} package, which is not installed: {install}") from None
+    if not _installed(module):
+        raise UserError(f"{option} needs the {module} package, which is not installed: {install}")
 
 
 @main.command()
