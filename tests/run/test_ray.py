@@ -210,7 +210,8 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address,
             *(["--workers", "1", "--pack", str(pack)] if pack else ["--workers", "2"]), "--cpus-per-worker", "1",
-            "--set", "executor.gcs_patience_s=2"]  # noticed well before the jobs end
+            "--set", "executor.gcs_patience_s=0.5"]  # noticed well before the jobs end: their last three epochs
+    # take ~2 s on a fast CPU (2026-11-28: with 2 s, a run finished both jobs before its GCS was missed)
     backups = tmp_path / "run" / ".backup"
     watched = JOBS if pack else JOBS[:1]  # a pack's jobs end their epochs together
     try:
