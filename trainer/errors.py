@@ -53,3 +53,8 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
     """The first line of an exception's message, cut to `limit` characters ("" for an empty message): what a
     one-line error shows of a cause it did not raise itself."""
     return (str(exc).strip().splitlines() or [""])[0][:limit]
+
+
+def cause(exc: BaseException) -> str:
+    """first_line, or the exception's type when its message is empty (a bare ConnectionError, a KeyError())."""
+    return first_line(exc) or type(exc).__name__

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import ExecutorConfig, RunConfig
-from ..errors import RAY_MISSING, JobError, RunStopped, UserError, first_line
+from ..errors import RAY_MISSING, JobError, RunStopped, UserError, cause
 from ..evaluation.results import JobMetrics
 from ..files import atomic_write
 from ..model.models import build_network
@@ -166,7 +166,7 @@ class RayExecutor:
             return self._wait(events)
         except RayError as exc:  # anything else Ray could not do: the run stops, its jobs left to resume
             self._check_ray()  # the likeliest cause, named
-            raise RunStopped(f"stopped: Ray failed ({_first_line(exc)}); {RESUME}") from exc
+            raise RunStopped(f"stopped: Ray failed ({cause(exc)}); {RESUME}") from exc
 
     def _wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         while True:
@@ -241,10 +241,10 @@ class RayExecutor:
             task.deaths += 1
             if task.deaths >= MAX_WORKER_DEATHS:
                 failed.append((task.job, JobError(f"its Ray worker died {task.deaths} times while training it (out "
-                                                  f"of memory?): {_first_line(exc)}")))
+                                                  f"of memory?): {cause(exc)}")))
             else:
                 log.warning("%s: its Ray worker died (%s); training goes on in a new worker from its last "
-                            "checkpointed epoch", task.job.name, _first_line(exc))
+                            "checkpointed epoch", task.job.name, cause(exc))
         going_on = [task for task in tasks if task.deaths < MAX_WORKER_DEATHS]
         if going_on:
             self._restarting[actor.pid.remote()] = going_on
@@ -297,7 +297,7 @@ class RayExecutor:
         """The jobs under way lose their messages in the old one: each goes on from its last checkpoint the
         driver holds (the worker finds its mailbox gone at its next message, see _Outbox)."""
         log.warning("Ray lost the mailbox the workers report to (%s); the jobs under way go on from their last "
-                    "checkpointed epoch", _first_line(why))
+                    "checkpointed epoch", cause(why))
         with contextlib.suppress(Exception):
             ray.kill(self.mailbox)  # should it still live: no worker's message goes where nobody reads
         self.mailbox, self._take = _Mailbox.remote(), None
@@ -318,14 +318,14 @@ class RayExecutor:
             reachable(self._raylet, timeout=2.0)
         except OSError as exc:
             raise RunStopped(f"stopped: the Ray node of this run is gone (its raylet at {self._raylet}: "
-                             f"{_first_line(exc)}); {RESUME}") from None
+                             f"{cause(exc)}); {RESUME}") from None
         try:
             reachable(self._gcs, timeout=2.0)
         except OSError as exc:
             self._gcs_silent_since = self._gcs_silent_since or time.monotonic()
             if time.monotonic() - self._gcs_silent_since > self.options.gcs_patience_s:
                 raise RunStopped(f"stopped: the Ray cluster at {self._gcs} has not answered for "
-                                 f"{self.options.gcs_patience_s:g} s ({_first_line(exc)}); {RESUME}") from None
+                                 f"{self.options.gcs_patience_s:g} s ({cause(exc)}); {RESUME}") from None
         else:
             self._gcs_silent_since = None
 
@@ -368,10 +368,6 @@ def _write_checkpoint(directory: Path, files: dict[str, bytes], gone: list[str])
         atomic_write(directory / name, lambda tmp, content=content: tmp.write_bytes(content))
     for name in gone:
         (directory / name).unlink(missing_ok=True)
-
-
-def _first_line(exc: BaseException) -> str:
-    return first_line(exc) or type(exc).__name__
 
 
 # ----------------------------------------------------------------------------- the actors
@@ -467,7 +463,7 @@ if ray is not None:
             try:
                 pickle.loads(pickle.dumps(outcome))
             except Exception:
-                return JobError(f"{type(outcome).__name__}: {_first_line(outcome)}")
+                return JobError(f"{type(outcome).__name__}: {cause(outcome)}")
             return outcome
         outcome.write(directory / "files")
         logs = directory / "tensorboard"
@@ -485,7 +481,7 @@ if ray is not None:
             try:
                 ray.get(self.mailbox.put.remote((kind, self.token, payload)))
             except RayActorError as exc:
-                raise _MailboxLost(_first_line(exc)) from None
+                raise _MailboxLost(cause(exc)) from None
             self.sent += 1
 
     class _OutboxEvents:

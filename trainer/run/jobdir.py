@@ -27,7 +27,7 @@ from pydantic import ValidationError
 
 from ..config import ConfigError, FeaturesConfig, RunConfig, TrainConfig, validate_config
 from ..data.windows import Preprocessing
-from ..errors import UserError, first_line
+from ..errors import UserError, cause
 from ..evaluation import charts
 from ..evaluation.baselines import Har
 from ..evaluation.results import JobMetrics
@@ -228,7 +228,7 @@ class JobDir:
                 first = exc.errors()[0]
                 reason = f"{'.'.join(map(str, first['loc'])) or 'the file'}: {first['msg']}"
             else:
-                reason = first_line(exc) or type(exc).__name__
+                reason = cause(exc)
             raise JobFileError(path, f"{type(exc).__name__}: {reason}") from None
 
 

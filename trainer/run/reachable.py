@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import socket
 
-from ..errors import UserError, first_line
+from ..errors import UserError, cause
 
 
 def reachable(address: str, timeout: float = 5.0) -> None:
@@ -21,7 +21,7 @@ def reachable(address: str, timeout: float = 5.0) -> None:
 def unreachable_cluster(address: str | None, exc: BaseException) -> UserError:
     """The one line for a Ray cluster that cannot be reached (address None: a Ray of this process's own)."""
     where = f"the Ray cluster at {address}" if address else "a local Ray"
-    return UserError(f"--ray-address {address}: cannot reach {where} ({first_line(exc) or type(exc).__name__}); "
+    return UserError(f"--ray-address {address}: cannot reach {where} ({cause(exc)}); "
                      "start one with `ray start --head`, or leave --ray-address out for a Ray on this machine")
 
 
