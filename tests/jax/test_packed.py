@@ -270,3 +270,43 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
             said = [line for line in lines if line.startswith(f"{job} failed: JaxRuntimeError: {exhausted}; out of "
                                                               "memory: lower train.batch_size")]
             assert len(said) == 1, halved.output
+
+
+def test_a_packed_jobs_epoch_is_reported_after_its_own_callbacks_have_seen_it(tmp_path):
+    """A Ray worker's callback sends each epoch's checkpoint to the driver: the epoch is shown only after it (as
+    for a job trained alone), so an epoch the driver shows is one it holds, and a worker killed between the two
+    never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker saw that, now and then)."""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import Job
+    from trainer.run.packing import PackExecutor
+    from trainer.run.pipeline import prepare
+
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))  # 2 epochs: the halving test's, compiled once
+    seen: list[tuple[str, str, int]] = []
+
+    class Shipped(keras.callbacks.Callback):
+        def __init__(self, job: str):
+            super().__init__()
+            self.job = job
+
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(("checkpoint sent", self.job, epoch + 1))
+
+    class Shown:
+        def training_started(self, job, epochs, done):
+            pass
+
+        def epoch_ended(self, job, epoch, logs):
+            seen.append(("shown", job, epoch + 1))
+
+    packer = PackExecutor(cfg, 2)
+    jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    for job in jobs:
+        (tmp_path / job.name).mkdir()
+        packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name),))
+    outcomes = packer.wait(Shown())
+    assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+    for job in jobs:
+        assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \
+            [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen

@@ -210,7 +210,9 @@ class PackExecutor:
             checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
             if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
                 pack.warm_start(packed, self.warm_starts)
-            packed.callbacks = [*packed.callbacks, ReportProgress(events, packed.name), *item.callbacks]
+            # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have seen
+            # it, as pipeline.train_one does: an epoch shown is one the driver holds.
+            packed.callbacks = [*packed.callbacks, *item.callbacks, ReportProgress(events, packed.name)]
             if self.cfg.train.tensorboard:
                 summaries.append(EpochSummaries(item.tensorboard))
                 packed.callbacks.append(summaries[-1])
