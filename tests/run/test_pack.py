@@ -16,9 +16,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, cli_without, tiny_config_dict
+from tests.conftest import cli_without, tiny_config_dict
 from tests.hub_server import serve_hub
 from tests.model.test_tensorboard import epoch_values
+from tests.publish.test_predict import predict_cli
 from tests.test_jax import compilation_cache
 
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h", "SOLUSDT_1h"]
@@ -140,10 +141,7 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         assert model.optimizer.iterations.numpy() > 0  # its own optimizer's state, as a job trained alone saves it
         outputs = model.predict(np.zeros((2, *model.input.shape[1:]), "float32"), verbose=0)
         assert all(np.isfinite(values).all() for values in outputs.values())
-    forecast = subprocess.run([*cli_without(), "predict", "--model", str(tmp_path / "run" / "jobs" / JOBS[0]),
-                               "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert forecast.returncode == 0, forecast.stderr[-3000:]
-    served = json.loads(forecast.stdout)
+    served = json.loads(predict_cli("--model", str(tmp_path / "run" / "jobs" / JOBS[0]), "--json"))  # TensorFlow's
     assert len(served["forecast"]) == 3 and all(np.isfinite(step[key]) for step in served["forecast"]
                                                  for key in ("expected_high", "expected_low", "close_80_high"))
 
