@@ -24,7 +24,6 @@ REPO = Path(__file__).resolve().parents[2]
 WORKER = """
 import os, signal, sys, time
 from trainer.run.ledger import Ledger, LostClaim
-from tests.conftest import job_summary
 
 mode, run_dir, names = sys.argv[1], sys.argv[2], sys.argv[3:]
 if mode == "open-together":
@@ -34,6 +33,7 @@ if mode == "open-together":
     sys.exit()
 ledger = Ledger(run_dir)
 if mode == "race":
+    from tests.conftest import job_summary  # here: open-together starts 40 processes, and it loads pytest
     ledger.open_run("fp", {"train": {"epochs": 1}}, lambda fingerprint, recorded: None)
     ledger.add_jobs(names)
     print("ready", flush=True)
