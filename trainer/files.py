@@ -74,14 +74,19 @@ def sha256_file(path: Path) -> str:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists on this machine."""
+    """Whether a process with this pid runs on this machine. A zombie does not: killed, it may stay one a while (its
+    threads torn down, its parent yet to reap it), and a run started again at once must not wait for it."""
     try:
         os.kill(pid, 0)  # signal 0 only checks that the process exists
     except ProcessLookupError:
         return False
     except PermissionError:  # exists, but belongs to another user
+        pass
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:  # no /proc (macOS): it exists
         return True
-    return True
+    return state not in ("Z", "X")
 
 
 @contextlib.contextmanager

@@ -139,6 +139,24 @@ def test_job_of_a_killed_process_is_reclaimed(ledger):
     assert str(worker.pid) in error
 
 
+def test_job_of_a_killed_process_not_yet_reaped_is_reclaimed(ledger):
+    """Killed, a process stays a zombie until its parent waits for it (or, orphaned, while its threads are torn
+    down): the same command started again at once must not take it for a process still running."""
+    ledger.add_jobs(["BTCUSDT_1h"])
+    worker = start_worker("claim-and-die", ledger.run_dir)
+    assert worker.stdout.readline() == "BTCUSDT_1h\n"
+    stat = Path(f"/proc/{worker.pid}/stat")
+    deadline = time.monotonic() + 30
+    while stat.read_text().rpartition(")")[2].split()[0] != "Z":  # dead; this process, its parent, has not waited
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert ledger.claim(retries=0) == "BTCUSDT_1h"
+        assert f"process {worker.pid} on " in attempt_rows(ledger.run_dir, "BTCUSDT_1h")[0][3]
+    finally:
+        worker.wait()
+
+
 def test_job_left_by_an_earlier_process_with_this_pid_is_reclaimed(ledger):
     # e.g. a restarted container, whose entry point is PID 1 again: the pid is alive, the job is not
     ledger.add_jobs(["BTCUSDT_1h", "ETHUSDT_1h"])
