@@ -57,6 +57,16 @@ def fresh_keras_session():
     keras.backend.clear_session(free_memory=False)
 
 
+@pytest.fixture(scope="session")
+def forked():
+    """Starts `cryptotrain` processes for the tests that stop one with a signal, forked with TensorFlow imported
+    (tests/forkserver.py): one server per pytest-xdist worker, started on first use."""
+    from tests.forkserver import ForkServer
+    server = ForkServer()
+    yield server
+    server.stop()
+
+
 def tiny_config_dict(tmp_path: Path, **sections) -> dict:
     """A small V7-shaped config over the bundled real candles; sections replace top-level keys."""
     cfg = {

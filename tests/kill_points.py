@@ -103,7 +103,12 @@ def install(point: str, marker: Path) -> None:
         raise SystemExit(f"unknown kill point {point}")
 
 
+def run(argv: list[str]) -> None:
+    """POINT MARKER_FILE EPOCH_LOG cryptotrain-args..., as the module's docstring says."""
+    install(argv[0], Path(argv[1]))
+    log_epochs(Path(argv[2]))
+    main(argv[3:])
+
+
 if __name__ == "__main__":
-    install(sys.argv[1], Path(sys.argv[2]))
-    log_epochs(Path(sys.argv[3]))
-    main(sys.argv[4:])
+    run(sys.argv[1:])

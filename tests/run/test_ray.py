@@ -26,6 +26,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO, tiny_config_dict
+from tests.forkserver import ForkServer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
 pytestmark = pytest.mark.processes  # a real Ray cluster and `cryptotrain run` processes, killed
@@ -125,9 +126,9 @@ def _config(tmp_path: Path, name: str, **train) -> Path:
     return path
 
 
-def _run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=ENV)
+def _run(forked: ForkServer, *args: str, timeout: int = 600, new_interpreter: bool = False
+         ) -> subprocess.CompletedProcess:
+    return forked.run("run", *args, cwd=REPO, env=ENV, timeout=timeout, new_interpreter=new_interpreter)
 
 
 def _ledger(run_dir: Path) -> tuple[dict, dict]:
@@ -139,11 +140,11 @@ def _ledger(run_dir: Path) -> tuple[dict, dict]:
     return statuses, attempts
 
 
-def test_jobs_on_two_ray_workers_end_as_they_do_locally(cluster, tmp_path):
-    local = _run("--config", str(_config(tmp_path, "local")))
+def test_jobs_on_two_ray_workers_end_as_they_do_locally(forked, cluster, tmp_path):
+    local = _run(forked, "--config", str(_config(tmp_path, "local")))
     assert local.returncode == 0, local.stderr[-3000:]
-    on_ray = _run("--config", str(_config(tmp_path, "ray")), "--executor", "ray", "--ray-address", cluster.address,
-                  "--workers", "2", "--cpus-per-worker", "1", "--tensorboard")
+    on_ray = _run(forked, "--config", str(_config(tmp_path, "ray")), "--executor", "ray", "--ray-address",
+                  cluster.address, "--workers", "2", "--cpus-per-worker", "1", "--tensorboard")
     assert on_ray.returncode == 0, on_ray.stderr[-3000:]
     assert "Ray" not in on_ray.stderr  # none of Ray's own start-up lines through the display
 
@@ -196,7 +197,7 @@ NODE = ("raylet", "gcs_server")  # the head goes with them: the test uses one of
     ("gcs_server", 1, "error: stopped: the Ray cluster at", None),
 ], ids=["worker", "worker-of-a-pack", "mailbox", "driver", "raylet", "gcs_server"])
 def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, pack, cluster,
-                                                                          tmp_path):
+                                                                          forked, tmp_path):
     """SIGKILL of one kind of Ray process of ours while jobs train: no traceback; the run goes on, or ends
     (exit_code) and the same command goes on; either way every job resumes after the last checkpoint the driver
     held at the kill or later, no epoch is lost or repeated, no attempt counts as failed, every job is done
@@ -215,11 +216,10 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     backups = tmp_path / "run" / ".backup"
     watched = JOBS if pack else JOBS[:1]  # a pack's jobs end their epochs together
     try:
-        driver = subprocess.Popen([sys.executable, "-m", "trainer", "run", *args], cwd=REPO, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=ENV)
+        driver = forked.start("run", *args, cwd=REPO, env=ENV, stderr_to_stdout=True, new_interpreter=bool(pack))
         deadline = time.monotonic() + 300
         while min(_checkpointed_epoch(backups / job) for job in watched) < 1:  # an epoch on the driver, more to go
-            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout.read()[-3000:]
+            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
             time.sleep(0.05)
         at_kill = {job: _checkpointed_epoch(backups / job) for job in JOBS}
         victims = [driver.pid] if victim == "driver" else \
@@ -242,7 +242,7 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             if victim in NODE:  # the cluster back where it was
                 head.stop()
                 head = RayHead(port=head.port)
-            again = _run(*args)
+            again = _run(forked, *args, new_interpreter=bool(pack))
             outputs.append(again.stdout + again.stderr)  # notes such as "resuming at epoch" go to stderr
             assert again.returncode == 0 and "Traceback" not in outputs[-1], outputs[-1][-3000:]
     finally:
@@ -286,17 +286,16 @@ def _gone(pids: list[int], timeout: float = 30) -> bool:
                                "same command again to resume (finished epochs are kept)"),
     ("command", signal.SIGINT, "Aborted!"),  # passed on (no terminal sent it): the driver stops its own way
 ])
-def test_the_command_outlives_its_ray_driver_and_passes_signals_on(victim, signum, said, tmp_path):
+def test_the_command_outlives_its_ray_driver_and_passes_signals_on(victim, signum, said, forked, tmp_path):
     """`cryptotrain run --executor ray` drives Ray from a child process, which Ray may end without a word (when the
     raylet is gone): the command, outliving it, says what became of it in one line and exits 1. Here the child is
     SIGKILLed at once, while it starts (no Ray needed); or the command gets a SIGINT no terminal sent, which it
     passes on to the child (Ctrl-C at a terminal reaches both). The address answers (a listening socket, so that the
     command gets past its reachability check) and is no Ray: the child is stopped long before it would find out."""
     with socket.create_server(("127.0.0.1", 0)) as listening:
-        command = subprocess.Popen([sys.executable, "-m", "trainer", "run", "--config", str(_config(tmp_path, "run")),
-                                    "--executor", "ray", "--ray-address", f"127.0.0.1:{listening.getsockname()[1]}"],
-                                   cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                   text=True, env=ENV, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        command = forked.start("run", "--config", str(_config(tmp_path, "run")), "--executor", "ray",
+                               "--ray-address", f"127.0.0.1:{listening.getsockname()[1]}", cwd=REPO, env=ENV,
+                               default_sigint=True)
         deadline = time.monotonic() + 60
         while not (child := _children(command.pid)):
             assert command.poll() is None and time.monotonic() < deadline, command.communicate()
@@ -335,10 +334,11 @@ def _services(head: RayHead) -> dict[int, str]:
             if not command.startswith("ray::") and "default_worker.py" not in command}
 
 
-def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(tmp_path):
+def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(forked, tmp_path):
     config = _config(tmp_path, "run")
     port = _free_port()
-    result = _run("--config", str(config), "--executor", "ray", "--ray-address", f"127.0.0.1:{port}", timeout=120)
+    result = _run(forked, "--config", str(config), "--executor", "ray", "--ray-address", f"127.0.0.1:{port}",
+                  timeout=120)
     assert result.returncode == 2
     assert [line for line in result.stderr.splitlines() if line.strip()] == [
         f"error: --ray-address 127.0.0.1:{port}: cannot reach the Ray cluster at 127.0.0.1:{port} ([Errno 111] "

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import signal
 import sqlite3
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +14,7 @@ from click.testing import CliRunner
 
 from tests import kill_points
 from tests.conftest import CANDLES_DIR, REPO
+from tests.forkserver import Forked, ForkServer
 from trainer.cli import main
 from trainer.run.jobdir import JobDir
 
@@ -24,24 +23,12 @@ pytestmark = pytest.mark.processes  # real `cryptotrain run` processes, stopped 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "trainer", *args]
-
-
-def _through_kill_points(point: str, marker: Path, epoch_log: Path, config: Path) -> list[str]:
-    return [sys.executable, str(REPO / "tests" / "kill_points.py"), point, str(marker), str(epoch_log),
-            "run", "--config", str(config)]
-
-
-def _sigint_at_its_default() -> None:
-    """As a command typed at a terminal starts. A job started in the background (`make test &`, a CI runner with
-    no terminal) inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def _start_paused(point: str, marker: Path, epoch_log: Path, config: Path) -> subprocess.Popen:
-    return subprocess.Popen(_through_kill_points(point, marker, epoch_log, config), cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=_sigint_at_its_default)
+def _start_paused(forked: ForkServer, point: str, marker: Path, epoch_log: Path, config: Path, *args: str) -> Forked:
+    """`cryptotrain run --config CONFIG ARGS` through tests/kill_points.py, with Ctrl-C's default action as a
+    command typed at a terminal has it (a job started in the background, `make test &` or a CI runner with no
+    terminal, inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt)."""
+    return forked.start("run", "--config", str(config), *args, cwd=REPO,
+                        kill_point=[point, str(marker), str(epoch_log)], default_sigint=True)
 
 
 def _rerun(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, list[int]]:
@@ -59,11 +46,11 @@ def _rerun(tmp_path: Path, config: Path, monkeypatch: pytest.MonkeyPatch) -> dic
     return began
 
 
-def _wait_for(marker: Path, process: subprocess.Popen, timeout: float = 240) -> None:
+def _wait_for(marker: Path, process: Forked, timeout: float = 240) -> None:
     deadline = time.monotonic() + timeout
     while not marker.exists():
         if process.poll() is not None:
-            raise AssertionError(f"run ended before the kill point: {process.stderr.read().decode()[-2000:]}")
+            raise AssertionError(f"run ended before the kill point: {process.stderr[-2000:]}")
         if time.monotonic() > deadline:
             process.kill()
             raise AssertionError("kill point not reached in time")
@@ -84,14 +71,14 @@ def _two_job_config(tiny_config) -> Path:
     return _four_job_config(tiny_config, ("BTCUSDT",))
 
 
-def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_config, tmp_path, monkeypatch):
+def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(forked, tiny_config, tmp_path, monkeypatch):
     config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
-    victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
+    victim = _start_paused(forked, "mid-epoch", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     victim.send_signal(signal.SIGINT)
     assert victim.wait(timeout=60) == 130
-    message = victim.stderr.read().decode()
+    message = victim.stderr
     assert "Resume with:" in message and f"run --config {config}" in message
     with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
         first = db.execute("SELECT name, status, attempts FROM jobs ORDER BY position LIMIT 1").fetchone()
@@ -108,18 +95,18 @@ def test_ctrl_c_saves_prints_the_resume_command_and_the_rerun_finishes(tiny_conf
 
 @pytest.mark.parametrize("stop, code", [(signal.SIGKILL, -signal.SIGKILL), (signal.SIGINT, 130),
                                         (signal.SIGTERM, 143)])
-def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, tmp_path, monkeypatch, stop,
+def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(forked, tiny_config, tmp_path, monkeypatch, stop,
                                                                    code):
     """Stopped with half of the second epoch's checkpoint on disk: the rerun goes on from the first epoch's,
     and finishes. Ctrl-C and SIGTERM stop cleanly, saying how to resume."""
     config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
-    victim = _start_paused("checkpoint", marker, tmp_path / "epochs.log", config)
+    victim = _start_paused(forked, "checkpoint", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     victim.send_signal(stop)
     assert victim.wait(timeout=60) == code
     if stop != signal.SIGKILL:
-        assert "Resume with:" in victim.stderr.read().decode()
+        assert "Resume with:" in victim.stderr
 
     began = _rerun(tmp_path, config, monkeypatch)
     assert began["BTCUSDT_15m"] == [2, 3]
@@ -133,14 +120,14 @@ def test_a_stop_while_a_checkpoint_is_written_never_bricks_the_job(tiny_config, 
 # (its training had finished; only its artifacts were not committed).
 @pytest.mark.parametrize("point,first_job_epochs", [("features", [1, 2, 3]), ("mid-epoch", [2, 3]),
                                                     ("artifacts", [])])
-def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_path, monkeypatch, point,
+def test_sigkill_then_rerun_finishes_every_job_exactly_once(forked, tiny_config, tmp_path, monkeypatch, point,
                                                            first_job_epochs):
     config = _two_job_config(tiny_config)
     jobs = JOBS[:2]
     run_dir = tmp_path / "run"
     marker = tmp_path / "paused"
 
-    victim = _start_paused(point, marker, tmp_path / "epochs.log", config)
+    victim = _start_paused(forked, point, marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     victim.send_signal(signal.SIGKILL)
     victim.wait()
@@ -168,11 +155,10 @@ def test_sigkill_then_rerun_finishes_every_job_exactly_once(tiny_config, tmp_pat
     assert sorted(p.name for p in (run_dir / "jobs").iterdir()) == jobs
 
 
-def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twice(tiny_config, tmp_path):
+def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twice(forked, tiny_config, tmp_path):
     config = _four_job_config(tiny_config)
     run_dir = tmp_path / "run"
-    workers = [subprocess.Popen(_cli("run", "--config", str(config)), cwd=REPO, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    workers = [forked.start("run", "--config", str(config), cwd=REPO) for _ in range(2)]
     errors = [worker.communicate(timeout=600)[1] for worker in workers]
     assert [worker.returncode for worker in workers] == [0, 0], [e[-600:] for e in errors]
 
@@ -185,14 +171,14 @@ def test_two_processes_on_one_run_directory_share_the_jobs_without_doing_one_twi
         assert JobDir(run_dir / "jobs" / job).verify() == manifests[job]
 
 
-def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny_config, tmp_path):
+def test_new_run_never_moves_a_run_directory_another_process_is_training_in(forked, tiny_config, tmp_path):
     config = _two_job_config(tiny_config)
     marker = tmp_path / "paused"
-    victim = _start_paused("mid-epoch", marker, tmp_path / "epochs.log", config)
+    victim = _start_paused(forked, "mid-epoch", marker, tmp_path / "epochs.log", config)
     try:
         _wait_for(marker, victim)
-        changed = subprocess.run(_cli("run", "--config", str(config), "--set", "window.lookback=12", "--new-run"),
-                                 cwd=REPO, capture_output=True, text=True, timeout=300)
+        changed = forked.run("run", "--config", str(config), "--set", "window.lookback=12", "--new-run", cwd=REPO,
+                             timeout=300)
         assert changed.returncode == 2, changed.stderr[-2000:]
         lines = [line for line in changed.stderr.splitlines() if line.startswith("error:")]
         assert len(lines) == 1 and "--new-run cannot move this run directory: another process is training in " \
@@ -204,7 +190,7 @@ def test_new_run_never_moves_a_run_directory_another_process_is_training_in(tiny
         victim.wait()
 
 
-def test_a_process_woken_after_another_took_its_job_over_commits_nothing(tiny_config, tmp_path):
+def test_a_process_woken_after_another_took_its_job_over_commits_nothing(forked, tiny_config, tmp_path):
     """A laptop asleep: a process paused (SIGSTOP) with its job's files staged, for longer than the stale limit;
     another takes the job over and finishes the run; then the first wakes. It must neither move its files into
     jobs/ nor record the job: the job is done once, the ledger's hash is the directory's manifest's, the winner's
@@ -213,15 +199,12 @@ def test_a_process_woken_after_another_took_its_job_over_commits_nothing(tiny_co
                                "timeframes": ["1h"], "max_rows": 500},
                          train={"batch_size": 64, "epochs": 1, "seed": 1})
     run_dir, marker, stale = tmp_path / "run", tmp_path / "paused", "3"
-    sleeper = subprocess.Popen([*_through_kill_points("artifacts", marker, tmp_path / "epochs.log", config),
-                                "--stale-after", stale], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               text=True, preexec_fn=_sigint_at_its_default)
+    sleeper = _start_paused(forked, "artifacts", marker, tmp_path / "epochs.log", config, "--stale-after", stale)
     try:
         _wait_for(marker, sleeper)  # its files staged and sealed, about to be committed
         sleeper.send_signal(signal.SIGSTOP)  # asleep: no heartbeat either
         time.sleep(float(stale) + 1)
-        other = subprocess.run(_cli("run", "--config", str(config), "--stale-after", stale), cwd=REPO,
-                               capture_output=True, text=True, timeout=300)
+        other = forked.run("run", "--config", str(config), "--stale-after", stale, cwd=REPO, timeout=300)
         assert other.returncode == 0, other.stderr[-2000:]
         job = JobDir(run_dir / "jobs" / "BTCUSDT_1h")
         winner = job.verify()
@@ -267,13 +250,13 @@ def _temp_files(*directories: Path) -> list[Path]:
 
 
 @pytest.mark.parametrize("kind", list(ATOMIC_WRITES))
-def test_sigkill_during_each_kind_of_atomic_write_leaves_no_temp_file_once_the_run_is_done(tiny_config, tmp_path,
-                                                                                            kind):
+def test_sigkill_during_each_kind_of_atomic_write_leaves_no_temp_file_once_the_run_is_done(forked, tiny_config,
+                                                                                            tmp_path, kind):
     config = tiny_config(data={"source": "local", "local": {"path": str(CANDLES_DIR)}, "symbols": ["BTCUSDT"],
                                "timeframes": ["1h"], "max_rows": 600})
     run_dir, cache = tmp_path / "run", tmp_path / "cache"
     marker = tmp_path / "paused"
-    victim = _start_paused(f"write:{ATOMIC_WRITES[kind]}", marker, tmp_path / "epochs.log", config)
+    victim = _start_paused(forked, f"write:{ATOMIC_WRITES[kind]}", marker, tmp_path / "epochs.log", config)
     _wait_for(marker, victim)
     assert len(_temp_files(run_dir, cache)) == 1  # killed with the write under way
     victim.send_signal(signal.SIGKILL)
