@@ -4,8 +4,8 @@ what the command imports (TensorFlow, Keras, pandas, ta, the trainer) already.
 Each such test needs a process of its own to kill; started as `python -m trainer`, each spent ~5 s of its CPU
 importing TensorFlow before doing anything the test is about, and the suite starts ~30 of them. The fork server (one
 per pytest-xdist worker, started on first use: the `forked` fixture) pays the imports once. What it forks is still
-a process of its own: its own pid and process group's signals, its own stdout and stderr, its exit status as
-`waitpid` gives it (-9 for SIGKILL). It runs the command's `main` with the arguments given, from the working
+a process of its own: its own pid, the signals sent to it, its own stdout and stderr, its exit status as `waitpid`
+gives it (-9 for SIGKILL). It runs the command's `main` with the arguments given, from the working
 directory and environment given, as `python -m trainer` or tests/kill_points.py would. What a forked process does
 not go through is the interpreter's start-up and the imports: tests/test_install.py and the demo start the command
 as a user does.
@@ -55,6 +55,8 @@ class Forked:
                 status = self._connection.recv(64)
             except TimeoutError:
                 raise subprocess.TimeoutExpired(f"forked process {self.pid}", timeout) from None
+            if not status:
+                raise RuntimeError(f"the fork server ended before forked process {self.pid} did")
             self.returncode = int(status)
             self._connection.close()
         return self.returncode
@@ -85,6 +87,8 @@ class Forked:
 
 
 class ForkServer:
+    """Starts the server (`python -m tests.forkserver`), and `cryptotrain` processes forked by it."""
+
     def __init__(self) -> None:
         self._directory = tempfile.mkdtemp(prefix="ct-fork-")
         self._socket = os.path.join(self._directory, "socket")
