@@ -42,7 +42,7 @@ check-install:   ## what a user gets: a fresh venv, a plain `pip install` of thi
 # worker holds ~2.5 GB. The session's one trained run is shared by the workers (tests/conftest.py).
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, 2 * len(os.sched_getaffinity(0))))")
 
-test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (10–19 min on 2 cores, with the CPU)
+test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (9–15 min on 2 cores, CPU-bound)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP) ## the unit tier: no training, no TensorFlow process started, no Ray (~45 s; CONTRIBUTING.md)
