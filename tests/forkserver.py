@@ -107,8 +107,9 @@ class ForkServer:
         at a terminal (a process started in the background inherits SIGINT ignored); `new_interpreter`: as
         `python -m trainer` in the forked process, for a command that chooses its own Keras backend (--pack)."""
         argv = [KILL_POINTS, *kill_point, *args] if kill_point else ["cryptotrain", *args]
-        stdout = tempfile.TemporaryFile()  # noqa: SIM115 — Forked's, to read
-        stderr = stdout if stderr_to_stdout else tempfile.TemporaryFile()  # noqa: SIM115
+        # appended to: a read meanwhile (its own offset is the process's too) never makes it write over what it wrote
+        stdout = tempfile.TemporaryFile("a+b")  # noqa: SIM115 — Forked's, to read
+        stderr = stdout if stderr_to_stdout else tempfile.TemporaryFile("a+b")  # noqa: SIM115
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         connection.connect(self._socket)
         request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ if env is None else env),
