@@ -24,9 +24,7 @@ JOBS = ["BTCUSDT_15m", "BTCUSDT_1h", "ETHUSDT_15m", "ETHUSDT_1h"]
 
 
 def _start_paused(forked: ForkServer, point: str, marker: Path, epoch_log: Path, config: Path, *args: str) -> Forked:
-    """`cryptotrain run --config CONFIG ARGS` through tests/kill_points.py, with Ctrl-C's default action as a
-    command typed at a terminal has it (a job started in the background, `make test &` or a CI runner with no
-    terminal, inherits SIGINT ignored, and Python then never turns Ctrl-C into KeyboardInterrupt)."""
+    """`cryptotrain run --config CONFIG ARGS` through tests/kill_points.py, Ctrl-C working as at a terminal."""
     return forked.start("run", "--config", str(config), *args, cwd=REPO,
                         kill_point=[point, str(marker), str(epoch_log)], default_sigint=True)
 
