@@ -35,12 +35,12 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _tensorflow_set_up_first():
+def _tensorflow_set_up_first(request):
     """Every test process starts as the CLI's does: trainer.model.device.setup configures TensorFlow before anything
     uses it. Otherwise whichever test first builds a model fixes TensorFlow's thread pools, and every later
     in-process `cryptotrain run` warns that they keep their sizes. Not on another Keras backend (tests/jax): the
-    process's tests use no TensorFlow."""
-    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow":
+    process's tests use no TensorFlow; nor in a `pytest --setup-only`, which runs none."""
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow" or request.config.option.setuponly:
         return
     from trainer.config import TrainConfig
     from trainer.model.device import setup
@@ -57,14 +57,20 @@ def fresh_keras_session():
     keras.backend.clear_session(free_memory=False)
 
 
+def _session_directory(tmp_path_factory) -> Path:
+    """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
+    shared = tmp_path_factory.getbasetemp()
+    return shared.parent if os.environ.get("PYTEST_XDIST_WORKER") else shared
+
+
 @pytest.fixture(scope="session")
-def forked():
+def forked(tmp_path_factory):
     """Starts `cryptotrain` processes for the tests that stop one with a signal, forked with TensorFlow imported
-    (tests/forkserver.py): one server per pytest-xdist worker, started on first use."""
+    (tests/forkserver.py): one server a session, shared by its pytest-xdist workers, started by the first to ask; it
+    ends with the session (pytest, or xdist's controller: each worker's parent)."""
     from tests.forkserver import ForkServer
-    server = ForkServer()
-    yield server
-    server.stop()
+    return ForkServer(_session_directory(tmp_path_factory) / "forkserver",
+                      owner=os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid())
 
 
 def tiny_config_dict(tmp_path: Path, **sections) -> dict:
@@ -140,9 +146,7 @@ def trained_run(tmp_path_factory) -> TrainedRun:
 
     from trainer.cli import main
 
-    shared = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        shared = shared.parent  # the session's, above each worker's own
+    shared = _session_directory(tmp_path_factory)
     root = shared / "trained-run"
     config, output = root / "tiny.yaml", root / "output.txt"
     with open(shared / "trained-run.lock", "w") as lock:
@@ -189,20 +193,21 @@ def tiny_config(tmp_path):
 
 
 WITHOUT = """
+from __future__ import annotations
 import sys
 
-class _NotInstalled:  # as if these packages were not installed: importing one raises ModuleNotFoundError
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in {hidden!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}}", name=name)
-
-sys.meta_path.insert(0, _NotInstalled())
+{finder}
+sys.meta_path.insert(0, NotInstalled({hidden!r}))
 from trainer.cli import main
 main(sys.argv[1:])
 """
 
 
 def cli_without(*packages: str) -> list[str]:
-    """The command line that runs `cryptotrain` (arguments to follow) as a user gets it without `packages`."""
+    """The command line that runs `cryptotrain` (arguments to follow) in an interpreter of its own, as a user gets
+    it without `packages` (`forked`'s `without` forks it so, where the fork server has not imported them)."""
+    import inspect
     import sys
-    return [sys.executable, "-c", WITHOUT.format(hidden=set(packages))]
+
+    from tests.forkserver import NotInstalled
+    return [sys.executable, "-c", WITHOUT.format(finder=inspect.getsource(NotInstalled), hidden=set(packages))]

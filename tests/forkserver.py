@@ -2,22 +2,25 @@
 what the command imports (TensorFlow, Keras, pandas, ta, the trainer) already.
 
 Each such test needs a process of its own to kill; started as `python -m trainer`, each spent ~5 s of its CPU
-importing TensorFlow before doing anything the test is about, and the suite starts ~30 of them. The fork server (one
-per pytest-xdist worker, started on first use: the `forked` fixture) pays the imports once. What it forks is still
-a process of its own: its own pid, the signals sent to it, its own stdout and stderr, its exit status as `waitpid`
-gives it (-9 for SIGKILL). It runs the command's `main` with the arguments given, from the working
-directory and environment given, as `python -m trainer` or tests/kill_points.py would. What a forked process does
-not go through is the interpreter's start-up and the imports: tests/test_install.py and the demo start the command
-as a user does.
+importing TensorFlow before doing anything the test is about, and the suite starts ~40 of them. The fork server (one
+a test session, shared by its pytest-xdist workers, started by the first to need it: the `forked` fixture) pays the
+imports once. What it forks is still a process of its own: its own pid, the signals sent to it, its own stdout and
+stderr, its exit status as `waitpid` gives it (-9 for SIGKILL). It runs the command's `main` with the arguments
+given, from the working directory and environment given, as `python -m trainer` or tests/kill_points.py would; or
+as a user without some packages runs it (`without`: a package the server has not imported can be hidden). What a
+forked process does not go through is the interpreter's start-up and the imports: tests/test_install.py and the demo
+start the command as a user does.
 
 The server is single-threaded, and nothing in it has used TensorFlow: a fork there copies no thread or runtime
-state (TensorFlow starts its thread pools on first use, in the forked process).
+state (TensorFlow starts its thread pools on first use, in the forked process). It ends when the process it serves
+(the test session's: pytest, or pytest-xdist's controller) does.
 
-    python -m tests.forkserver SOCKET   (started by ForkServer)
+    python -m tests.forkserver SOCKET OWNER_PID   (started by ForkServer)
 """
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import select
@@ -26,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
 KILL_POINTS = str(Path(__file__).with_name("kill_points.py"))
@@ -87,25 +91,32 @@ class Forked:
 
 
 class ForkServer:
-    """Starts the server (`python -m tests.forkserver`), and `cryptotrain` processes forked by it."""
+    """`cryptotrain` processes forked by the server in `directory` (`python -m tests.forkserver`), which the first
+    ForkServer there starts, under a lock; the server ends when process `owner` does."""
 
-    def __init__(self) -> None:
-        self._directory = tempfile.mkdtemp(prefix="ct-fork-")
-        self._socket = os.path.join(self._directory, "socket")
-        self._log = tempfile.TemporaryFile()  # noqa: SIM115 — what the server itself says
-        self._server = subprocess.Popen([sys.executable, "-m", "tests.forkserver", self._socket],
-                                        cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.PIPE, stderr=self._log, text=True)
-        if self._server.stdout.readline() != "ready\n":
-            raise RuntimeError(f"the fork server did not start (exit code {self._server.wait()}): "
-                               f"{Forked._read(self._log)[-3000:]}")
+    def __init__(self, directory: Path, owner: int) -> None:
+        directory.mkdir(exist_ok=True)
+        self._socket = str(directory / "socket")
+        with open(directory / "lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(self._socket):  # started by another pytest-xdist worker of the session
+                return
+            with open(directory / "log", "a+b") as log:  # what the server itself says
+                server = subprocess.Popen([sys.executable, "-m", "tests.forkserver", self._socket, str(owner)],
+                                          cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.PIPE, stderr=log, text=True)
+                if server.stdout.readline() != "ready\n":
+                    raise RuntimeError(f"the fork server did not start (exit code {server.wait()}): "
+                                       f"{Forked._read(log)[-3000:]}")
 
     def start(self, *args: str, cwd: Path, env: dict[str, str] | None = None, kill_point: list[str] = (),
-              default_sigint: bool = False, stderr_to_stdout: bool = False, new_interpreter: bool = False) -> Forked:
+              default_sigint: bool = False, stderr_to_stdout: bool = False, new_interpreter: bool = False,
+              without: Collection[str] = ()) -> Forked:
         """`cryptotrain ARGS` (through tests/kill_points.py, paused at `kill_point`'s POINT MARKER EPOCH_LOG, if
         given) in a process of its own; `default_sigint`: Ctrl-C raises KeyboardInterrupt, as in a command typed
         at a terminal (a process started in the background inherits SIGINT ignored); `new_interpreter`: as
-        `python -m trainer` in the forked process, for a command that chooses its own Keras backend (--pack)."""
+        `python -m trainer` in the forked process, for a command that chooses its own Keras backend (--pack);
+        `without`: as if these packages were not installed (NotInstalled)."""
         argv = [KILL_POINTS, *kill_point, *args] if kill_point else ["cryptotrain", *args]
         # appended to: a read meanwhile (its own offset is the process's too) never makes it write over what it wrote
         stdout = tempfile.TemporaryFile("a+b")  # noqa: SIM115 — Forked's, to read
@@ -113,31 +124,34 @@ class ForkServer:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         connection.connect(self._socket)
         request = {"argv": argv, "cwd": str(cwd), "env": dict(os.environ if env is None else env),
-                   "default_sigint": default_sigint, "new_interpreter": new_interpreter}
+                   "default_sigint": default_sigint, "new_interpreter": new_interpreter, "without": sorted(without)}
         socket.send_fds(connection, [json.dumps(request).encode()], [stdout.fileno(), stderr.fileno()])
         return Forked(connection, stdout, None if stderr_to_stdout else stderr)
 
     def run(self, *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 600,
-            new_interpreter: bool = False) -> subprocess.CompletedProcess:
-        process = self.start(*args, cwd=cwd, env=env, new_interpreter=new_interpreter)
+            new_interpreter: bool = False, without: Collection[str] = ()) -> subprocess.CompletedProcess:
+        process = self.start(*args, cwd=cwd, env=env, new_interpreter=new_interpreter, without=without)
         try:
             stdout, stderr = process.communicate(timeout)
         finally:
             process.kill()
         return subprocess.CompletedProcess(process.pid, process.returncode, stdout, stderr)
 
-    def stop(self) -> None:
-        self._server.kill()
-        self._server.wait()
-        self._log.close()
-        with contextlib.suppress(OSError):
-            os.remove(self._socket)
-            os.rmdir(self._directory)
+
+class NotInstalled:
+    """As if `packages` were not installed: importing one raises ModuleNotFoundError (on sys.meta_path, first)."""
+
+    def __init__(self, packages: Collection[str]) -> None:
+        self.packages = set(packages)
+
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in self.packages:
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
 
 
-def _serve(path: str) -> dict:
-    """Fork a process for each request; in the server, send each its pid, then its exit status. Returns (in the
-    forked process only) the request it is to carry out."""
+def _serve(path: str, owner: int) -> dict:
+    """Fork a process for each request, until process `owner` ends; in the server, send each its pid, then its exit
+    status. Returns (in the forked process only) the request it is to carry out."""
     import tests.kill_points  # noqa: F401 — and through it trainer.cli, TensorFlow, Keras, pandas
     import trainer.run.runner  # noqa: F401 — what `run` imports on its own
 
@@ -145,9 +159,12 @@ def _serve(path: str) -> dict:
     listener.bind(path)
     listener.listen(64)
     print("ready", flush=True)
-    parent, waiting = os.getppid(), {}
-    while os.getppid() == parent:  # ends with the pytest worker that started it
-        if select.select([listener], [], [], 0.05)[0]:
+    owner_ended, waiting = os.pidfd_open(owner), {}  # readable once it has
+    while True:
+        readable = select.select([listener, owner_ended], [], [], 0.05)[0]
+        if owner_ended in readable:
+            break
+        if listener in readable:
             connection, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 2)
             sys.stdout.flush()
@@ -156,6 +173,7 @@ def _serve(path: str) -> dict:
             if pid == 0:
                 listener.close()
                 connection.close()
+                os.close(owner_ended)
                 os.dup2(fds[0], 1)
                 os.dup2(fds[1], 2)
                 for fd in fds:
@@ -176,13 +194,16 @@ def _serve(path: str) -> dict:
 
 
 if __name__ == "__main__":
-    request = _serve(sys.argv[1])
+    request = _serve(sys.argv[1], int(sys.argv[2]))
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
     if request["default_sigint"]:  # as Python starts when SIGINT is not ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = request["argv"]
+    if imported := [package for package in request["without"] if package in sys.modules]:
+        raise SystemExit(f"the fork server imported {imported}: a process forked from it cannot be without them")
+    sys.meta_path.insert(0, NotInstalled(request["without"]))
     if request["new_interpreter"]:
         os.execv(sys.executable, [sys.executable, "-m", "trainer", *sys.argv[1:]])
     if sys.argv[0] == KILL_POINTS:

@@ -18,9 +18,9 @@ def _cryptotrain_without(packages: tuple[str, ...], *args: str, cwd) -> subproce
 
 
 @pytest.mark.train
-def test_tensorboard_missing_is_one_line_before_any_job(tiny_config, tmp_path):
+def test_tensorboard_missing_is_one_line_before_any_job(forked, tiny_config, tmp_path):
     config = tiny_config()
-    result = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--tensorboard", cwd=tmp_path)
+    result = forked.run("run", "--config", str(config), "--tensorboard", cwd=tmp_path, without=["tensorboard"])
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "error: train.tensorboard (--tensorboard) needs the tensorboard package, which is not installed: "
@@ -28,8 +28,8 @@ def test_tensorboard_missing_is_one_line_before_any_job(tiny_config, tmp_path):
     assert not (tmp_path / "run").exists()  # nothing trained, no run directory made
 
     # The same config without the option trains: only the option needs the package.
-    plain = _cryptotrain_without(("tensorboard",), "run", "--config", str(config), "--only", "BTCUSDT",
-                                 "--set", "train.epochs=1", cwd=tmp_path)
+    plain = forked.run("run", "--config", str(config), "--only", "BTCUSDT", "--set", "train.epochs=1", cwd=tmp_path,
+                       without=["tensorboard"])
     assert plain.returncode == 0, plain.stderr[-3000:]
 
 

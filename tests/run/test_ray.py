@@ -310,14 +310,15 @@ def test_the_command_outlives_its_ray_driver_and_passes_signals_on(victim, signu
 def test_the_tests_stop_only_their_own_ray(cluster, tmp_path):
     """Another Ray on the machine (a user's cluster, a second test run's) outlives this module's teardown: a run
     of the module's fixtures alone, next to a second `ray start --head` and the module's own head, stops the Ray
-    it started and leaves both others running, every service of theirs."""
+    it started and leaves both others running, every service of theirs. (The inner run sets up this test's fixtures:
+    the module's head and nothing else, its body not run.)"""
     other = RayHead()
     inner_tmp = tempfile.mkdtemp(prefix="ct-")  # where the inner run's head keeps its temp dir
     try:
         before = {head.address: _services(head) for head in (cluster, other)}
         inner = subprocess.run([sys.executable, "-m", "pytest", "--setup-only", "-p", "no:cacheprovider",
                                 f"--basetemp={tmp_path / 'inner'}",
-                                f"{__file__}::test_jobs_on_two_ray_workers_end_as_they_do_locally"],
+                                f"{__file__}::test_the_tests_stop_only_their_own_ray"],
                                cwd=REPO, capture_output=True, text=True, timeout=300, env={**ENV, "TMPDIR": inner_tmp})
         assert inner.returncode == 0 and "TEARDOWN M cluster" in inner.stdout, inner.stdout[-3000:]
         assert [command for _, command in _processes().values() if inner_tmp in command] == []  # its head gone
@@ -346,21 +347,13 @@ def test_an_unreachable_cluster_is_one_line_and_nothing_is_written(forked, tmp_p
     assert not (tmp_path / "run").exists()
 
 
-NO_RAY = """
-import sys
-sys.modules["ray"] = None  # as if Ray were not installed: `import ray` raises ImportError
-from trainer.cli import main
-main(sys.argv[1:])
-"""
-
-
-def test_without_ray_local_runs_work_and_the_ray_executor_says_how_to_install_it(tmp_path):
+def test_without_ray_local_runs_work_and_the_ray_executor_says_how_to_install_it(forked, tmp_path):
     config = str(_config(tmp_path, "run", epochs=1))
-    local = subprocess.run([sys.executable, "-c", NO_RAY, "run", "--config", config, "--only", "BTCUSDT_1h"],
-                           cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)
+    local = forked.run("run", "--config", config, "--only", "BTCUSDT_1h", cwd=REPO, env=ENV, timeout=300,
+                       without=["ray"])
     assert local.returncode == 0, local.stderr[-3000:]
-    wanted = subprocess.run([sys.executable, "-c", NO_RAY, "run", "--config", config, "--executor", "ray"],
-                            cwd=REPO, capture_output=True, text=True, timeout=300, env=ENV)
+    wanted = forked.run("run", "--config", config, "--executor", "ray", cwd=REPO, env=ENV, timeout=300,
+                        without=["ray"])
     assert wanted.returncode == 2
     assert wanted.stderr.strip().splitlines() == [
         "error: --executor ray needs Ray: pip install 'cryptotrain[ray]' (or pip install 'ray>=2.9'), or run "
