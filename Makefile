@@ -37,12 +37,13 @@ check-install:   ## what a user gets: a fresh venv, a plain `pip install` of thi
 	cd "$$dir"; venv/bin/cryptotrain run --config quickstart --set train.epochs=1 --tensorboard; \
 	venv/bin/cryptotrain status runs/quickstart
 
-# pytest-xdist workers for `make test`: two a core, at most 8. The suite waits on the processes it starts (runs it
-# kills, Ray) a good share of the time: on 2 cores, 4 workers took 538 s where 2 took 694 s (2026-11-26); each
-# worker holds ~2.5 GB. The session's one trained run is shared by the workers (tests/conftest.py).
-TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, 2 * len(os.sched_getaffinity(0))))")
+# pytest-xdist workers for `make test`: three for every two cores, at least 2, at most 8. The suite waits on the
+# processes it starts (runs it kills, Ray) part of the time, but is CPU-bound: on 2 cores (Intel Xeon, 2026-11-29,
+# side by side) 2 workers took 443 s, 3 took 440 s, 4 took 479 s (each a TensorFlow more, and the cores shared by
+# more). Each worker holds ~2.5 GB. The session's trained run and fork server are shared by the workers.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, max(2, 3 * len(os.sched_getaffinity(0)) // 2)))")
 
-test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (9–15 min on 2 cores, CPU-bound)
+test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (7–15 min on 2 cores, CPU-bound)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP) ## the unit tier: no training, no TensorFlow process started, no Ray (~45 s; CONTRIBUTING.md)
