@@ -201,9 +201,10 @@ if __name__ == "__main__":
     if request["default_sigint"]:  # as Python starts when SIGINT is not ignored
         signal.signal(signal.SIGINT, signal.default_int_handler)
     sys.argv = request["argv"]
-    if imported := [package for package in request["without"] if package in sys.modules]:
-        raise SystemExit(f"the fork server imported {imported}: a process forked from it cannot be without them")
-    sys.meta_path.insert(0, NotInstalled(request["without"]))
+    if request["without"]:
+        if imported := [package for package in request["without"] if package in sys.modules]:
+            raise SystemExit(f"the fork server imported {imported}: a process forked from it cannot be without them")
+        sys.meta_path.insert(0, NotInstalled(request["without"]))
     if request["new_interpreter"]:
         os.execv(sys.executable, [sys.executable, "-m", "trainer", *sys.argv[1:]])
     if sys.argv[0] == KILL_POINTS:
