@@ -21,15 +21,18 @@ its weight chosen on validation):
   - the 80 % interval of the close's return, the conformal method's (evaluation.interval.method): coverage overall
     and by tercile of the forecast volatility. The method gives as much around any forecast (bench-baselines:
     around "no change"): the figure is the method's, not the network's;
-  - the close over every horizon step: skill vs persistence (after the validation-chosen shrink).
+  - the close over every horizon step: skill vs persistence (after the validation-chosen shrink);
+  - every head (ohlc, bb, volatility): its MAE skill against its own persistence (each column's last value, over its
+    columns and steps), served as a validation-chosen mix of the network and that persistence, and the mix.
 The same three figures of the next candle on the validation split (the network's own against HAR on its level there,
 both put on their level there alike: results.ValidationSkill) are what a choice among variants is made on: compare
 variants (--set) by them, never by the test split's.
 Targets (issue 28, the network's own forecast against the bar): range QLIKE median >= +0.03, positive on >= 40 of
 48, none below -0.03; range MAE median >= +0.01, none below -0.01; high + low MAE median >= 0, none below -0.01;
 next-10 mean range QLIKE median >= +0.02; the interval covers 77-83 % on >= 46 of 48 series and every tercile within
-5 points of 80 % on >= 43 of 48; the close's skill >= -0.005 on every series. Prints the table and the overall
-figures; writes JSON (--json; default benchmarks/results/skill.json, skill-elsewhere.json with --elsewhere).
+5 points of 80 % on >= 43 of 48; the close's skill >= -0.005 on every series; every head's median skill against its
+own persistence >= -0.005 (issue 50; the worst series reported). Prints the table and the overall figures; writes
+JSON (--json; default benchmarks/results/skill.json, skill-elsewhere.json with --elsewhere).
 """
 from __future__ import annotations
 
@@ -162,6 +165,8 @@ def row(metrics: JobMetrics | None) -> dict | None:
         "interval_method": interval.method, "coverage": interval.coverage,
         "coverage_by_tercile": interval.coverage_by_tercile,
         "close_skill": metrics.heads[metrics.headline.head].close.skill, "shrink": metrics.headline.shrink,
+        "head_skill": {name: scores.skill for name, scores in metrics.heads.items()},
+        "head_shrink": {name: scores.shrink for name, scores in metrics.heads.items()},
         "epochs": metrics.epochs_run,
     }
 
@@ -181,7 +186,7 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
                **{f"{f}_fitted": spread(f"{f}_fitted") for f in FITTED_FIGURES},
                **{f"{f}_validation": spread(f"{f}_validation") for f in VALIDATION_FIGURES},
                "coverage": spread("coverage"), "close_skill": spread("close_skill"),
-               "correction_used": sum(r["correction_used"] for r in done)}
+               "correction_used": sum(r["correction_used"] for r in done), "heads": head_figures(done)}
     covered = [COVERAGE[0] <= r["coverage"] <= COVERAGE[1] for r in done]
     terciles = [all(abs(c - 0.8) <= TERCILE_TOLERANCE for c in r["coverage_by_tercile"]) for r in done]
     figures["coverage_in_range"] = sum(covered)
@@ -206,7 +211,25 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
     targets[f"each tercile within {TERCILE_TOLERANCE:.0%} of 80 % on >= {TERCILE_SHARE:.0%} of series"] = \
         sum(terciles) >= TERCILE_SHARE * n_series
     targets[f"close vs persistence >= {CLOSE_WORST} on every series"] = figures["close_skill"]["min"] >= CLOSE_WORST
+    for head, got in figures["heads"].items():
+        targets[f"head {head} vs its persistence: median >= {CLOSE_WORST}"] = got["median"] >= CLOSE_WORST
     figures["targets"] = targets
+    return figures
+
+
+def head_figures(done: list[dict]) -> dict[str, dict]:
+    """Per head, its test skill against its own persistence over the series: median, worst (and which series), how
+    many are above 0 and below -0.005, and how often it was served as its persistence (mix 0) or as the network (1)."""
+    figures = {}
+    for head in dict.fromkeys(name for r in done for name in r["head_skill"]):
+        pairs = [(r["head_skill"][head], r["head_shrink"][head], r["series"]) for r in done
+                 if r["head_skill"].get(head) is not None]
+        skills = [skill for skill, _, _ in pairs]
+        worst = min(pairs)
+        figures[head] = {"median": statistics.median(skills), "min": worst[0], "worst_series": worst[2],
+                         "max": max(skills), "above_0": sum(v > 0 for v in skills),
+                         "below_target": sum(v < CLOSE_WORST for v in skills), "n": len(skills),
+                         "mix_0": sum(mix == 0 for _, mix, _ in pairs), "mix_1": sum(mix == 1 for _, mix, _ in pairs)}
     return figures
 
 
@@ -246,6 +269,9 @@ def main(argv: list[str] | None = None) -> int:
         results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides, corpus,
                                  args.elsewhere)
     rows = {s: row(results.get(s)) for s in series}
+    for name, r in rows.items():
+        if r is not None:
+            r["series"] = name
     figures = overall(rows, len(series))
     print_figures(console, args, series, rows, figures, seconds)
     results_file = args.json or (RESULTS.with_stem("skill-elsewhere") if args.elsewhere else RESULTS)
@@ -313,6 +339,12 @@ def print_figures(console: Console, args: argparse.Namespace, series: list[str],
                   + f", all three within 5 points on {figures['terciles_within_tolerance']}/{len(series)}")
     console.print(f"close vs persistence: median {figures['close_skill']['median']:+.4f}, worst "
                   f"{figures['close_skill']['min']:+.4f}; {seconds:.0f} s")
+    console.print("[bold]every head vs its own persistence[/] (each column's last value; MAE over its columns and "
+                  "steps; mix: the network's weight, chosen on validation):")
+    for head, got in figures["heads"].items():
+        console.print(f"{head:>16}: median {got['median']:+.4f}, worst {got['min']:+.4f} ({got['worst_series']}), "
+                      f"best {got['max']:+.4f}; > 0 on {got['above_0']}/{got['n']}, below {CLOSE_WORST} on "
+                      f"{got['below_target']}; mix 0 on {got['mix_0']}, 1 on {got['mix_1']}")
     for target, met in figures["targets"].items():
         console.print(f"  {'MET    ' if met else 'NOT MET'}  {target}")
 

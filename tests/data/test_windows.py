@@ -305,10 +305,12 @@ def test_make_inputs_replays_the_saved_preprocessing(tmp_path, relative_to):
     assert list(prep.input_columns) == cfg.features.columns
     # The frame up to the last test sample's inputs gives exactly that sample's x and anchor.
     last_input_row = positions(frame, windows.test.target_times[-1:])[0]
-    inputs, last_close = prep.make_inputs(frame.iloc[:last_input_row])
+    inputs, last = prep.make_inputs(frame.iloc[:last_input_row])
     assert inputs.shape == (1, 16, len(cfg.features.columns))
     np.testing.assert_array_equal(inputs[0], windows.test.x[-1])
-    np.testing.assert_array_equal(last_close, windows.test.last_close[-1:])
+    np.testing.assert_array_equal(last.close, windows.test.last_close[-1:])
+    for head, values in windows.test.last_inputs.items():  # each head's persistence
+        np.testing.assert_array_equal(last.heads[head], values[-1:])
     with pytest.raises(UserError, match="needs the last 16 feature rows; the data gives 10"):
         prep.make_inputs(frame.iloc[:10])
     with pytest.raises(UserError, match="no column atr"):
@@ -321,7 +323,7 @@ def test_an_all_zero_output_is_no_change_from_the_last_close_exactly(tmp_path):
     windows = windows_of(feature_frame(), tiny_cfg(tmp_path))
     test = windows.test
     zeros = {name: np.zeros_like(y) for name, y in test.y.items()}
-    prices = windows.preprocessing.to_prices(zeros, test.last_close)
+    prices = windows.preprocessing.to_prices(zeros, test.last)
     last_close = test.last_inputs["ohlc"][:, 3]
     for name in SEQ_SHAPES:
         np.testing.assert_array_equal(prices[name], np.broadcast_to(last_close[:, None, None], prices[name].shape))
@@ -331,15 +333,16 @@ def test_an_all_zero_output_is_no_change_from_the_last_close_exactly(tmp_path):
 def test_the_scaled_targets_invert_to_the_actual_prices(tmp_path, relative_to):
     windows = windows_of(feature_frame(), tiny_cfg(tmp_path, relative_to=relative_to))
     test = windows.test
-    prices = windows.preprocessing.to_prices(test.y, test.last_close)
+    prices = windows.preprocessing.to_prices(test.y, test.last)
     for name in SEQ_SHAPES:
         np.testing.assert_allclose(prices[name], test.y_raw[name], rtol=1e-6)  # the targets are float32
 
 
 @pytest.mark.parametrize("factor", [0.0, 0.35, 1.0])
-def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
-    """A candle head's body (open, close) is weighted toward "no change", its wicks kept: random outputs stay
-    consistent candles; factor 0 puts open and close at the last close exactly, factor 1 changes nothing."""
+def test_shrinking_toward_persistence_keeps_candles_candles(tmp_path, factor):
+    """A candle head's body (open, close) is weighted toward its persistence, the last close ("no change"), its wicks
+    kept: random outputs stay consistent candles; factor 0 puts open and close at the last close exactly, and a plain
+    head (bands) at each column's last value; factor 1 changes nothing."""
     windows = windows_of(feature_frame(), tiny_cfg(tmp_path))
     test = windows.test
     prep = windows.preprocessing.with_shrink({"ohlc": factor, "bb": factor})
@@ -349,8 +352,8 @@ def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
     outputs = {"ohlc": np.stack([body[..., 0], body.max(-1) + wicks[..., 0], body.min(-1) - wicks[..., 1],
                                  body[..., 1]], axis=-1).astype(np.float32),
                "bb": rng.normal(size=(len(test), 3, 2)).astype(np.float32)}
-    prices = prep.to_prices(outputs, test.last_close)
-    unshrunk = windows.preprocessing.to_prices(outputs, test.last_close)
+    prices = prep.to_prices(outputs, test.last)
+    unshrunk = windows.preprocessing.to_prices(outputs, test.last)
     o, h, low, c = (prices["ohlc"][..., i] for i in range(4))
     assert np.all(h >= np.maximum(o, c)) and np.all(low <= np.minimum(o, c))
     if factor == 1.0:
@@ -358,7 +361,8 @@ def test_shrinking_toward_no_change_keeps_candles_candles(tmp_path, factor):
     if factor == 0.0:
         np.testing.assert_array_equal(c, np.broadcast_to(test.last_close[:, None], c.shape))
         np.testing.assert_array_equal(o, c)
-        np.testing.assert_array_equal(prices["bb"], np.broadcast_to(test.last_close[:, None, None], (len(test), 3, 2)))
+        np.testing.assert_allclose(prices["bb"], np.broadcast_to(test.last_inputs["bb"][:, None], (len(test), 3, 2)),
+                                   rtol=1e-12)
     # The wicks, in log returns, are the model's whatever the factor.
     np.testing.assert_allclose(np.log(h / np.maximum(o, c)), np.log(unshrunk["ohlc"][..., 1] / np.maximum(
         unshrunk["ohlc"][..., 0], unshrunk["ohlc"][..., 3])), atol=1e-12)
@@ -381,7 +385,7 @@ def test_shrinking_a_har_heads_body_keeps_its_excursions_from_the_last_close(tmp
     low = np.minimum(body.min(-1), -np.abs(rng.normal(size=(len(test), 3))))
     outputs = {"ohlc": np.stack([body[..., 0], high, low, body[..., 1]], axis=-1).astype(np.float32),
                "bb": rng.normal(size=(len(test), 3, 2)).astype(np.float32)}
-    prices, unshrunk = (p.to_prices(outputs, test.last_close)["ohlc"] for p in (prep, windows.preprocessing))
+    prices, unshrunk = (p.to_prices(outputs, test.last)["ohlc"] for p in (prep, windows.preprocessing))
     o, h, low_, c = (prices[..., i] for i in range(4))
     assert np.all(h >= np.maximum(o, c)) and np.all(low_ <= np.minimum(o, c))
     np.testing.assert_allclose(h, np.maximum(unshrunk[..., 1], np.maximum(o, c)), rtol=1e-12)

@@ -3,6 +3,7 @@ exactly zero skill, and a briefly trained real model checked against numbers tak
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import keras
 import numpy as np
@@ -173,22 +174,86 @@ def test_non_finite_predictions_never_count(tmp_path):
         metrics(np.array([[1.0, np.inf]]), np.array([[1.0, 2.0]]))
 
 
-def test_the_shrink_factor_is_chosen_on_the_validation_split(tmp_path):
-    """A perfect forecast keeps its whole deviation from "no change" (1), noise keeps none (0); heads
-    without framed price levels keep 1."""
+def _windows_with_an_rsi_head(tmp_path, relative_to: str | None = "last_close"):
+    """The tiny config's windows with a third head of a unitless column (rsi) beside ohlc (a candle) and bb (bands)."""
     raw = tiny_config_dict(tmp_path)
     raw["heads"].append({"name": "rsi", "columns": ["rsi"]})
+    raw["window"]["relative_to"] = relative_to
+    if relative_to is None:  # a candle head needs relative framing
+        raw["heads"][0]["kind"] = "plain"
     cfg = RunConfig.model_validate(raw)
-    windows = make_windows(feature_frame(), cfg.window, cfg.features.columns, cfg.heads,
-                           {"ohlc": (3, 4), "bb": (3, 2), "rsi": (3, 1)})
+    return make_windows(feature_frame(), cfg.window, cfg.features.columns, cfg.heads,
+                        {"ohlc": (3, 4), "bb": (3, 2), "rsi": (3, 1)})
+
+
+def test_the_shrink_factor_is_chosen_on_the_validation_split(tmp_path):
+    """A perfect forecast keeps its whole deviation from its persistence (1), noise keeps none (0), whatever the
+    head's columns (a candle's body, bands, a unitless column); the validation gain of the best factor comes beside."""
+    windows = _windows_with_an_rsi_head(tmp_path)
     val = windows.val
-    perfect = choose_shrink(val.y, val, windows.preprocessing)
+    perfect, gains = choose_shrink(val.y, val, windows.preprocessing)
     assert [h.shrink for h in perfect.heads] == [1.0, 1.0, 1.0]
+    assert all(gain > 0.5 for gain in gains.values())
     rng = np.random.default_rng(0)
     noise = {name: rng.normal(size=y.shape).astype(np.float32) for name, y in val.y.items()}
     noise["ohlc"][..., 1] = noise["ohlc"][..., [0, 3]].max(-1) + 0.1  # candles, as a candle head makes them
     noise["ohlc"][..., 2] = noise["ohlc"][..., [0, 3]].min(-1) - 0.1
-    assert [h.shrink for h in choose_shrink(noise, val, windows.preprocessing).heads] == [0.0, 0.0, 1.0]
+    shrunk, gains = choose_shrink(noise, val, windows.preprocessing)
+    assert [h.shrink for h in shrunk.heads] == [0.0, 0.0, 0.0]
+    assert all(gain < 0.05 for gain in gains.values())  # at most a little, from a small factor, not significant
+
+
+@pytest.mark.parametrize("relative_to", ["last_close", None])
+def test_a_head_no_better_than_its_persistence_on_validation_is_served_as_it(tmp_path, relative_to):
+    """An untrained network's outputs - bands at the last close (all zeros, "no change"), an rsi at its train mean -
+    lose to each column's own last value on validation: those heads are served as their persistence, and on the test
+    split score >= -0.005 against it (exactly 0: they are it), where the network's own forecast is far worse. A head
+    that beats its persistence on validation (here: the actual values) keeps its factor, and its gain on test. Framed
+    relative to the last close or on absolute levels alike."""
+    windows = _windows_with_an_rsi_head(tmp_path, relative_to)
+    prep, val, test = windows.preprocessing, windows.val, windows.test
+
+    def untrained(split) -> dict[str, np.ndarray]:
+        return {"ohlc": split.y["ohlc"], "bb": np.zeros_like(split.y["bb"]), "rsi": np.zeros_like(split.y["rsi"])}
+
+    served, gains = choose_shrink(untrained(val), val, prep)
+    assert {h.name: h.shrink for h in served.heads} == {"ohlc": 1.0, "bb": 0.0, "rsi": 0.0}
+    assert gains["ohlc"] > 0.5 and gains["bb"] < 0.1 and gains["rsi"] < 0.1  # a small factor's, not significant
+    outputs = untrained(test)
+    report = evaluate(served.to_prices(outputs, test.last), test, served, prep.to_prices(outputs, test.last),
+                      validation_gains=gains)
+    for name in ("bb", "rsi"):
+        scores = report.heads[name]
+        assert scores.skill >= -0.005 and scores.skill == pytest.approx(0, abs=1e-9)
+        assert scores.skill_unshrunk < -0.1  # what the network alone would have served
+        assert (scores.shrink, scores.validation_gain) == (0.0, gains[name])
+        np.testing.assert_allclose(served.to_prices(outputs, test.last)[name],
+                                   np.broadcast_to(test.last_inputs[name][:, None], test.y_raw[name].shape),
+                                   rtol=1e-12)
+    assert report.heads["ohlc"].shrink == 1.0 and report.heads["ohlc"].skill > 0.5
+
+
+def test_a_quantile_head_is_mixed_with_its_persistence_keeping_its_spread(tmp_path):
+    """Shrunk, a quantile head's median moves toward each column's last value and every other quantile with it."""
+    raw = tiny_config_dict(tmp_path)
+    raw["heads"].append({"name": "close_q", "kind": "quantile", "columns": ["close", "rsi"],
+                         "quantiles": [0.1, 0.5, 0.9]})
+    cfg = RunConfig.model_validate(raw)
+    windows = make_windows(feature_frame(), cfg.window, cfg.features.columns, cfg.heads,
+                           {"ohlc": (3, 4), "bb": (3, 2), "close_q": (3, 2)})
+    prep, test = windows.preprocessing, windows.test
+    head = prep.heads[-1]
+    rng = np.random.default_rng(0)
+    outputs = np.cumsum(rng.uniform(0.1, 1, size=(len(test), 3, 3, 2)), axis=-2).astype(np.float32)
+    full, half = (prep.head_prices(replace(head, shrink=f), outputs, test.last) for f in (1.0, 0.5))
+    shrunk_point = prep.head_prices(replace(head, shrink=0.5), head.spec.point(outputs), test.last)
+    np.testing.assert_allclose(half[..., 1, :], shrunk_point, rtol=1e-12)  # the median is the point forecast
+    persistence = prep.head_prices(replace(head, shrink=0.0), head.spec.point(outputs), test.last)
+    np.testing.assert_allclose(persistence, np.broadcast_to(test.last_inputs["close_q"][:, None], persistence.shape),
+                               rtol=1e-12)
+    rsi = 1  # unitless: the spread between quantiles is kept exactly
+    np.testing.assert_allclose(np.diff(half[..., rsi], axis=-1), np.diff(full[..., rsi], axis=-1), atol=1e-9)
+    assert (np.diff(half, axis=-2) >= 0).all()  # never crossing
 
 
 def test_a_shrink_is_kept_only_for_a_gain_beyond_chance_counting_overlapping_horizons():

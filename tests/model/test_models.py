@@ -15,7 +15,7 @@ from tests.conftest import REPO, tiny_config_dict
 from trainer.config import RunConfig, load_config
 from trainer.data import load_candles
 from trainer.data.features import load_features
-from trainer.data.windows import make_windows
+from trainer.data.windows import LastInputs, make_windows
 from trainer.errors import UserError
 from trainer.evaluation.baselines import Baseline, fit_baselines
 from trainer.evaluation.evaluate import predict_fixed_batches
@@ -225,7 +225,7 @@ def test_candle_heads_give_consistent_candles_whatever_the_weights(tmp_path, hor
                            output_shapes(model, cfg.heads))
     x = rng.normal(scale=3.0, size=(500, *windows.test.x.shape[1:])).astype("float32")
     outputs = {name: np.asarray(value) for name, value in model(x, training=False).items()}
-    prices = windows.preprocessing.to_prices(outputs, rng.uniform(1, 1000, size=500))["ohlc"]
+    prices = windows.preprocessing.to_prices(outputs, LastInputs(rng.uniform(1, 1000, size=500), {}))["ohlc"]
     close, low, open_, high = (prices[..., i] for i in range(4))
     assert np.all(high >= np.maximum(open_, close)) and np.all(low <= np.minimum(open_, close))
     assert np.mean(high > np.maximum(open_, close)) > 0.5  # the wicks are real, not all zero
@@ -267,7 +267,7 @@ def test_a_quantile_heads_outputs_are_ordered_whatever_the_weights(tmp_path, hor
     outputs = np.asarray(model(x, training=False)["close_q"])
     assert (np.diff(outputs, axis=-2) >= 0).all() and np.mean(np.diff(outputs, axis=-2) > 0) > 0.9  # never cross
     prices = windows.preprocessing.head_prices(windows.preprocessing.heads[-1], outputs,
-                                               rng.uniform(1, 1000, size=500))
+                                               LastInputs(rng.uniform(1, 1000, size=500), {}))
     assert (np.diff(prices, axis=-2) >= 0).all()  # prices (close) and rsi alike
     point = windows.preprocessing.point({**{h.name: None for h in windows.preprocessing.heads},
                                          "close_q": outputs})["close_q"]
@@ -325,7 +325,7 @@ def test_an_untrained_har_head_forecasts_exactly_har(tmp_path):
 
     def forecast(x) -> dict[str, np.ndarray]:
         outputs = predict_fixed_batches(model, x)
-        candle = prep.to_prices(prep.point(outputs), test.last_close)["ohlc"]
+        candle = prep.to_prices(prep.point(outputs), test.last)["ohlc"]
         return prep.candle_quantities(head, outputs, candle, test.last_close)
 
     har = fitted.forecast(test.first_target_rows)

@@ -105,7 +105,7 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
                                   training=False)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             network = prep.candle_quantities(prep.heads[0], outputs, prep.to_prices(prep.point(outputs), last)["ohlc"],
-                                             last)
+                                             last.close)
             factors = scores.median_factors
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(
                 network["high"][0] * factors["high"]), rtol=1e-9)
@@ -270,8 +270,9 @@ def _zero_weights(stage) -> None:
 
 def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a_hub_round_trip(
         run, monkeypatch, tmp_path):
-    """Relative to the last close, an all-zero output is "no change": the forecast close (and open, and the
-    bands) is the last close exactly, through predict and after a push and download."""
+    """Relative to the last close, an all-zero output is "no change": the forecast close (and open) is the last close
+    exactly, through predict and after a push and download; the bands are "no change" mixed with their own last
+    values as the job's factor says (0: those values)."""
     run_dir = tmp_path / "zero-run"
     shutil.copytree(run.run_dir, run_dir)
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
@@ -280,8 +281,12 @@ def test_a_model_that_outputs_zeros_forecasts_the_last_close_locally_and_after_a
     last_close = candles["close"].iloc[-1]
 
     forecast = predict_next(job_dir, candles, JobDir(job_dir).config())
-    for column in ("open", "close", "bb_upper", "bb_lower"):
+    for column in ("open", "close"):
         np.testing.assert_array_equal(forecast[column], np.full(3, last_close))
+    factor = next(h.shrink for h in JobDir(job_dir).preprocessing().heads if h.name == "bb")
+    bands = compute_features(candles, JobDir(job_dir).config().features)[["bb_upper", "bb_lower"]].iloc[-1]
+    np.testing.assert_allclose(forecast[["bb_upper", "bb_lower"]],
+                               np.tile(last_close * (bands.to_numpy() / last_close) ** (1 - factor), (3, 1)), rtol=1e-9)
     assert (forecast["high"] > last_close).all() and (forecast["low"] < last_close).all()  # wicks, never inside
 
     with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache"):
@@ -359,9 +364,10 @@ def test_a_job_on_absolute_levels_predicts_as_its_scaler_says_and_reports(tmp_pa
     frame = compute_features(candles, cfg.features).iloc[-16:]
     x = scaler.transform(frame, cfg.features.columns)[None]  # spelled out: absolute levels, scaled
     outputs = keras.saving.load_model(job_dir / "model.keras", compile=False)(x, training=False)
-    np.testing.assert_allclose(forecast[["open", "high", "low", "close"]],
-                               head.inverse(np.asarray(outputs["ohlc"])[0], ["open", "high", "low", "close"]),
-                               rtol=1e-6)
+    factor = prep["heads"][0]["shrink"]  # the network mixed with each column's last value, as validation chose
+    candle = ["open", "high", "low", "close"]
+    np.testing.assert_allclose(forecast[candle], factor * head.inverse(np.asarray(outputs["ohlc"])[0], candle)
+                               + (1 - factor) * frame[candle].to_numpy()[-1], rtol=1e-6)
     assert json.loads(predict_cli("--model", str(job_dir), "--data", str(DATA_FILE), "--json"))["forecast"]
 
     with RunDir.open(cfg.run_dir) as opened:  # the report reads it too: its headline, its charts

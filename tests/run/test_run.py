@@ -69,6 +69,26 @@ def test_every_job_writes_complete_verified_artifacts(trained_run):
     assert "persistence" in output and "BTCUSDT_1h" in output
 
 
+def test_every_head_is_served_as_validation_found_it_against_its_persistence_and_says_so(trained_run):
+    """Each head's factor (its mix of the network and its own persistence) and its validation gain are in
+    metrics.json and its preprocessing; a head served as its persistence (factor 0) scores exactly 0 against it on the
+    test split, and the job's line says so."""
+    run_dir, _, output = trained_run
+    for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+        job_dir = JobDir(run_dir / "jobs" / job)
+        metrics, prep = job_dir.metrics(), job_dir.preprocessing()
+        assert {h.name: h.shrink for h in prep.heads} == {name: s.shrink for name, s in metrics.heads.items()}
+        repeating = metrics.summary().repeating  # factor 0, but the close's (its wicks are still the network's)
+        for name, scores in metrics.heads.items():
+            assert 0 <= scores.shrink <= 1 and scores.validation_gain is not None and scores.skill_unshrunk is not None
+            assert (name in repeating) == (scores.shrink == 0 and name != "ohlc")
+            if name in repeating:
+                assert scores.skill == pytest.approx(0, abs=1e-9)
+        line = next(line for line in output.splitlines() if line.startswith(f"{job}: done in "))
+        assert ("no better than repeating" in line) == bool(repeating)
+        assert all(name in line for name in repeating)
+
+
 def test_saved_model_preprocessing_and_har_alone_reproduce_the_test_predictions(trained_run):
     run_dir, _, _ = trained_run
     job_dir = run_dir / "jobs" / "BTCUSDT_1h"
@@ -85,10 +105,10 @@ def test_saved_model_preprocessing_and_har_alone_reproduce_the_test_predictions(
     times = recorded["target_times"]
     for i in (0, len(times) // 2, len(times) - 1):
         history = frame[frame.index < pd.Timestamp(times[i], tz="UTC")]
-        x, last_close = prep.make_inputs(history)
+        x, last = prep.make_inputs(history)
         inputs = prep.model_inputs(x, prep.forecast_inputs(har.inputs(candles.loc[:history.index[-1]])))
         outputs = model.predict(inputs, verbose=0)
-        prices = prep.to_prices(outputs, last_close)
+        prices = prep.to_prices(outputs, last)
         for head in preprocessing["heads"]:
             np.testing.assert_allclose(prices[head["name"]][0], recorded[head["name"]][i], rtol=1e-4)
 

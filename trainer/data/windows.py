@@ -122,11 +122,19 @@ class Framing:
         return raw
 
 
+@dataclass(frozen=True)
+class LastInputs:
+    """What forecasts follow, raw: each sample's last input close (N,), which price levels are framed against, and
+    each head's columns at its last input row (head -> (N, C)): that head's persistence."""
+    close: np.ndarray
+    heads: dict[str, np.ndarray]
+
+
 @dataclass(frozen=True, eq=False)
 class HeadTarget:
     """A head fitted to a job: its kind and settings (trainer.heads), its targets' shape without the batch axis, how
-    its framed targets are scaled, and the weight of its forecast's deviation from "no change" (Preprocessing.shrunk;
-    1: as the model says)."""
+    its framed targets are scaled, and the weight of its forecast against its own persistence (Preprocessing.shrunk;
+    1: as the model says, 0: each column's last value)."""
     spec: Head
     shape: tuple[int, ...]
     scaler: Scaler
@@ -205,31 +213,41 @@ class Preprocessing:
         """Model outputs -> each head's point forecast, shaped like its targets (a quantile head's median)."""
         return {head.name: head.spec.point(outputs[head.name]) for head in self.heads}
 
-    def to_prices(self, outputs: dict[str, np.ndarray], last_close: np.ndarray) -> dict[str, np.ndarray]:
+    def to_prices(self, outputs: dict[str, np.ndarray], last: LastInputs) -> dict[str, np.ndarray]:
         """Model outputs (head -> (N, *head shape), or a quantile head's (N, ..., Q, C)) -> the same in raw units
-        (prices), float64 (every quantile framed and scaled as its column: their order is kept).
-        `last_close`: (N,) each sample's last input close (unused when relative_to is null).
+        (prices), float64 (every quantile framed and scaled as its column: their order is kept), each head mixed with
+        its persistence as its factor says (shrunk). `last`: what the samples follow (the last close is unused when
+        relative_to is null).
         The one place where outputs become prices: evaluation, predict, cards and the Hub all use it."""
-        return {head.name: self.head_prices(head, outputs[head.name], last_close) for head in self.heads}
+        return {head.name: self.head_prices(head, outputs[head.name], last) for head in self.heads}
 
-    def head_prices(self, head: HeadTarget, outputs: np.ndarray, last_close: np.ndarray) -> np.ndarray:
+    def head_prices(self, head: HeadTarget, outputs: np.ndarray, last: LastInputs) -> np.ndarray:
         """One head's outputs in raw units (see to_prices)."""
-        framed = head.scaler.inverse(self.shrunk(head, outputs), head.columns)
-        close = np.reshape(last_close, (len(last_close), *[1] * (framed.ndim - 1)))
+        framed = self.shrunk(head, head.scaler.inverse(outputs, head.columns), last)
+        close = np.reshape(last.close, (len(last.close), *[1] * (framed.ndim - 1)))
         return self.framing.invert(framed, close, self.head_positions(head))
 
-    def shrunk(self, head: HeadTarget, outputs: np.ndarray) -> np.ndarray:
-        """A head's outputs with their deviation from "no change" weighted by head.shrink, as its kind shrinks
-        (Head.shrunk): its price levels are framed relative to the last close and scaled without an offset, so 0 is
-        no change."""
-        levels = self.framing.level[self.head_positions(head)] > 0
-        if head.shrink == 1.0 or not levels.any():
-            return outputs
-        return head.spec.shrunk(outputs, levels, head.shrink)
+    def shrunk(self, head: HeadTarget, framed: np.ndarray, last: LastInputs) -> np.ndarray:
+        """A head's forecast, framed (unscaled), mixed with its persistence as its kind mixes them (Head.shrunk):
+        head.shrink x the forecast + (1 - head.shrink) x each column's last value, framed alike."""
+        if head.shrink == 1.0:
+            return framed
+        return head.spec.shrunk(framed, self.persistence(head, last), head.shrink)
+
+    def persistence(self, head: HeadTarget, last: LastInputs) -> np.ndarray:
+        """A head's persistence, framed as its forecasts are before scaling: each of its columns' last input value
+        (N, C), shaped to broadcast over its targets ((N, 1, C) per step, or (N, C))."""
+        positions = self.head_positions(head)
+        values = np.array(last.heads[head.name], dtype=np.float64)
+        level = self.framing.level[positions] > 0
+        values[:, level] = np.log(values[:, level])
+        anchor = np.log(last.close)[:, None] if self.relative_to is not None else 0.0
+        framed = self.framing.frame(values, anchor, positions)
+        return framed.reshape(len(framed), *[1] * (len(head.shape) - 1), len(positions))
 
     def judged(self, head: HeadTarget) -> list[int]:
         """The positions of a head's columns that decide its shrink factor (Head.judged)."""
-        return head.spec.judged(self.framing.level[self.head_positions(head)] > 0)
+        return head.spec.judged()
 
     def candle_quantities(self, head: HeadTarget, outputs: dict[str, np.ndarray], prices: np.ndarray,
                           last_close: np.ndarray) -> dict[str, np.ndarray]:
@@ -242,16 +260,17 @@ class Preprocessing:
         """The same preprocessing with these heads' shrink factors."""
         return replace(self, heads=tuple(replace(h, shrink=factors.get(h.name, h.shrink)) for h in self.heads))
 
-    def make_inputs(self, frame: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-        """The model input (1, lookback, F) for forecasting after the LAST row of `frame`, and its last
-        close (1,) for to_prices."""
+    def make_inputs(self, frame: pd.DataFrame) -> tuple[np.ndarray, LastInputs]:
+        """The model input (1, lookback, F) for forecasting after the LAST row of `frame`, and what it follows
+        (its last close and the heads' columns there) for to_prices."""
         if len(frame) < self.lookback:
             raise UserError(f"predicting needs the last {self.lookback} feature rows; the data gives {len(frame)}")
         window = frame.iloc[-self.lookback:]
         raw = _finite_values(window, self.input_columns, UserError)
-        last_close = raw[-1:, self.framing.anchor_column].copy()
+        last = LastInputs(raw[-1:, self.framing.anchor_column].copy(),
+                          {head.name: raw[-1:, self.head_positions(head)].copy() for head in self.heads})
         encoded = self.framing.encode(raw, window.index)
-        return self.inputs(encoded[np.newaxis], encoded[-1:, self.framing.anchor_column]), last_close
+        return self.inputs(encoded[np.newaxis], encoded[-1:, self.framing.anchor_column]), last
 
     def to_dict(self) -> dict:
         return {
@@ -341,6 +360,11 @@ class SplitWindows:
         prep = self.rows.preprocessing
         return {h.name: self.rows.raw[(self.first_target_rows - 1)[:, None], self._raw(prep.head_positions(h))]
                 for h in prep.heads}
+
+    @property
+    def last(self) -> LastInputs:
+        """What the samples' forecasts follow (Preprocessing.to_prices): their last close and last_inputs."""
+        return LastInputs(self.last_close, self.last_inputs)
 
     def _ahead(self, values: np.ndarray, positions: list[int]) -> np.ndarray:
         """(N, horizon, C): each sample's target rows of these columns of `values`, a copy."""

@@ -40,7 +40,7 @@ from .settings import EvaluationConfig
 def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
                    batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
     """Head -> predictions in price units, shaped like that head's targets in `split.y`."""
-    return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last_close)
+    return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last)
 
 
 def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarray],
@@ -67,26 +67,27 @@ def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarr
 SHRINK_GRID = np.linspace(0.0, 1.0, 21).round(2)
 
 
-def choose_shrink(outputs: dict[str, np.ndarray], split: SplitWindows, preprocessing: Preprocessing) -> Preprocessing:
-    """The preprocessing with each head's shrink factor (Preprocessing.shrunk) chosen on `split`, the
-    validation split: the factor of SHRINK_GRID whose forecasts of the head's price levels (a candle's body:
-    open and close) have the lowest MAE in price units - kept only where its gain over "no change" (factor 0)
-    is significant (significant_gain), else 0: validation found no deviation from "no change" worth keeping.
-    Heads with nothing to judge their factor by (Preprocessing.judged: no framed price levels, or a quantile head's
-    spread) keep 1."""
-    factors = {}
+def choose_shrink(outputs: dict[str, np.ndarray],
+                  split: SplitWindows, preprocessing: Preprocessing) -> tuple[Preprocessing, dict[str, float | None]]:
+    """The preprocessing with each head's shrink factor (Preprocessing.shrunk: its mix of the network and the head's
+    own persistence) chosen on `split`, the validation split: the factor of SHRINK_GRID whose forecasts of the
+    head's judged columns (Head.judged: every column; a candle's body, open and close) have the lowest MAE in their
+    raw units - kept only where its gain over the head's persistence (factor 0: each column's last value; a candle's
+    body at the last close) is significant (significant_gain), else 0: validation found the network no better than
+    repeating the last value. -> that preprocessing, and per head the validation gain of the best factor: 1 - its
+    MAE / persistence's (None where persistence was exact)."""
+    factors, gains = {}, {}
     for head in preprocessing.heads:
         judged = preprocessing.judged(head)
-        if not judged:
-            continue
         actual = split.y_raw[head.name][..., judged]
         errors = np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
-                                                            split.last_close)[..., judged] - actual)
+                                                            split.last)[..., judged] - actual)
                            .reshape(len(actual), -1).mean(axis=1) for factor in SHRINK_GRID])  # (factors, N)
         best = int(np.argmin(errors.mean(axis=1)))
         gain = errors[0] - errors[best]
         factors[head.name] = float(SHRINK_GRID[best]) if significant_gain(gain, preprocessing.horizon) else 0.0
-    return preprocessing.with_shrink(factors)
+        gains[head.name] = score.skill(float(errors[best].mean()), float(errors[0].mean()))
+    return preprocessing.with_shrink(factors), gains
 
 
 def significant_gain(gain: np.ndarray, block: int) -> bool:
@@ -102,12 +103,13 @@ def significant_gain(gain: np.ndarray, block: int) -> bool:
 
 def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing: Preprocessing,
              unshrunk: dict[str, np.ndarray] | None = None,
-             outputs: dict[str, np.ndarray] | None = None) -> Evaluation:
+             outputs: dict[str, np.ndarray] | None = None,
+             validation_gains: dict[str, float | None] | None = None) -> Evaluation:
     """Metrics on the test split, per head, for the model's predictions (`predict_prices` of the test
     split) and for persistence; and the job's headline (see headline()). `unshrunk`: the same predictions
-    with every shrink factor 1 (the network's output as it is), whose close skill is reported beside.
+    with every shrink factor 1 (the network's output as it is), whose skill (and the close's) is reported beside.
     `outputs`: every head's outputs in prices, whose quantile forecasts (Head.quantile_forecasts: a quantile head's
-    (N, ..., Q, C)) quantile_scores scores."""
+    (N, ..., Q, C)) quantile_scores scores. `validation_gains`: choose_shrink's, kept beside each head's factor."""
     heads = {}
     for head in preprocessing.heads:
         actual = test.y_raw[head.name]
@@ -127,6 +129,9 @@ def evaluate(predicted: dict[str, np.ndarray], test: SplitWindows, preprocessing
         quantiles = None if outputs is None else head.spec.quantile_forecasts(outputs[head.name])
         heads[head.name] = HeadScores(
             model=model, persistence=baseline, skill=score.skill(model.mae, baseline.mae), shrink=head.shrink,
+            validation_gain=(validation_gains or {}).get(head.name),
+            skill_unshrunk=None if unshrunk is None else
+            score.skill(metrics(unshrunk[head.name], actual).mae, baseline.mae),
             close=close_of,
             quantiles=None if quantiles is None else quantile_scores(quantiles[1], actual, quantiles[0]),
             inconsistent_candles={"model": inconsistent_share(predicted[head.name], head),

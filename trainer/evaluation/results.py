@@ -60,7 +60,12 @@ class HeadScores(_Record):
     model: Scores
     persistence: Scores
     skill: float | None  # 1 - model MAE / persistence MAE over the head's columns; None: persistence was exact
+    # What is served: shrink x the network + (1 - shrink) x the head's persistence (evaluate.choose_shrink; 0: each
+    # column's last value, a candle's body the last close), the factor chosen on validation where its gain there
+    # (validation_gain: 1 - MAE / persistence's MAE of the best factor, over the judged columns) is significant
     shrink: float = 1.0
+    validation_gain: float | None = None
+    skill_unshrunk: float | None = None  # the network's own forecast (factor 1) on the test split
     close: CloseScores | None = None  # heads that predict the close
     inconsistent_candles: dict[str, float] | None = None  # candle heads: share with high/low inside the body
     quantiles: QuantileScores | None = None  # quantile heads (evaluate.quantile_scores)
@@ -239,6 +244,8 @@ class JobMetrics(_Record):
             job=self.job, epochs=self.epochs_run, best_epoch=self.best_epoch, best_val_loss=self.best_val_loss,
             head=line.label, test_mae=line.mae, persistence_mae=line.persistence_mae, skill=line.skill,
             direction_accuracy=line.direction_accuracy, majority_rate=line.majority_rate, shrink=line.shrink,
+            repeating=[name for name, scores in self.heads.items()
+                       if scores.shrink == 0 and not (name == line.head and line.column == "close")],
             **self._candle_summary(), seconds=self.seconds, train_step_seconds=self.train_step_seconds,
             rss_mb=self.rss_mb, synthetic=self.data.synthetic)
 
@@ -279,6 +286,9 @@ class JobSummary(_Record):
     direction_accuracy: float | None = None
     majority_rate: float | None = None
     shrink: float = 1.0
+    # The heads served as their persistence (shrink 0: validation found the network no better than each column's last
+    # value), but the headline's close, which `shrink` says
+    repeating: list[str] = []
     high_skill_har: float | None = None  # next-candle MAE skill vs HAR + time of day on its validation level (BAR)
     low_skill_har: float | None = None
     range_skill_har: float | None = None

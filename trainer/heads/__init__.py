@@ -8,9 +8,9 @@ head owns what its kind means, and every stage calls it without asking which kin
   (`forecast_inputs`);
 - the model: its Keras layers (`build`), with its warm start holding a reference to the layer it starts
   (`WarmStart`), its losses and their weights, its FLOPs;
-- serving: its point forecast (`point`), how it is shrunk toward "no change" (`judged`, `shrunk`), the size of the
-  coming candles it forecasts (`candle_quantities`), its quantile forecasts (`quantile_forecasts`) and the columns
-  `predict` shows (`served_columns`).
+- serving: its point forecast (`point`), how it is mixed with its own persistence (`judged`, `shrunk`), the size
+  of the coming candles it forecasts (`candle_quantities`), its quantile forecasts (`quantile_forecasts`) and the
+  columns `predict` shows (`served_columns`).
 
 Kinds:
   plain       a linear Dense per column (per time step)
@@ -150,17 +150,17 @@ class Head(Kind):
         """Its point forecast from its output, shaped like its targets."""
         return output
 
-    def judged(self, levels: np.ndarray) -> list[int]:
-        """The positions of its columns whose forecast decides its shrink factor (evaluate.choose_shrink), given
-        which of them are price levels framed relative to the last close (`levels`); none: never shrunk."""
-        return list(np.flatnonzero(levels))
+    def judged(self) -> list[int]:
+        """The positions of its columns whose forecast decides its shrink factor (evaluate.choose_shrink): all of
+        them."""
+        return list(range(len(self.columns)))
 
-    def shrunk(self, output: np.ndarray, levels: np.ndarray, factor: float) -> np.ndarray:
-        """Its output with its deviation from "no change" weighted by `factor`: its price levels (framed relative to
-        the last close and scaled without an offset, so 0 is no change) times the factor."""
-        out = np.array(output, dtype=np.float64)
-        out[..., levels] *= factor
-        return out
+    def shrunk(self, framed: np.ndarray, persistence: np.ndarray, factor: float) -> np.ndarray:
+        """Its forecast (framed, unscaled: windows.Framing) mixed with its persistence: persistence + factor x
+        (forecast - persistence). `persistence`: each column's last input value framed alike, broadcastable to the
+        forecast (Preprocessing.persistence). Factor 0 repeats each column's last value, exactly what the test split
+        scores the head against; 1 is the network as it is."""
+        return persistence + factor * (np.asarray(framed, dtype=np.float64) - persistence)
 
     def candle_quantities(self, outputs: dict[str, np.ndarray], prices: np.ndarray, last_close: np.ndarray,
                           scale: np.ndarray) -> dict[str, np.ndarray]:
@@ -234,8 +234,14 @@ class QuantileHead(Head):
     def point(self, output: np.ndarray) -> np.ndarray:
         return output[..., self.median, :]
 
-    def judged(self, levels: np.ndarray) -> list[int]:
-        return []  # its spread is its own: never shrunk
+    def shrunk(self, framed: np.ndarray, persistence: np.ndarray, factor: float) -> np.ndarray:
+        """Its point forecast (the median) mixed with its persistence as any head's; every quantile of its outputs
+        (..., Q, C) moved with the median: its spread is its own."""
+        framed = np.asarray(framed, dtype=np.float64)
+        if framed.ndim == persistence.ndim:  # the point forecast
+            return super().shrunk(framed, persistence, factor)
+        median = framed[..., self.median:self.median + 1, :]
+        return framed + (1 - factor) * (persistence[..., None, :] - median)
 
     def quantile_forecasts(self, prices: np.ndarray) -> tuple[tuple[float, ...], np.ndarray]:
         return tuple(self.quantiles), prices
@@ -252,7 +258,8 @@ class CandleHead(Head):
     """Open, high, low, close as a candle by construction: open and close, and two wicks through softplus (never
     negative): high = max(open, close) + upper wick, low = min(open, close) - lower wick. Its columns share one
     scale, so the candle is consistent in prices too. Shrunk, its body moves toward "no change" and its wicks
-    stay."""
+    stay. Its persistence is the last candle's close for the body (the close's last value, and where the next candle
+    opens: a new candle's open is the last close, not the last open)."""
     kind: Literal["candle"]
     shares_scale: ClassVar[bool] = True
     loss: Loss = "mse"
@@ -288,15 +295,21 @@ class CandleHead(Head):
     def losses(self) -> dict[str, object]:
         return {self.name: self.loss}
 
-    def judged(self, levels: np.ndarray) -> list[int]:
+    def judged(self) -> list[int]:
         return [self.columns.index(c) for c in ("open", "close")]
 
-    def shrunk(self, output: np.ndarray, levels: np.ndarray, factor: float) -> np.ndarray:
-        out = np.array(output, dtype=np.float64)
+    def body_shrunk(self, out: np.ndarray, persistence: np.ndarray, factor: float) -> None:
+        """Its body (open and close, in place in `out`) mixed with the close's persistence, the last close."""
+        o, c = self.columns.index("open"), self.columns.index("close")
+        last_close = persistence[..., [c]]
+        out[..., [o, c]] = last_close + factor * (out[..., [o, c]] - last_close)
+
+    def shrunk(self, framed: np.ndarray, persistence: np.ndarray, factor: float) -> np.ndarray:
+        out = np.array(framed, dtype=np.float64)
         o, h, low, c = (self.columns.index(column) for column in CANDLE)
         upper = out[..., h] - np.maximum(out[..., o], out[..., c])  # >= 0: the model's candles are candles
         lower = np.minimum(out[..., o], out[..., c]) - out[..., low]
-        out[..., [o, c]] *= factor
+        self.body_shrunk(out, persistence, factor)
         out[..., h] = np.maximum(out[..., o], out[..., c]) + upper
         out[..., low] = np.minimum(out[..., o], out[..., c]) - lower
         return out
@@ -386,10 +399,10 @@ class HarCandleHead(CandleHead):
         scaled = np.asarray(har, np.float64) / np.array([high, -low, high])
         return {name: np.ascontiguousarray(scaled[..., [i]], np.float32) for i, name in enumerate(HAR_INPUTS)}
 
-    def shrunk(self, output: np.ndarray, levels: np.ndarray, factor: float) -> np.ndarray:
-        out = np.array(output, dtype=np.float64)
+    def shrunk(self, framed: np.ndarray, persistence: np.ndarray, factor: float) -> np.ndarray:
+        out = np.array(framed, dtype=np.float64)
         o, h, low, c = (self.columns.index(column) for column in CANDLE)
-        out[..., [o, c]] *= factor
+        self.body_shrunk(out, persistence, factor)
         out[..., h] = np.maximum(out[..., h], np.maximum(out[..., o], out[..., c]))
         out[..., low] = np.minimum(out[..., low], np.minimum(out[..., o], out[..., c]))
         return out

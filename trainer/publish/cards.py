@@ -188,17 +188,23 @@ def _headline_text(metrics: JobMetrics) -> str:
 
 def _metrics_table(metrics: JobMetrics) -> str:
     lines = ["On the held-out test split, in price units. Persistence repeats the last known candle; "
-             "skill compares the model's error with persistence's (> 0: the model is better).", "",
-             "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill | inconsistent candles |",
-             "|---|---|---|---|---|---|---|---|"]
+             "skill compares the model's error with persistence's (> 0: the model is better). Each head serves the "
+             "network mixed with its persistence (each column's last value; a candle's body: the last close): mix is "
+             "the network's weight, chosen on the validation split, where its gain over persistence (val. gain: 1 - "
+             "MAE / persistence's MAE) must be significant, else 0: the head repeats its last value.", "",
+             "| head | model | MAE | RMSE | MAPE % | direction accuracy | skill | mix | val. gain "
+             "| inconsistent candles |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for head, scores in metrics.heads.items():
         candles = scores.inconsistent_candles or {}
         for who, m in (("model", scores.model), ("persistence", scores.persistence)):
-            skill = _num(scores.skill) if who == "model" else ""
-            accuracy = direction(m.direction_accuracy, scores.shrink, ".4g", "n/a") if who == "model" else ""
-            inconsistent = _num(candles.get("model")) if who == "model" else ""
+            model = who == "model"
+            skill = _num(scores.skill) if model else ""
+            accuracy = direction(m.direction_accuracy, scores.shrink, ".4g", "n/a") if model else ""
+            inconsistent = _num(candles.get("model")) if model else ""
+            mix, gain = (f"{scores.shrink:.2f}", _num(scores.validation_gain)) if model else ("", "")
             lines.append(f"| {head} | {who} | {_num(m.mae)} | {_num(m.rmse)} | {_num(m.mape)} | "
-                         f"{accuracy} | {skill} | {inconsistent} |")
+                         f"{accuracy} | {skill} | {mix} | {gain} | {inconsistent} |")
     return "\n".join(lines)
 
 

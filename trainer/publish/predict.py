@@ -131,14 +131,14 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
     if prep.market:  # the forecast follows the last candle whose market input is known
         frame = apply_market(frame, references or {}, prep.market)
         candles = candles.loc[:frame.index[-1]]
-    x, last_close = prep.make_inputs(frame)
+    x, last = prep.make_inputs(frame)
     har = job.har_tod()
     inputs = prep.model_inputs(x, prep.forecast_inputs(None if har is None else har.inputs(candles)))
     setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
     model = job.model()
     outputs = {name: np.asarray(value) for name, value in model(inputs, training=False).items()}
-    prices = prep.to_prices(prep.point(outputs), last_close)
-    every = prep.to_prices(outputs, last_close)  # a quantile head's every level
+    prices = prep.to_prices(prep.point(outputs), last)
+    every = prep.to_prices(outputs, last)  # a quantile head's every level
     horizon, heads = prep.horizon, prep.heads
     all_columns = [c for head in heads for c in head.columns]
     shared = len(set(all_columns)) < len(all_columns)

@@ -153,7 +153,15 @@ def summary_line(summary: JobSummary) -> str:
     return (f"done in {summary.epochs} epochs, test MAE ({summary.head}) {summary.test_mae:.4g} vs "
             f"persistence {summary.persistence_mae:.4g}: skill {skill_text(summary.skill)}{verdict(summary.skill)}"
             + ("; validation found no deviation from no change worth keeping" if summary.shrink == 0 else "")
-            + candle_phrase(summary))
+            + repeating_phrase(summary.repeating) + candle_phrase(summary))
+
+
+def repeating_phrase(heads: list[str]) -> str:
+    """The heads served as their persistence, said plainly."""
+    if not heads:
+        return ""
+    return (f"; validation found {', '.join(heads)} no better than repeating {'its' if len(heads) == 1 else 'their'}"
+            " last value: served as that")
 
 
 def candle_phrase(summary: JobSummary) -> str:

@@ -336,7 +336,12 @@ def _table(jobs: list[_Job]) -> str:
     for head in heads:
         columns = [("MAE", f"{head}: test MAE over its columns, every horizon step"),
                    ("persist.", f"{head}: persistence MAE over its columns"),
-                   ("skill", f"{head}: 1 - MAE / persistence MAE")]
+                   ("skill", f"{head}: 1 - MAE / persistence MAE"),
+                   ("mix", f"{head}: the network's weight in what is served, beside its persistence (each column's "
+                           "last value; a candle's body: the last close), chosen on validation; 0: validation found "
+                           "the network no better than persistence"),
+                   ("val. gain", f"{head}: on validation, 1 - MAE / persistence MAE of the best weight, which is "
+                                 "kept only where its gain is significant")]
         if head in with_direction:
             columns.append(("dir.", f"{head}: direction accuracy of its close"))
         groups.append((f"head {head}", columns))
@@ -362,8 +367,10 @@ def _table(jobs: list[_Job]) -> str:
         for head in heads:
             scores = job.metrics.heads.get(head) if job.metrics else None
             skill = scores.skill if scores and job.status == "done" else None
+            gain = scores.validation_gain if scores and job.status == "done" else None
             cells += [_num(scores and scores.model.mae, ".5g"), _num(scores and scores.persistence.mae, ".5g"),
-                      _num(skill, "+.4f", css=_sign(skill))]
+                      _num(skill, "+.4f", css=_sign(skill)), _num(scores and scores.shrink, ".2f"),
+                      _num(gain, "+.4f", css=_sign(gain))]
             if head in with_direction:
                 cells.append(_direction(scores and scores.model.direction_accuracy, scores.shrink if scores else 1.0))
         error = job.record.error if job.status != "done" else ""

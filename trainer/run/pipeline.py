@@ -137,18 +137,20 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
         prep, test, val = windows.preprocessing, windows.test, windows.val
         val_raw = predict_fixed_batches(model, val.x)  # every output of the model
         val_outputs = prep.point(val_raw)
-        if cfg.window.shrink:
-            prep = choose_shrink(val_outputs, val, prep)
+        gains = {}
+        if cfg.window.shrink:  # each head mixed with its own persistence as validation says
+            prep, gains = choose_shrink(val_outputs, val, prep)
         test_raw = predict_fixed_batches(model, test.x)
         outputs = prep.point(test_raw)
-        predictions = prep.to_prices(outputs, test.last_close)
-        unshrunk = windows.preprocessing.to_prices(outputs, test.last_close)
+        predictions = prep.to_prices(outputs, test.last)
+        unshrunk = windows.preprocessing.to_prices(outputs, test.last)
         release_free_memory()
-        scores = evaluate(predictions, test, prep, unshrunk, outputs=prep.to_prices(test_raw, test.last_close))
+        scores = evaluate(predictions, test, prep, unshrunk, outputs=prep.to_prices(test_raw, test.last),
+                          validation_gains=gains)
         candles, served = None, {}
         if fitted is not None:  # the size of the coming candles, against its baselines
             head = candle_head(prep)
-            val_prices = prep.to_prices(val_outputs, val.last_close)[head.name]
+            val_prices = prep.to_prices(val_outputs, val.last)[head.name]
             candles, served = candle_scores(
                 head, prep.candle_quantities(head, test_raw, predictions[head.name], test.last_close),
                 prep.candle_quantities(head, val_raw, val_prices, val.last_close), test, val, fitted, cfg.evaluation)
