@@ -57,6 +57,52 @@ def fresh_keras_session():
     keras.backend.clear_session(free_memory=False)
 
 
+class Drive(NamedTuple):
+    """A mounted stand-in for Google Drive (tests/drive.py)."""
+    path: Path  # the mount point
+    trash: Path  # the files Drive would have put in its trash, a line each ("deleted PATH", "replaced PATH")
+
+    def trashed(self) -> list[str]:
+        return self.trash.read_text().splitlines() if self.trash.exists() else []
+
+
+@pytest.fixture
+def drive(tmp_path) -> Drive:
+    """A mounted stand-in for Google Drive (tests/drive.py: a FUSE passthrough whose files refuse a shared mmap, on
+    tmp_path/drive-disk), unmounted after the test by its own process. Skipped, saying why, where FUSE cannot be
+    had."""
+    import importlib.util
+    import subprocess
+    import sys
+    import time
+
+    if not Path("/dev/fuse").exists() or shutil.which("fusermount3") is None:
+        pytest.skip("FUSE is not available here (/dev/fuse and fusermount3: Debian's fuse3 package)")
+    if importlib.util.find_spec("mfusepy") is None:
+        pytest.skip("mfusepy is not installed (the dev extra)")
+    disk, mount = tmp_path / "drive-disk", tmp_path / "drive"
+    disk.mkdir()
+    mount.mkdir()
+    trash = tmp_path / "drive-trash.log"
+    server = subprocess.Popen([sys.executable, str(REPO / "tests" / "drive.py"), str(disk), str(mount), str(trash)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.ismount(mount):
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                pytest.skip(f"a FUSE mount was refused here: {server.communicate()[1].strip()[-300:]}")
+            time.sleep(0.05)
+        yield Drive(mount, trash)
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+
+
 def _session_directory(tmp_path_factory) -> Path:
     """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
     shared = tmp_path_factory.getbasetemp()

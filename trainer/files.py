@@ -16,7 +16,7 @@ def atomic_write(path: Path, write: Callable[[Path], object], durable: bool = Tr
     (and perhaps the temp file, which remove_abandoned_temp_files clears). Not `durable` (no fsync): after a power
     cut the new file may be empty or partial, for a file its reader checks anyway (a cache entry's checksum)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
+    tmp = temp_path(path)
     try:
         write(tmp)
         if durable:
@@ -29,6 +29,13 @@ def atomic_write(path: Path, write: Callable[[Path], object], durable: bool = Tr
 
 
 TEMP_PREFIX = "tmp"
+
+
+def temp_path(path: Path) -> Path:
+    """Where atomic_write writes `path` before renaming it into place (a file already there is overwritten in place:
+    EpochCheckpoint moves a file it no longer needs there, so that nothing is deleted, for a drive's trash to
+    keep)."""
+    return path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
 
 
 def remove_abandoned_temp_files(directory: Path) -> None:

@@ -7,6 +7,8 @@ A job's backup directory (RUN/.backup/JOB) holds one file per epoch, written by 
                            so far (losses, learning rate, whether training stopped, early stopping's and LR
                            reduction's counters from their own state())
   checkpoint.previous.npz  the epoch before's, for resume() to fall back on
+Each epoch the previous file becomes the next one's temp file (written over in place, then renamed into place): no
+checkpoint file is ever deleted, so none piles up in a cloud drive's trash.
 No mark says that training has ended: it has when the last checkpoint reaches the budget's epochs, or early
 stopping had ended it (Resumed.end), so a longer budget goes on from the same file.
 resume() reads back the newest checkpoint that is whole; resumable_callbacks() makes early stopping and LR
@@ -28,7 +30,7 @@ import pandas as pd
 from pydantic import BaseModel, TypeAdapter
 
 from ..errors import first_line
-from ..files import atomic_write
+from ..files import atomic_write, temp_path
 from .settings import BUDGET_KEYS, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -242,7 +244,11 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                 [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables],
                                 early_stopping.best_weights if early_stopping else None)
         if self.latest.exists():
-            os.replace(self.latest, self.previous)  # killed right after this: the previous one is still there
+            # The one before the previous is written over in place, never deleted: on a cloud drive (Google Drive in
+            # Colab) a deleted or replaced file goes to the trash, which counts against the quota for 30 days.
+            if self.previous.exists():
+                os.replace(self.previous, temp_path(self.latest))  # killed now: the latest is still there
+            os.replace(self.latest, self.previous)  # killed now: the previous one is still there
         atomic_write(self.latest, lambda tmp: self._write(tmp, checkpoint.arrays()))
         Checkpoint.read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
 

@@ -45,6 +45,7 @@ if TYPE_CHECKING:  # the modules behind these import pandas or TensorFlow; statu
     from ..run.rundir import RunDir
 
 console = Console(stderr=True)  # progress and warnings; tables go to stdout
+NOTEBOOK_ENV = {"JPY_PARENT_PID", "COLAB_RELEASE_TAG"}  # set for a Jupyter kernel's (Colab's) commands
 
 
 # ----------------------------------------------------------------------------- progress
@@ -58,7 +59,9 @@ class JobProgress:
     shown above them as a line of its own (NativeStderr) instead of tearing them."""
 
     def __init__(self, verbose: bool = False) -> None:
-        self.live = console.is_terminal
+        # A notebook's shell command (`!cryptotrain run` in Jupyter or Colab) runs on a terminal of its own, whose
+        # output cell does not redraw bars: plain lines there too
+        self.live = console.is_terminal and not NOTEBOOK_ENV & os.environ.keys()
         self.verbose = verbose
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TimeRemainingColumn(),

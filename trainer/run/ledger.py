@@ -4,18 +4,23 @@ Several `cryptotrain run` processes (say one per GPU) may share one run director
 next job in one write transaction (BEGIN IMMEDIATE), so no job is ever handed out twice. A job left
 `running` by a process that died (its pid is gone from this host, or its heartbeat is older than
 `stale_after` seconds) is handed out again. WAL journaling lets readers (`cryptotrain status`) run
-beside the writers.
+beside the writers. WAL keeps its index in a shared-memory file that SQLite maps; on a filesystem that offers no
+shared writable mmap (Google Drive in Colab, other cloud-drive and network FUSE mounts) the ledger uses the rollback
+journal instead, truncated after each transaction rather than deleted (journal_mode=TRUNCATE: a drive keeps deleted
+files in its trash): found out by a write to a scratch WAL database in the run directory, once a process, never by
+the mount's name (journal_mode()). Several processes still share the run there (SQLite's file locks); a reader waits
+for a write in progress (milliseconds) instead of reading beside it.
 
 Times are unix seconds (UTC) as floats. `jobs.attempts` counts the attempts that count towards
 --retries; the `attempts` table keeps every attempt, interrupted ones included, as history.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
 import sqlite3
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -105,6 +110,11 @@ class JobRecord:
         return {**vars(self), "summary": None if self.summary is None else self.summary.model_dump()}
 
 
+ROLLBACK_NOTE = ("the run ledger uses SQLite's rollback journal: this filesystem offers no shared memory for WAL (a "
+                 "cloud-drive or network mount); several processes may still share the run, and `status` waits for a "
+                 "write in progress")
+
+
 class Ledger:
     """The run directory's LEDGER file, created on first use (opened through run.rundir.RunDir).
 
@@ -127,6 +137,7 @@ class Ledger:
         self.stale_after = stale_after
         self._host = socket.gethostname()
         self._lock = threading.Lock()
+        self.journal = "wal"  # or "truncate": the rollback journal (journal_mode)
         if read_only:
             self._conn = _read_only_connection(self.path)
         else:
@@ -136,8 +147,8 @@ class Ledger:
             except OSError as exc:  # e.g. output_dir names a file, or a directory this user cannot write
                 raise UserError(f"{self.run_dir}: cannot be the run directory ({exc.strerror}); set output_dir "
                                 "to a directory you can write") from None
-            self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT, isolation_level=None,
-                                         check_same_thread=False)
+            self.journal = journal_mode(self.run_dir)
+            self._conn = _connection(self.path)
         self._conn.row_factory = sqlite3.Row
         try:
             self._check_version() if read_only else self._set_up()
@@ -149,10 +160,15 @@ class Ledger:
             raise
 
     def _set_up(self) -> None:
-        mode = self._switch_to_wal()
-        if mode != "wal":
-            raise UserError(f"{self.path}: SQLite cannot use WAL journaling here (got {mode!r}); "
-                            "put the run directory on a local disk")
+        if self.journal == "wal":
+            mode = self._switch_to_wal()
+            if mode != "wal":
+                raise UserError(f"{self.path}: SQLite cannot use WAL journaling here (got {mode!r}); "
+                                "put the run directory on a local disk")
+        elif _header_says_wal(self.path):  # made where WAL works, then copied here: to the rollback journal
+            self._leave_wal()
+        else:  # a rollback journal's mode is the connection's own
+            self._conn.execute("PRAGMA journal_mode=TRUNCATE").fetchone()
         self._conn.execute("PRAGMA foreign_keys=ON")
         with self._transaction() as conn:
             version = conn.execute("PRAGMA user_version").fetchone()[0]
@@ -189,6 +205,24 @@ class Ledger:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
+
+    def _leave_wal(self) -> None:
+        """A ledger in WAL mode on a filesystem where WAL cannot work, to the rollback journal: in exclusive locking
+        mode SQLite keeps WAL's index in its own memory, so it can open the file, fold its -wal file in and switch
+        (no process can be using WAL here). Its -shm file, which nothing reads then, goes."""
+        self._conn.execute("PRAGMA locking_mode=EXCLUSIVE")
+        deadline = time.monotonic() + BUSY_TIMEOUT
+        while True:
+            try:
+                self._conn.execute("PRAGMA journal_mode=TRUNCATE").fetchone()
+                break
+            except sqlite3.OperationalError as exc:  # another process switching it now
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+        self._conn.execute("PRAGMA locking_mode=NORMAL")
+        self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the next access drops the lock
+        self.path.with_name(self.path.name + "-shm").unlink(missing_ok=True)
 
     def close(self) -> None:
         self._conn.close()
@@ -410,15 +444,60 @@ class Ledger:
 
 
 def check_writable(directory: Path) -> None:
-    """Raises OSError (Permission denied, Read-only file system) where this user cannot make a file."""
-    tempfile.TemporaryFile(dir=directory).close()
+    """Raises OSError (Permission denied, Read-only file system) where this user cannot make a file: asked of the
+    filesystem, making none (on a cloud drive a file made and deleted goes to its trash)."""
+    if os.statvfs(directory).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(directory))
+    if not os.access(directory, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES), str(directory))
+
+
+_journals: dict[Path, str] = {}  # directory -> its journal_mode, as this process found it
+
+
+def journal_mode(directory: Path) -> str:
+    """"wal" where SQLite's WAL works in `directory`, else "truncate" (the rollback journal): found out by a write to
+    a scratch WAL database there, once a process. On a filesystem without shared writable mmap, `PRAGMA
+    journal_mode=WAL` may answer "wal" and the first write fail ("disk I/O error": SQLite cannot map the -shm index);
+    trying it on the ledger itself could switch a ledger that other processes use in the rollback journal there."""
+    directory = directory.resolve()
+    if directory not in _journals:
+        probe = directory / f".ledger-probe-{os.getpid()}-{threading.get_ident()}.sqlite"
+        conn = _connection(probe)
+        try:
+            conn.execute("PRAGMA journal_mode=WAL").fetchone()
+            conn.execute("CREATE TABLE probe (x)")
+            _journals[directory] = "wal"
+        except sqlite3.OperationalError as exc:
+            if not (getattr(exc, "sqlite_errorname", "").startswith("SQLITE_IOERR") or "disk I/O" in str(exc)):
+                raise
+            _journals[directory] = "truncate"
+        finally:
+            conn.close()
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                probe.with_name(probe.name + suffix).unlink(missing_ok=True)
+    return _journals[directory]
+
+
+def _connection(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None, check_same_thread=False)
+
+
+def _header_says_wal(path: Path) -> bool:
+    """Whether the database file at `path` is in WAL mode (its header's read and write versions are 2)."""
+    try:
+        with open(path, "rb") as f:
+            header = f.read(20)
+    except FileNotFoundError:
+        return False
+    return len(header) == 20 and header[18] == 2
 
 
 def _read_only_connection(path: Path) -> sqlite3.Connection:
     """A connection that only reads the ledger, which is there. SQLite reads a WAL database by its -shm file,
     which it makes when missing: where no -wal file is left (no run writes it now), the file is read as immutable
-    instead, which needs none."""
-    immutable = "" if path.with_name(path.name + "-wal").exists() else "&immutable=1"
+    instead, which needs none. A ledger in the rollback journal is read under SQLite's file locks, as is."""
+    immutable = "" if not _header_says_wal(path) or path.with_name(path.name + "-wal").exists() else "&immutable=1"
     return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro{immutable}", uri=True, timeout=BUSY_TIMEOUT,
                            isolation_level=None, check_same_thread=False)
 

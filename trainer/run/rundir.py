@@ -16,7 +16,7 @@ from ..config import FREE_KEYS, RunConfig, load_config
 from ..errors import UserError
 from ..files import atomic_write
 from .artifacts import write_config
-from .ledger import LEDGER, STALE_AFTER, Ledger, check_writable
+from .ledger import LEDGER, ROLLBACK_NOTE, STALE_AFTER, Ledger, check_writable
 
 CONFIG = "config.yaml"
 _MAX_LISTED_CHANGES = 5
@@ -72,6 +72,8 @@ class RunDir:
             note(f"Config changed: the previous run was moved to {kept}")
             ledger = Ledger(run_dir, stale_after=stale_after)
             ledger.open_run(cfg.fingerprint(), cfg.fingerprint_data(), _same_run(cfg))
+        if ledger.journal != "wal":
+            note(f"{ledger.path}: {ROLLBACK_NOTE}")
         atomic_write(run_dir / CONFIG, lambda tmp: write_config(tmp, cfg.model_dump(mode="json")))
         return cls(run_dir, ledger, cfg)
 
