@@ -10,8 +10,9 @@ batch size (64), is trained with `cryptotrain run` on every series in ../shared/
 on the held-out chronological test split, like with like: the network's forecasts are put on their level on
 validation (per step, the factor with the lowest MAE there, and QLIKE's for the range's root mean square), and the
 bar is HAR + time of day put on its level the same way (har_tod_level); HAR as fitted on the train split is shown
-beside, labelled "as fitted". For the network's own forecast, and for what users get (the network combined with HAR,
-its weight chosen on validation):
+beside, labelled "as fitted", and HAR-X (HAR + time of day with the network's extra inputs, linear, on its validation
+level: what the network adds beyond a linear model of the same information). For the network's own forecast, and for
+what users get (the network combined with HAR-X and HAR, the weights chosen on validation):
   - the log range ln(high / low) of the next candle: QLIKE skill (of the root-mean-square range) and MAE skill (of
     the median);
   - the high excursion ln(high / last close) and the low excursion ln(last close / low) together: MAE skill of
@@ -79,7 +80,8 @@ COVERAGE_SHARE, TERCILE_SHARE = 46 / 48, 43 / 48
 FIGURES = ("range_qlike", "range_mae", "high_low_mae", "mean_range_qlike")
 # Also against HAR + time of day as fitted on the train split, beside (the mean range's QLIKE puts every forecast on
 # its validation level already); and on the validation split, where variants are compared
-FITTED_FIGURES = VALIDATION_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
+FITTED_FIGURES = VALIDATION_FIGURES = HARX_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
+HARX_TARGET = 0.01  # issue 53: the network against HAR-X (a linear model given the same inputs), range QLIKE median
 LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae": "high + low MAE",
           "mean_range_qlike": "mean range QLIKE"}
 
@@ -154,6 +156,10 @@ def row(metrics: JobMetrics | None) -> dict | None:
     return {
         "range_qlike_network": range_.network_qlike_skill[BAR_RMS], "range_qlike_served": range_.qlike_skill[BAR_RMS],
         "range_qlike_fitted": range_.network_qlike_skill[Baseline.HAR_TOD_RMS],
+        "range_qlike_harx": range_.network_qlike_skill.get(Baseline.HARX_LEVEL_RMS),
+        "range_mae_harx": range_.network_skill.get(Baseline.HARX_LEVEL),
+        "high_low_mae_harx": high_low("network", Baseline.HARX_LEVEL) if Baseline.HARX_LEVEL in high.baselines
+        else None,
         "range_mae_network": range_.network_skill[BAR], "range_mae_served": range_.skill[BAR],
         "range_mae_fitted": range_.network_skill[Baseline.HAR_TOD],
         "high_low_mae_network": high_low("network", BAR), "high_low_mae_served": high_low("served", BAR),
@@ -184,6 +190,7 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
     figures = {"jobs": len(done), **{f"{f}_{who}": spread(f"{f}_{who}") for f in FIGURES
                                      for who in ("network", "served")},
                **{f"{f}_fitted": spread(f"{f}_fitted") for f in FITTED_FIGURES},
+               **{f"{f}_harx": spread(f"{f}_harx") for f in HARX_FIGURES},
                **{f"{f}_validation": spread(f"{f}_validation") for f in VALIDATION_FIGURES},
                "coverage": spread("coverage"), "close_skill": spread("close_skill"),
                "correction_used": sum(r["correction_used"] for r in done), "heads": head_figures(done)}
@@ -211,6 +218,9 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
     targets[f"each tercile within {TERCILE_TOLERANCE:.0%} of 80 % on >= {TERCILE_SHARE:.0%} of series"] = \
         sum(terciles) >= TERCILE_SHARE * n_series
     targets[f"close vs persistence >= {CLOSE_WORST} on every series"] = figures["close_skill"]["min"] >= CLOSE_WORST
+    if figures["range_qlike_harx"] is not None:
+        targets[f"range QLIKE, the network alone vs HAR-X on its level: median >= {HARX_TARGET:+.2f}"] = \
+            figures["range_qlike_harx"]["median"] >= HARX_TARGET
     for head, got in figures["heads"].items():
         targets[f"head {head} vs its persistence: median >= {CLOSE_WORST}"] = got["median"] >= CLOSE_WORST
     figures["targets"] = targets
@@ -325,6 +335,12 @@ def print_figures(console: Console, args: argparse.Namespace, series: list[str],
     for f in FITTED_FIGURES:
         if (fitted := figures[f"{f}_fitted"]) is not None:
             console.print(f"{LABELS[f]:>16}: {spread(fitted)}")
+    console.print("[bold]vs HAR-X on its level[/] (HAR + time of day with the network's extra inputs - volume "
+                  "surprise, the market's range - linear, fitted on train; what the network adds beyond a linear "
+                  "model of the same information):")
+    for f in HARX_FIGURES:
+        if (harx := figures[f"{f}_harx"]) is not None:
+            console.print(f"{LABELS[f]:>16}: {spread(harx)}")
     console.print("[bold]on the validation split[/] (the network alone vs HAR on its level there; compare variants "
                   "by these):")
     for f in VALIDATION_FIGURES:

@@ -186,12 +186,16 @@ def test_a_combination_weighs_each_forecast_by_what_it_adds_on_validation():
     rng = np.random.default_rng(3)
     actual = rng.gamma(2.0, 0.005, (20_000, 2))
     baseline = actual + rng.normal(0, 0.004, actual.shape)
-    assert bl.combination_weights(actual, baseline, actual).tolist() == [1.0, 1.0]  # the truth needs no baseline
+    assert bl.combination_weights([actual, baseline], actual)[0].tolist() == [1.0, 1.0]  # the truth needs no baseline
     unrelated = 4 * rng.permutation(actual)  # unrelated to the actual values, and far too large
-    assert bl.combination_weights(unrelated, baseline, actual).tolist() == [0.0, 0.0]
+    assert bl.combination_weights([unrelated, baseline], actual).tolist() == [[0.0, 0.0], [1.0, 1.0]]
     # Two forecasts as good as each other with independent errors: each weighs about a half.
     other = actual + rng.normal(0, 0.004, actual.shape)
-    assert np.allclose(bl.combination_weights(other, baseline, actual), 0.5, atol=0.1)
+    assert np.allclose(bl.combination_weights([other, baseline], actual), 0.5, atol=0.1)
+    # Three: the useless one gets nothing, the two good ones about a half each; the weights sum to 1 at every step
+    weights = bl.combination_weights([unrelated, other, baseline], actual)
+    assert weights[0].tolist() == [0.0, 0.0] and np.allclose(weights[1:], 0.5, atol=0.1)
+    np.testing.assert_allclose(weights.sum(axis=0), 1.0)
 
 
 def test_candles_with_a_timestamp_column_and_bad_candles(candles):
@@ -206,3 +210,58 @@ def test_candles_with_a_timestamp_column_and_bad_candles(candles):
     broken.iloc[100, broken.columns.get_loc("low")] = 0.0
     with pytest.raises(JobError, match=r"low is 0 at 2.*prices must be positive"):
         fit(broken, windows)
+
+
+def test_harx_adds_the_networks_extra_inputs_to_har_linearly_fitted_on_train(candles):
+    """HAR-X is HAR + time of day with the inputs the network reads beyond HAR's terms (a volume surprise, the
+    market's range) as regressors, fitted on the train split: an input that knows the next candle's range makes it
+    far better than HAR on the test split, one of noise leaves it at HAR's level; without such columns there is no
+    HAR-X. Like HAR, it uses nothing at or after a sample's first target row."""
+    windows = split(candles)
+    test = windows.test.first_target_rows
+    log_range = np.log(np.log(candles["high"] / candles["low"]).clip(lower=1e-6))
+    rng = np.random.default_rng(0)
+
+    def mae(fitted: bl.Baselines, name: bl.Baseline) -> float:
+        return float(np.mean(np.abs(fitted.forecast(test)[name]["range"][:, 0] - fitted.actual(test)["range"][:, 0])))
+
+    assert bl.Baseline.HARX not in fit(candles, windows).points
+    informed = fit(candles.assign(volume_surprise=log_range.shift(-1).fillna(0) + rng.normal(0, 0.3, len(candles))),
+                   windows)
+    assert 1 - mae(informed, bl.Baseline.HARX) / mae(informed, bl.Baseline.HAR_TOD) > 0.15
+    noise = fit(candles.assign(volume_surprise=rng.normal(size=len(candles)),
+                               market_range=rng.normal(size=len(candles))), windows)
+    assert abs(1 - mae(noise, bl.Baseline.HARX) / mae(noise, bl.Baseline.HAR_TOD)) < 0.01
+    for name in (bl.Baseline.HARX, bl.Baseline.HARX_RMS, bl.Baseline.HARX_LEVEL, bl.Baseline.HARX_LEVEL_RMS):
+        assert all(np.isfinite(v[test]).all() for v in noise.points[name].values())
+    # causal: changing the inputs from the first test sample's targets on changes no forecast made before them
+    cut = test[len(test) // 2]
+    later = candles.assign(volume_surprise=rng.normal(size=len(candles)), market_range=rng.normal(size=len(candles)))
+    later.iloc[cut:, -2:] = 99.0
+    changed = fit(later, windows)
+    unchanged = fit(later.assign(**{c: later[c].where(np.arange(len(later)) < cut, -99.0)
+                                    for c in ("volume_surprise", "market_range")}), windows)
+    before = test[test <= cut]
+    np.testing.assert_array_equal(changed.forecast(before)[bl.Baseline.HARX]["range"],
+                                  unchanged.forecast(before)[bl.Baseline.HARX]["range"])
+
+
+def test_a_stored_fit_reads_back_bit_for_bit_harx_and_all(candles, tmp_path):
+    """cached_baselines: the second call reads the first's fit from the cache, every array equal, HAR-X's inputs and
+    its Har (what predict forecasts with) included; other inputs make another entry."""
+    windows = split(candles)
+    rng = np.random.default_rng(1)
+    frame = candles.assign(volume_surprise=rng.normal(size=len(candles)))
+    rows = windows.train.first_target_rows, windows.val.first_target_rows
+    first = bl.cached_baselines(tmp_path, frame, "1h", HORIZON, *rows)
+    again = bl.cached_baselines(tmp_path, frame, "1h", HORIZON, *rows)
+    assert len(list((tmp_path / "baselines").iterdir())) == 1
+    flat, back = first.to_arrays(), again.to_arrays()
+    assert flat.keys() == back.keys() and all(np.array_equal(flat[k], back[k], equal_nan=True) for k in flat)
+    assert again.harx_inputs == ("volume_surprise",)
+    assert again.harx.to_dict() == bl.Har.from_dict(json.loads(json.dumps(first.harx.to_dict()))).to_dict()
+    assert again.harx.to_dict()["terms"][-1] == "volume_surprise"
+    np.testing.assert_allclose(again.harx.forecast(frame)["range"],
+                               first.forecast(np.array([len(frame)]))[bl.Baseline.HARX]["range"][0], rtol=1e-9)
+    bl.cached_baselines(tmp_path, frame.assign(volume_surprise=0.0), "1h", HORIZON, *rows)
+    assert len(list((tmp_path / "baselines").iterdir())) == 2

@@ -309,7 +309,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     assert scores.high.baselines[Baseline.HAR_TOD].mae == pytest.approx(np.abs(har_high - high_next).mean(), rel=1e-9)
     assert scores.high.baselines[Baseline.NO_CHANGE].mae == pytest.approx(np.abs(high_next).mean(), rel=1e-9)
     assert scores.high.baselines[Baseline.HAR_TOD].mae < 0.8 * scores.high.baselines[Baseline.NO_CHANGE].mae
-    assert set(scores.range.qlike_skill) == {Baseline.HAR_TOD_RMS, BAR_RMS}
+    assert set(scores.range.qlike_skill) == {Baseline.HAR_TOD_RMS, BAR_RMS}  # no HAR-X: the frame has no extra input
     # predictions.npz keeps what users get per window and step: re-scoring it gives the scores
     actual_next = fitted.actual(test.first_target_rows)
     for quantity in ("high", "low", "range"):
@@ -410,3 +410,27 @@ def test_the_qlike_factor_is_the_scale_with_the_lowest_qlike():
         losses = [qlike(a * forecast[:, k], actual[:, k], 1e-6) for a in grid]
         assert factors[k] == pytest.approx(grid[int(np.argmin(losses))], abs=2e-3)
         assert qlike(factors[k] * forecast[:, k], actual[:, k], 1e-6) < qlike(forecast[:, k], actual[:, k], 1e-6)
+
+
+def test_the_network_is_scored_against_harx_where_the_job_has_its_extra_inputs(tmp_path):
+    """With a volume surprise among the feature columns, HAR-X (HAR + time of day with it, linear, on its validation
+    level) is scored beside HAR + time of day: MAE skills of the high, low and range, QLIKE skill of the range; HAR-X
+    itself, put on its level as the network is, scores exactly 0 against it."""
+    cfg = tiny_cfg(tmp_path)
+    frame = feature_frame(1500)
+    frame["volume_surprise"] = np.log(frame["volume"]) - np.log(frame["volume"]).rolling(24, min_periods=1).mean()
+    windows = make_windows(frame, cfg.window, cfg.features.columns, cfg.heads, {"ohlc": (3, 4), "bb": (3, 2)})
+    test, val = windows.test, windows.val
+    fitted = fit_baselines(frame, "1h", 3, windows.train.first_target_rows, val.first_target_rows)
+
+    def harx(split) -> dict[str, np.ndarray]:
+        points = fitted.forecast(split.first_target_rows)[Baseline.HARX]
+        return _candles(split, points["high"], points["low"], np.zeros_like(points["high"]))
+
+    scores, _ = candle_scores(windows.preprocessing.heads[0], harx(test), harx(val), test, val, fitted,
+                              EvaluationConfig())
+    assert set(scores.range.qlike_skill) == {Baseline.HAR_TOD_RMS, BAR_RMS, Baseline.HARX_LEVEL_RMS}
+    for quantity in ("high", "low"):
+        assert getattr(scores, quantity).network_skill[Baseline.HARX_LEVEL] == pytest.approx(0, abs=1e-12)
+        assert Baseline.HARX_LEVEL in getattr(scores, quantity).skill
+    assert CandleScores.model_validate_json(scores.model_dump_json()) == scores

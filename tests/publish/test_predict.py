@@ -77,9 +77,10 @@ def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
 def _network_weight(value: float):
     def change(stage) -> None:
         metrics = json.loads((stage / "metrics.json").read_text())
-        for quantity in ("high", "low"):
-            metrics["candles"][quantity]["network_weight"] = [value] * metrics["candles"]["steps"]
-        metrics["candles"]["range"]["network_weight"] = [value] * metrics["candles"]["steps"]
+        steps = metrics["candles"]["steps"]
+        for quantity in ("high", "low", "range"):
+            metrics["candles"][quantity]["network_weight"] = [value] * steps
+            metrics["candles"][quantity]["weights"] = {"network": [value] * steps, "har_tod": [1 - value] * steps}
         (stage / "metrics.json").write_text(json.dumps(metrics))
     return change
 
@@ -457,6 +458,17 @@ def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp
     forecast = predict_next(job_dir, candles[candles.index.values < saved["target_times"][-1]],
                             JobDir(job_dir).config(), references)
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
+    # HAR-X (HAR with the market's range) is among what is served, and predict serves it as evaluation did
+    assert (job_dir / "harx.json").is_file()
+    scores = JobDir(job_dir).metrics().candles
+    assert set(scores.range.weights) == {"network", "harx", "har_tod"}
+    np.testing.assert_allclose(np.sum(list(scores.range.weights.values()), axis=0), 1.0)
+    last_close = candles[candles.index.values < saved["target_times"][-1]]["close"].iloc[-1]
+    np.testing.assert_allclose(np.log(forecast["expected_high"] / last_close), saved["expected_high"][-1], rtol=1e-5)
+    np.testing.assert_allclose(np.log(last_close / forecast["expected_low"]), saved["expected_low"][-1], rtol=1e-5)
+    np.testing.assert_allclose(np.log1p(forecast["expected_range_pct"] / 100), saved["expected_range"][-1], rtol=1e-5)
+    np.testing.assert_allclose(np.log1p(forecast["expected_range_rms_pct"] / 100), saved["expected_range_rms"][-1],
+                               rtol=1e-5)
 
     # BTC's own file goes on two hours past ETH's: the forecast follows the last candle ETH's covers, and says so
     followed = predict_job(str(job_dir), None, None, None, None)

@@ -30,6 +30,12 @@ on the validation split's:
     har_tod_level, har_tod_level_rms
                  har_tod and har_tod_rms put on their level on validation, per step, as the network's forecasts are
                  (evaluate): times the factor with the lowest MAE (mae_factor), or QLIKE (qlike_factor), there
+    harx, harx_rms, harx_level, harx_level_rms
+                 HAR-X: the same, with the inputs the network reads beyond HAR's terms among the regressors
+                 (HARX_INPUTS at the origin: the volume surprise, the market's range), least squares on the train
+                 split as HAR's own; present only where the frame holds at least one of them (the families'
+                 configs: what a linear model makes of the network's extra information, the bar for what the
+                 network adds beyond it)
 Quantile forecasts (Baselines.quantile_forecasts) of every quantity at `levels`:
     static       quantiles of the train samples' values
     ewma_scaled  the EWMA volatility times validation quantiles of the values divided by it
@@ -43,6 +49,7 @@ No GARCH: `arch` is not a dependency.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -66,6 +73,9 @@ LEVELS = (0.1, 0.5, 0.9)
 RISKMETRICS_ALPHA = 0.06  # of the EWMA of squared returns: RiskMetrics' lambda = 0.94
 DAY, WEEK = pd.Timedelta(days=1), pd.Timedelta(days=7)
 HAR_TERMS = ("intercept", "last", "day", "week", "time_of_day")
+# What the network reads beyond HAR's terms, which HAR-X adds as regressors (../shared/docs/forecasting.md: the
+# information beyond HAR): feature columns, where the config has them
+HARX_INPUTS = ("volume_surprise", "market_range")
 VOLATILITY_NAMES = {"ewma": "the EWMA volatility (RiskMetrics)", "har": "HAR's volatility",
                     "har_ewma": "the geometric mean of HAR's and the EWMA volatility"}  # Baselines.volatility's
 
@@ -89,12 +99,23 @@ class Baselines:
     static: dict[str, np.ndarray]  # quantity -> (L, H) train quantiles
     scaled: dict[str, np.ndarray]  # quantity -> (L, H) validation quantiles of value / ewma volatility
     timeframe: str = "1h"
+    harx_fit: dict[str, np.ndarray] | None = None  # HAR-X's "coefficients" (H, 5 + E), "log_variance", "high", "low"
+    harx_inputs: tuple[str, ...] = ()  # its extra regressors (HARX_INPUTS the frame had), in its coefficients' order
 
     @property
     def har_tod(self) -> Har:
         """HAR + time of day alone, to forecast after any candles (predict)."""
         return Har(self.timeframe, self.floor, self.har_coefficients, self.time_of_day, self.excursion_shares,
                    self.har_log_variance)
+
+    @property
+    def harx(self) -> Har | None:
+        """HAR-X alone, to forecast after any feature rows holding its inputs (predict); None without it."""
+        if self.harx_fit is None:
+            return None
+        fit = self.harx_fit
+        return Har(self.timeframe, self.floor, fit["coefficients"], self.time_of_day,
+                   {q: fit[q] for q in EXCURSIONS}, fit["log_variance"], self.harx_inputs)
 
     def har_inputs(self) -> np.ndarray:
         """(T, H, 3) HAR + time of day's forecasts after every row: the median high and low excursions and the
@@ -120,7 +141,8 @@ class Baselines:
     def to_arrays(self) -> dict[str, np.ndarray]:
         """Its fitted values as named float64 arrays (nested dicts flattened, "points/har_tod/range"): what a cache
         entry holds, beside the arguments it was fitted with (from_arrays takes them back)."""
-        flat = {"floor": np.asarray(self.floor)}
+        flat = {"floor": np.asarray(self.floor),  # HAR-X's inputs by their place in HARX_INPUTS: numbers only
+                "harx_inputs": np.asarray([HARX_INPUTS.index(c) for c in self.harx_inputs], np.float64)}
         for field, value in vars(self).items():
             if isinstance(value, np.ndarray):
                 flat[field] = value
@@ -135,7 +157,8 @@ class Baselines:
                     levels: Sequence[float]) -> Baselines:
         """What to_arrays gives, and the arguments the fit was made with."""
         fields: dict = {"horizon": horizon, "levels": tuple(levels), "timeframe": timeframe,
-                        "floor": float(flat["floor"])}
+                        "floor": float(flat["floor"]),
+                        "harx_inputs": tuple(HARX_INPUTS[int(i)] for i in flat["harx_inputs"])}
         for key, value in flat.items():
             field, *path = key.split("/")
             if field in fields and not path:
@@ -164,6 +187,7 @@ class Har:
     time_of_day: np.ndarray  # (slots,) the train split's mean ln range per time-of-day slot
     shares: dict[str, np.ndarray]  # "high" / "low" -> (H,) median excursion / range
     log_variance: np.ndarray  # (H,) of ln range about it (Baseline.HAR_TOD_RMS)
+    inputs_beyond: tuple[str, ...] = ()  # HAR-X: the feature columns among its regressors (coefficients 5 on)
 
     def inputs(self, frame: pd.DataFrame) -> np.ndarray:
         """(1, H, 3) what a HAR head reads after the last row of `frame`, as Baselines.har_inputs holds it."""
@@ -175,12 +199,19 @@ class Har:
         fewer where there are fewer): "range", "high", "low" (medians: HAR_TOD) and "range_rms" (HAR_TOD_RMS) ->
         (H,), and "volatility" -> "ewma" / "har" / "har_ewma" -> (H,) of the k-step return (the EWMA's start-up weight
         after a week of candles: 0.94^168 at 1h, 3e-5)."""
-        times, high, low, close = _candles(frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):])
+        week = frame.iloc[-(round(WEEK / timeframe_delta(self.timeframe)) + 1):]
+        times, high, low, close = _candles(week)
         log_range = np.log(np.maximum(np.log(high / low), self.floor))
         delta = timeframe_delta(self.timeframe)
         origin = np.array([len(log_range) - 1])
-        log_har = np.array([_har_design(log_range, times, delta, self.time_of_day, k + 1)[origin] @ coefficients
-                            for k, coefficients in enumerate(self.coefficients)])[:, 0]
+        extra = None
+        if self.inputs_beyond:
+            missing = [c for c in self.inputs_beyond if c not in week.columns]
+            if missing:
+                raise JobError(f"HAR-X reads {', '.join(missing)}, which the rows given lack")
+            extra = week[list(self.inputs_beyond)].to_numpy(dtype=np.float64)
+        log_har = np.array([_har_design(log_range, times, delta, self.time_of_day, k + 1, extra)[origin]
+                            @ coefficients for k, coefficients in enumerate(self.coefficients)])[:, 0]
         har_range = np.exp(log_har)
         squared = pd.Series(np.diff(np.log(close)) ** 2)
         variance = squared.ewm(alpha=RISKMETRICS_ALPHA, adjust=False).mean().to_numpy()[-1:] if len(squared) else \
@@ -190,7 +221,7 @@ class Har:
                 **{q: self.shares[q] * har_range for q in EXCURSIONS}, "volatility": volatility}
 
     def to_dict(self) -> dict:
-        return {"timeframe": self.timeframe, "floor": self.floor, "terms": list(HAR_TERMS),
+        return {"timeframe": self.timeframe, "floor": self.floor, "terms": [*HAR_TERMS, *self.inputs_beyond],
                 "coefficients": self.coefficients.tolist(), "time_of_day": self.time_of_day.tolist(),
                 "shares": {q: v.tolist() for q, v in self.shares.items()}, "log_variance": self.log_variance.tolist()}
 
@@ -198,10 +229,13 @@ class Har:
     def from_dict(cls, values: dict) -> Har:
         if set(values) != {"timeframe", "floor", "terms", "coefficients", "time_of_day", "shares", "log_variance"}:
             raise ValueError(f"expected the keys of a fitted HAR + time of day, got {', '.join(sorted(values))}")
+        terms = tuple(values["terms"])
+        if terms[:len(HAR_TERMS)] != HAR_TERMS:
+            raise ValueError(f"expected HAR's terms {', '.join(HAR_TERMS)} first, got {', '.join(terms)}")
         return cls(values["timeframe"], float(values["floor"]), np.asarray(values["coefficients"], np.float64),
                    np.asarray(values["time_of_day"], np.float64),
                    {q: np.asarray(values["shares"][q], np.float64) for q in EXCURSIONS},
-                   np.asarray(values["log_variance"], np.float64))
+                   np.asarray(values["log_variance"], np.float64), terms[len(HAR_TERMS):])
 
 
 # What a stored fit depends on besides its candles and arguments: this code and the libraries it calls
@@ -216,8 +250,9 @@ def cached_baselines(cache: Path, frame: pd.DataFrame, timeframe: str, horizon: 
     epoch budget, the same candles in another run - reads the fit back, bit for bit. `frame`: a feature frame (a UTC
     DatetimeIndex)."""
     train_rows, val_rows = (np.asarray(rows, np.int64) for rows in (train_rows, val_rows))
-    key = store.make_key(store.frame_digest(frame, ["high", "low", "close"]), timeframe, str(horizon), train_rows,
-                         val_rows, _FIT_VERSION)
+    columns = ["high", "low", "close", *(c for c in HARX_INPUTS if c in frame.columns)]
+    key = store.make_key(store.frame_digest(frame, columns), timeframe, str(horizon), train_rows, val_rows,
+                         _FIT_VERSION)
     directory = cache / "baselines"
     stored = store.load_arrays(directory, key)
     if stored is not None:
@@ -247,13 +282,21 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
     log_range = np.log(np.maximum(row_range, floor))
 
     alphas, ewma = _chosen_ewma(np.stack([values[q] for q in QUANTITIES], axis=1), val)
-    time_of_day, har_coefficients, log_har = _fit_har(log_range, times, timeframe_delta(timeframe), train, train_end,
-                                                      horizon)
-    har_log_variance = np.var(log_range[train[:, None] + np.arange(1, horizon + 1)] - log_har[train], axis=0)
-    har_range = np.exp(log_har)
-    shares = {q: np.median(values[q][train] / har_range[train], axis=0) for q in EXCURSIONS}
-    har = {"range": har_range, **{q: shares[q] * har_range for q in EXCURSIONS}}
-    har_rms = har_range * np.exp(har_log_variance)
+    delta = timeframe_delta(timeframe)
+    time_of_day, har_coefficients, log_har = _fit_har(log_range, times, delta, train, train_end, horizon)
+    har_log_variance, shares, har, har_rms = _range_forecasts(log_har, log_range, values, train)
+    har_range = har["range"]
+    extra = [c for c in HARX_INPUTS if c in frame.columns]
+    harx, harx_fit = {}, None
+    if extra:
+        _, harx_coefficients, log_harx = _fit_har(log_range, times, delta, train, train_end, horizon,
+                                                  frame[extra].to_numpy(dtype=np.float64))
+        harx_variance, harx_shares, harx_points, harx_rms = _range_forecasts(log_harx, log_range, values, train)
+        harx_fit = {"coefficients": harx_coefficients, "log_variance": harx_variance, **harx_shares}
+        harx = {Baseline.HARX: harx_points, Baseline.HARX_RMS: {"range": harx_rms},
+                Baseline.HARX_LEVEL: {q: f * mae_factor(f[val], values[q][val]) for q, f in harx_points.items()},
+                Baseline.HARX_LEVEL_RMS: {"range": harx_rms * qlike_factor(harx_rms[val], values["range"][val],
+                                                                           floor)}}
     levels = tuple(levels)
     variance = _ewma(values["return"][:, :1] ** 2, RISKMETRICS_ALPHA)  # (T, 1) of the one-candle return
     volatilities = _volatilities(variance, har_range, floor)
@@ -267,13 +310,13 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
                 # (evaluate.calibrated): its medians by mae_factor, its root-mean-square range by qlike_factor
                 Baseline.HAR_TOD_LEVEL: {q: f * mae_factor(f[val], values[q][val]) for q, f in har.items()},
                 Baseline.HAR_TOD_LEVEL_RMS: {"range": har_rms * qlike_factor(har_rms[val], values["range"][val],
-                                                                             floor)}},
+                                                                             floor)}, **harx},
         ewma_alphas=dict(zip(QUANTITIES, alphas)), har_coefficients=har_coefficients, time_of_day=time_of_day,
         har_log_variance=har_log_variance, excursion_shares=shares,
         volatilities=volatilities,
         static={q: np.quantile(v[train], levels, axis=0) for q, v in values.items()},
         scaled={q: np.quantile(v[val] / volatilities["ewma"][val], levels, axis=0) for q, v in values.items()},
-        timeframe=timeframe,
+        timeframe=timeframe, harx_fit=harx_fit, harx_inputs=tuple(extra),
     )
 
 
@@ -281,13 +324,20 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
 WEIGHTS = np.linspace(0.0, 1.0, 21).round(2)  # 0.3, not 0.30000000000000004, in metrics.json
 
 
-def combination_weights(forecast: np.ndarray, baseline: np.ndarray, actual: np.ndarray) -> np.ndarray:
-    """Per step (axis 1), the weight w of WEIGHTS whose w x forecast + (1 - w) x baseline has the lowest MAE on
-    these (validation) samples: 0 where the forecast adds nothing to the baseline. A combination of two
-    forecasts whose errors differ beats either (Bates & Granger 1969); one weight per step is too few parameters
+def combination_weights(forecasts: Sequence[np.ndarray], actual: np.ndarray) -> np.ndarray:
+    """Per step (axis 1), the weights of `forecasts` (each (N, H)) - on WEIGHTS' grid, none negative, summing to 1 -
+    whose weighted sum has the lowest MAE on these (validation) samples: (len(forecasts), H). Each forecast alone is
+    one of the choices, so the combination's MAE there is never above any one's; where several are as good, the
+    one with more weight on the later forecasts (the baselines, after the network) is kept. A combination of
+    forecasts whose errors differ beats each (Bates & Granger 1969); a few weights per step are too few parameters
     for the validation split to overfit."""
-    errors = [np.mean(np.abs(w * forecast + (1 - w) * baseline - actual), axis=0) for w in WEIGHTS]  # (W, H)
-    return WEIGHTS[np.argmin(errors, axis=0)]
+    stacked = np.stack(forecasts)  # (F, N, H)
+    steps = round(1 / WEIGHTS[1])
+    grid = np.array([(*head, steps - sum(head)) for head in itertools.product(range(steps + 1),
+                                                                             repeat=len(forecasts) - 1)
+                     if sum(head) <= steps], dtype=np.float64) / steps  # (C, F), in the order of the first weights
+    errors = np.stack([np.mean(np.abs(np.tensordot(w, stacked, axes=1) - actual), axis=0) for w in grid])  # (C, H)
+    return grid[np.argmin(errors, axis=0)].T.round(2)
 
 
 # ----------------------------------------------------------------------------- levels
@@ -377,32 +427,50 @@ def _chosen_ewma(values: np.ndarray, val: np.ndarray) -> tuple[np.ndarray, np.nd
     return alphas, _known(chosen)
 
 
+def _range_forecasts(log_fitted: np.ndarray, log_range: np.ndarray, values: dict[str, np.ndarray],
+                     train: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray], np.ndarray]:
+    """A fitted ln range (T, H) -> its residual variance per step on the train origins, the excursions' shares of
+    the range (the train median of excursion / range, per step: an excursion is a share of its candle's range), the
+    median forecasts of the range and of the excursions (the range times those shares), and the root-mean-square
+    range (x exp(variance): a log-normal range's)."""
+    horizon = log_fitted.shape[1]
+    variance = np.var(log_range[train[:, None] + np.arange(1, horizon + 1)] - log_fitted[train], axis=0)
+    median = np.exp(log_fitted)
+    shares = {q: np.median(values[q][train] / median[train], axis=0) for q in EXCURSIONS}
+    points = {"range": median, **{q: shares[q] * median for q in EXCURSIONS}}
+    return variance, shares, points, median * np.exp(variance)
+
+
 def _fit_har(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, train: np.ndarray, train_end: int,
-             horizon: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             horizon: int, extra: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """HAR + time of day, one least-squares fit per step on the train origins: the train split's mean ln range
     per time-of-day slot (slots of the timeframe in a day), the coefficients (H, 5) of HAR_TERMS (_har_design)
-    and the fitted ln range (T, H) at every origin."""
+    and the fitted ln range (T, H) at every origin. `extra` (T, E): more regressors at each origin (HAR-X)."""
     slot = (times % DAY.value) // delta.value
     counts = np.bincount(slot[:train_end], minlength=math.ceil(DAY / delta))
     sums = np.bincount(slot[:train_end], weights=log_range[:train_end], minlength=len(counts))
     time_of_day = np.where(counts > 0, sums / np.maximum(counts, 1), log_range[:train_end].mean())
     coefficients, fitted = np.empty((horizon, len(HAR_TERMS))), np.empty((len(log_range), horizon))
+    if extra is not None:
+        coefficients = np.empty((horizon, len(HAR_TERMS) + extra.shape[1]))
     for k in range(horizon):
-        design = _har_design(log_range, times, delta, time_of_day, k + 1)
+        design = _har_design(log_range, times, delta, time_of_day, k + 1, extra)
         coefficients[k] = np.linalg.lstsq(design[train], log_range[train + k + 1], rcond=None)[0]
         fitted[:, k] = design @ coefficients[k]
     return time_of_day, coefficients, fitted
 
 
 def _har_design(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, time_of_day: np.ndarray,
-                step: int) -> np.ndarray:
+                step: int, extra: np.ndarray | None = None) -> np.ndarray:
     """(T, 5) HAR_TERMS at every origin for the candle `step` rows ahead: 1, the last ln range, its means over
-    the last day and week (as many candles as there are at the start), the mean at that candle's time of day."""
+    the last day and week (as many candles as there are at the start), the mean at that candle's time of day; and
+    HAR-X's `extra` regressors (T, E) at the origin after them."""
     day, week = (max(1, round(span / delta)) for span in (DAY, WEEK))
     series = pd.Series(log_range)
     target_slot = ((times + step * delta.value) % DAY.value) // delta.value
     return np.column_stack([np.ones(len(log_range)), log_range, series.rolling(day, min_periods=1).mean(),
-                            series.rolling(week, min_periods=1).mean(), time_of_day[target_slot]])
+                            series.rolling(week, min_periods=1).mean(), time_of_day[target_slot],
+                            *([] if extra is None else [extra])])
 
 
 def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:

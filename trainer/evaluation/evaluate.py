@@ -217,11 +217,13 @@ def metrics(pred: np.ndarray, actual: np.ndarray, last_close: np.ndarray | None 
 
 # ----------------------------------------------------------------------------- the size of the coming candles
 # Compared at the next candle (and over the horizon) with the baselines that fit each quantity.
-_RANGE_BASELINES = (Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, Baseline.HAR_TOD_LEVEL)
+# HAR-X (HAR + time of day with the network's extra inputs, linear) where the job's frame has them
+_RANGE_BASELINES = (Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, Baseline.HAR_TOD_LEVEL, Baseline.HARX_LEVEL)
 POINT_BASELINES = {"high": (Baseline.NO_CHANGE, *_RANGE_BASELINES), "low": (Baseline.NO_CHANGE, *_RANGE_BASELINES),
                    "range": _RANGE_BASELINES}  # no change's range 0 is no forecast
-# The root-mean-square range forecasts QLIKE scores, next to the network's: HAR's as fitted on train and on its level
-RMS_BASELINES = (Baseline.HAR_TOD_RMS, Baseline.HAR_TOD_LEVEL_RMS)
+# The root-mean-square range forecasts QLIKE scores, next to the network's: HAR's as fitted on train and on its level,
+# HAR-X's on its level
+RMS_BASELINES = (Baseline.HAR_TOD_RMS, Baseline.HAR_TOD_LEVEL_RMS, Baseline.HARX_LEVEL_RMS)
 INTERVAL = 0.8  # the nominal coverage of the reported interval of the close's return
 INTERVAL_LEVELS = (0.1, 0.9)  # the quantiles of the baselines' intervals of that coverage
 INTERVAL_NORMALISER = "har_ewma"  # the volatility forecast the conformal residuals are divided by (baselines)
@@ -246,8 +248,9 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
     "low", "range", "return", each (N, steps).
 
     The network's forecasts are first put on their level on validation (calibrated), as HAR_TOD_LEVEL puts HAR. What
-    users get (the scores, and the forecasts served: `served`) is the network's combined with HAR + time of day's
-    (combine_with_har), its weight chosen on validation; the network's own scores are kept beside ("network",
+    users get (the scores, and the forecasts served: `served`) is the network's combined with HAR-X's (where the job
+    has it) and HAR + time of day's (combine), the weights chosen on validation; the network's own scores are kept
+    beside ("network",
     "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
     "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
     "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return),
@@ -257,17 +260,19 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
     forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
-    val_har_rms = fitted.forecast(val.first_target_rows)[Baseline.HAR_TOD_RMS]["range"][:, :steps]
+    val_forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
+                     for name, by_quantity in fitted.forecast(val.first_target_rows).items()}
     network, val_network, factors = calibrated(network, val_network, val_actual, fitted.floor)
-    weights, model = combine_with_har(network, val_network, forecasts[Baseline.HAR_TOD], fitted, val)
-    served_rms = weights["range"] * network["range_rms"] + (1 - weights["range"]) * \
-        forecasts[Baseline.HAR_TOD_RMS]["range"]
+    weights, model = combine(network, val_network, forecasts, val_forecasts, val_actual)
+    served_rms = blend(weights["range"], network["range_rms"], forecasts, RMS_OF)
+    rms_baselines = [name for name in RMS_BASELINES if name in forecasts]
     rms_of = {"model": served_rms, "network": network["range_rms"],
-              **{name: forecasts[name]["range"] for name in RMS_BASELINES}}
+              **{name: forecasts[name]["range"] for name in rms_baselines}}
     qlikes = {name: {"qlike": score.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
                      "qlike_horizon": score.qlike(f, actual["range"], fitted.floor)} for name, f in rms_of.items()}
     scores = {}
     for quantity, names in POINT_BASELINES.items():
+        names = [name for name in names if name in forecasts]
         own = score.point_scores(model[quantity], actual[quantity], quantity, fitted.floor)
         alone = score.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: score.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
@@ -276,18 +281,20 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
         if quantity == "range":  # QLIKE scores the root-mean-square range, MAE the median
             own, alone = own.model_copy(update=qlikes["model"]), alone.model_copy(update=qlikes["network"])
             qlike_skill = {"qlike_skill": {name: score.skill(own.qlike, qlikes[name]["qlike"])
-                                           for name in RMS_BASELINES},
+                                           for name in rms_baselines},
                            "network_qlike_skill": {name: score.skill(alone.qlike, qlikes[name]["qlike"])
-                                                   for name in RMS_BASELINES}}
+                                                   for name in rms_baselines}}
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
             skill={name: score.skill(own.mae, b.mae) for name, b in of.items()},
             skill_horizon={name: score.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
             network=alone, network_skill={name: score.skill(alone.mae, b.mae) for name, b in of.items()},
-            network_weight=weights[quantity].tolist(), **qlike_skill)
+            network_weight=weights[quantity]["network"].tolist(),
+            weights={name: w.tolist() for name, w in weights[quantity].items()}, **qlike_skill)
     mean_range = None
     if steps > 1:
-        val_rms_of = {"model": weights["range"] * val_network["range_rms"] + (1 - weights["range"]) * val_har_rms,
+        val_har_rms = val_forecasts[Baseline.HAR_TOD_RMS]["range"]
+        val_rms_of = {"model": blend(weights["range"], val_network["range_rms"], val_forecasts, RMS_OF),
                       "network": val_network["range_rms"], Baseline.HAR_TOD_RMS: val_har_rms}
         mean = {name: _mean_range_qlike(rms_of[name], f, actual["range"], val_actual["range"], fitted.floor)
                 for name, f in val_rms_of.items()}
@@ -350,18 +357,40 @@ def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np
     return score.qlike(forecast.mean(axis=1) * factor, mean, floor)
 
 
-def combine_with_har(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], har: dict[str, np.ndarray],
-                     fitted: Baselines, val: SplitWindows) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The high and low excursions and the range as w x the network's + (1 - w) x HAR + time of day's, w per
-    quantity and step chosen on validation (baselines.combination_weights; 0: the network adds nothing to HAR
-    there), like the close's shrink toward no change. Each is a median forecast of its own: the range's is not
-    the high's plus the low's (the median of a sum is not the sum of the medians). -> (weights per quantity
-    (H,), the combined quantities of the test samples). `har`: HAR's forecasts of the test samples."""
-    steps = network["range"].shape[1]
-    val_har = {q: v[:, :steps] for q, v in fitted.forecast(val.first_target_rows)[Baseline.HAR_TOD].items()}
-    val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
-    weights = {q: combination_weights(val_network[q], val_har[q], val_actual[q]) for q in COMBINED}
-    return weights, {**network, **{q: weights[q] * network[q] + (1 - weights[q]) * har[q] for q in COMBINED}}
+# What users get of the high, low and range: the network's forecasts beside these baselines' (as fitted on the train
+# split), where the job has them; and, for the range's root mean square, each one's root-mean-square range
+SERVED_BASELINES = (Baseline.HARX, Baseline.HAR_TOD)
+RMS_OF = {Baseline.HARX: Baseline.HARX_RMS, Baseline.HAR_TOD: Baseline.HAR_TOD_RMS}
+
+
+def combine(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
+            forecasts: dict[Baseline, dict[str, np.ndarray]], val_forecasts: dict[Baseline, dict[str, np.ndarray]],
+            val_actual: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """The high and low excursions and the range as a weighted sum of the network's, HAR-X's (where the job has it)
+    and HAR + time of day's, the weights per quantity and step chosen on validation (baselines.combination_weights:
+    the network alone, a baseline alone, or a blend - whichever has the lowest MAE there; so what is served is never
+    worse there than HAR + time of day, or HAR-X), like every head's mix with its persistence. Each is a median
+    forecast of its own: the range's is not the high's plus the low's (the median of a sum is not the sum of the
+    medians). -> (quantity -> source ("network", or a Baseline's name) -> weights (H,), the combined quantities of the
+    test samples). `forecasts`, `val_forecasts`: the baselines' of the test and validation samples."""
+    sources = [name for name in SERVED_BASELINES if name in forecasts]
+    weights = {}
+    for q in COMBINED:
+        chosen = combination_weights([val_network[q], *(val_forecasts[name][q] for name in sources)], val_actual[q])
+        weights[q] = dict(zip(["network", *map(str, sources)], chosen))
+    return weights, {**network, **{q: blend(weights[q], network[q], forecasts, {name: name for name in sources},
+                                            quantity=q) for q in COMBINED}}
+
+
+def blend(weights: dict[str, np.ndarray], network: np.ndarray, forecasts: dict[Baseline, dict[str, np.ndarray]],
+          of: dict[Baseline, Baseline], quantity: str = "range") -> np.ndarray:
+    """Σ weights[source] x that source's forecast of `quantity`: the network's (`network`), and each baseline's in
+    `forecasts` under the name `of` gives for it (its root-mean-square range: RMS_OF)."""
+    total = weights["network"] * network
+    for name, weight in weights.items():
+        if name != "network":
+            total = total + weight * forecasts[of[Baseline(name)]][quantity]
+    return total
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,

@@ -15,6 +15,10 @@ class Baseline(str, Enum):
     HAR_TOD_RMS = "har_tod_rms"
     HAR_TOD_LEVEL = "har_tod_level"
     HAR_TOD_LEVEL_RMS = "har_tod_level_rms"
+    HARX = "harx"
+    HARX_RMS = "harx_rms"
+    HARX_LEVEL = "harx_level"
+    HARX_LEVEL_RMS = "harx_level_rms"
 
     def __str__(self) -> str:
         return self.value

@@ -82,8 +82,8 @@ class PointScores(_Record):
 
 
 class QuantityScores(PointScores):
-    """What users get of a quantity - the network's forecast combined with HAR + time of day's
-    (evaluate.combine_with_har) - and each baseline's (baselines.Baseline: no_change, persistence, ewma, har_tod,
+    """What users get of a quantity - the network's forecast combined with HAR-X's and HAR + time of day's
+    (evaluate.combine) - and each baseline's (baselines.Baseline: no_change, persistence, ewma, har_tod,
     and har_tod_level: HAR + time of day put on its level on validation, as the network is, BAR); the network's own
     beside, and its weight per step in the combination (0: HAR alone)."""
     baselines: dict[str, PointScores]
@@ -92,6 +92,9 @@ class QuantityScores(PointScores):
     network: PointScores
     network_skill: dict[str, float | None]
     network_weight: list[float]
+    # What is served, per step: the weight of the network and of each baseline beside it ("harx" where the job has
+    # HAR-X, "har_tod"), chosen on validation (evaluate.combine); summing to 1
+    weights: dict[str, list[float]] = {}
     # The range: QLIKE skill at the next candle of the root-mean-square range, vs HAR's as fitted (har_tod_rms) and
     # on its validation level (har_tod_level_rms, BAR_RMS); None for the excursions
     qlike_skill: dict[str, float | None] | None = None

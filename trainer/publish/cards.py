@@ -219,16 +219,21 @@ def _candles_text(metrics: JobMetrics) -> str:
              "Excursions from the last close C: high ln(high / C), low ln(C / low); range ln(high / low). MAE skill "
              "on the test split against each baseline, fitted on the train split (HAR + time of day: Corsi's HAR on "
              "log ranges with the time-of-day mean), and against HAR + time of day put on its level on validation as "
-             "the network's forecasts are (the bar: like with like). The forecast is the network's combined with "
-             "HAR's, the network's weight chosen on validation (0: HAR alone)." + (
+             "the network's forecasts are (the bar: like with like), and against HAR-X (HAR + time of day with the "
+             "network's extra inputs, linear, on its level) where the job has it. The forecast served is the "
+             "network's combined with HAR-X's and HAR's, the weights chosen on validation (served: each one's weight "
+             "at the next candle; the network's 0: the baselines alone)." + (
                  f" **Worse than HAR + time of day on its level for the {' and the '.join(worse)}.**" if worse else ""),
              "", "| quantity | vs no change | vs persistence | vs EWMA | vs HAR + time of day | vs HAR on its level "
-             "| the network alone vs HAR on its level | network weight |", "|---|---|---|---|---|---|---|---|"]
+             "| vs HAR-X on its level | the network alone vs HAR on its level | the network alone vs HAR-X | network "
+             "weight | served |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for quantity in ("high", "low", "range"):
         scores = getattr(candles, quantity)
+        served = ", ".join(f"{name} {weights[0]:.2f}" for name, weights in scores.weights.items())
+        alone = " | ".join(_num(scores.network_skill.get(b)) for b in (BAR, Baseline.HARX_LEVEL))
         lines.append(f"| {quantity} | " + " | ".join(_num(scores.skill.get(b)) for b in (
-            Baseline.NO_CHANGE, Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, BAR))
-                     + f" | {_num(scores.network_skill.get(BAR))} | {_num(scores.network_weight[0])} |")
+            Baseline.NO_CHANGE, Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, BAR, Baseline.HARX_LEVEL))
+                     + f" | {alone} | {_num(scores.network_weight[0])} | {served} |")
     interval = candles.interval
     lines += ["", f"80 % interval of the next close: the network's close widened by {interval.calibration} "
                   f"(residuals normalised by {VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}); the "

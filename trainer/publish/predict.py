@@ -21,7 +21,7 @@ from ..data.market import apply_market
 from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
 from ..errors import JobError, UserError
-from ..evaluation.baselines import Har
+from ..evaluation.baselines import Baseline
 from ..evaluation.evaluate import COMBINED
 from ..evaluation.results import CandleScores
 from ..model.device import setup
@@ -148,17 +148,23 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
                                             every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
     scores = job.metrics().candles
     if scores is not None:
-        columns |= _expected_candles(har, scores, prep, outputs, prices, candles)
+        baselines = {Baseline.HAR_TOD: har.forecast(candles)}
+        if (harx := job.harx()) is not None:  # it reads the feature rows: the volume surprise, the market's range
+            baselines[Baseline.HARX] = harx.forecast(frame)
+        columns |= _expected_candles(baselines, har.floor, scores, prep, outputs, prices, candles)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     return pd.DataFrame(columns, index=index)
 
 
-def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, outputs: dict[str, np.ndarray],
-                      prices: dict[str, np.ndarray], candles: pd.DataFrame) -> dict[str, np.ndarray]:
+def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: CandleScores, prep: Preprocessing,
+                      outputs: dict[str, np.ndarray], prices: dict[str, np.ndarray],
+                      candles: pd.DataFrame) -> dict[str, np.ndarray]:
     """The candle head's expected high, low and range as evaluation served them on the test split
     (predictions.npz's expected_*): the network's forecasts (Head.candle_quantities) put on their level on validation
-    (CandleScores.median_factors, rms_factor) and combined with HAR + time of day's, the weights chosen on validation.
+    (CandleScores.median_factors, rms_factor) and combined with HAR-X's and HAR + time of day's (`baselines`:
+    Har.forecast of each after the last candle; `floor`: HAR's smallest range), the weights chosen on validation
+    (QuantityScores.weights).
     Each is a forecast of its own: the medians of the high and low ("expected_high", "expected_low"), of the range
     ("expected_range_pct": high / low - 1 in percent, not expected_high / expected_low - 1), and the root-mean-square
     range ("expected_range_rms_pct": the root of its expected square, what QLIKE scores: the scale to size risk with);
@@ -170,11 +176,15 @@ def _expected_candles(har: Har, scores: CandleScores, prep: Preprocessing, outpu
     network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
                                                           np.array([last_close])).items()}
     median = {q: network[q] * np.asarray(factor) for q, factor in scores.median_factors.items()}
-    network_rms = np.maximum(network["range"], har.floor) * np.asarray(scores.rms_factor)
-    baseline = har.forecast(candles)
-    weight = {q: np.asarray(getattr(scores, q).network_weight) for q in COMBINED}
-    combined = {q: weight[q] * median[q] + (1 - weight[q]) * baseline[q] for q in COMBINED}
-    rms = weight["range"] * network_rms + (1 - weight["range"]) * baseline["range_rms"]
+    baseline = baselines[Baseline.HAR_TOD]
+    network_rms = np.maximum(network["range"], floor) * np.asarray(scores.rms_factor)
+
+    def served(quantity: str, own: np.ndarray, key: str) -> np.ndarray:
+        return sum(np.asarray(weight) * (own if source == "network" else baselines[Baseline(source)][key])
+                   for source, weight in getattr(scores, quantity).weights.items())
+
+    combined = {q: served(q, median[q], q) for q in COMBINED}
+    rms = served("range", network_rms, "range_rms")
     spread = np.asarray(scores.interval.margin) * baseline["volatility"][scores.interval.normaliser]
     return {"expected_high": last_close * np.exp(combined["high"]),
             "expected_low": last_close * np.exp(-combined["low"]),

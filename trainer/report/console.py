@@ -441,8 +441,8 @@ def track_record_text(record: TrackRecord) -> str:
                  + ", ".join(f"{q} {number(value, '+.3f')}" for q, value in skills.items())
                  + (f" (WORSE than HAR for the {' and the '.join(worse)})" if worse else "")
                  + f"; its 80 % interval held the next close {number(candles.interval_coverage, '.1%')} of the time."
-                 + " expected_high / _low / _range_pct: the network's combined with HAR's as on the test split;"
-                 " close_80_low / close_80_high: the 80 % interval "
+                 + " expected_high / _low / _range_pct: the network's combined with HAR-X's and HAR's as on the test"
+                 " split; close_80_low / close_80_high: the 80 % interval "
                  f"({calibration_text(candles.interval_method, candles.interval_level)}).")
     return text
 

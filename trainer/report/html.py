@@ -30,6 +30,7 @@ from .. import __version__
 from ..config import DataConfig, RunConfig
 from ..errors import UserError
 from ..evaluation import charts
+from ..evaluation.names import Baseline
 from ..evaluation.results import BAR, CloseScores, Headline, JobMetrics
 from ..files import atomic_write
 from ..formatting import NO_DIRECTION, direction, number
@@ -463,6 +464,15 @@ def _job_facts(job: _Job) -> str:
     close = _close_scores(job)
     if close and close.skill_by_step:
         facts.append(("skill by step", ", ".join(number(s, "+.4f") for s in close.skill_by_step)))
+    candles = m.candles
+    if candles and Baseline.HARX_LEVEL in candles.range.network_skill:
+        maes = [f"{q} MAE {number(getattr(candles, q).network_skill[Baseline.HARX_LEVEL], '+.4f')} "
+                f"({number(getattr(candles, q).skill[Baseline.HARX_LEVEL], '+.4f')})" for q in ("range", "high", "low")]
+        facts.append(("vs HAR-X", "the next candle against HAR + time of day with the network's extra inputs, linear, "
+                      "on its validation level: the network alone (what users get) range QLIKE "
+                      f"{number(candles.range.network_qlike_skill.get(Baseline.HARX_LEVEL_RMS), '+.4f')} "
+                      f"({number(candles.range.qlike_skill.get(Baseline.HARX_LEVEL_RMS), '+.4f')}), "
+                      + ", ".join(maes)))
     facts.append(("training", f"{m.epochs_run} epochs, best {m.best_epoch} (val loss "
                               f"{number(m.best_val_loss, '.5g')}); {number(m.seconds, '.1f')} s from loading to "
                               "evaluation, "

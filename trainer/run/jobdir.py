@@ -6,7 +6,9 @@ file of the directory holds bumps it, as numpy's .npy versions do. This version 
 directory of another one is refused in one line naming it (cryptotrain is at 0.1.0: there are no upgrade steps;
 `run` trains such a job again, see run.runner). Format 1 held plot.png; 2 had no head kinds, and metrics.json,
 preprocessing.json and har.json lacked what 3 holds (the heads' kinds, the network's level on validation, HAR's
-log variance).
+log variance); 3's metrics.json lacked what 4 holds (each head's validation gain and the network's own skill beside
+its mix with its persistence, the weights of what is served of the next candles, HAR-X's scores), and 4 adds
+harx.json (HAR-X, where the job has it).
 
 No TensorFlow, Keras or Matplotlib is imported here (the report reads job directories without them).
 """
@@ -36,7 +38,7 @@ from ..files import sha256_file, write_json
 if TYPE_CHECKING:
     import keras
 
-FORMAT = 3  # of the directories this version writes and reads
+FORMAT = 4  # of the directories this version writes and reads
 
 MANIFEST = "manifest.json"  # sha256 of every other file, and the format
 MODEL = "model.keras"
@@ -46,6 +48,7 @@ HISTORY = "history.csv"  # one row per epoch
 CONFIG = "config.yaml"  # the run's config, as published with the model
 PREDICTIONS = "predictions.npz"  # the test split: each head's forecasts, the actual and persistence close
 HAR = "har.json"  # the fitted HAR + time of day, with a head that forecasts high, low and close
+HARX = "harx.json"  # HAR-X (HAR + time of day with the network's extra inputs), where the job's features hold them
 
 T = TypeVar("T")
 
@@ -142,13 +145,15 @@ class JobDir:
 
     # ------------------------------------------------------------------------- writing
     def write(self, model: keras.Model, preprocessing: Preprocessing, metrics: JobMetrics, config: dict,
-              history: pd.DataFrame, predictions: dict[str, np.ndarray], har: Har | None) -> None:
+              history: pd.DataFrame, predictions: dict[str, np.ndarray], har: Har | None,
+              harx: Har | None = None) -> None:
         """Every file but the manifest (write_manifest, last) into this directory, a staging one
         (artifacts.commit_job). `predictions`: target_times, each head's forecasts on the test split in prices, and
         the actual and persistence close (actual_close, persistence_close) where a head forecasts the close."""
         model.save(self.path / MODEL)
-        if har is not None:
-            write_json(self.path / HAR, har.to_dict())
+        for name, fitted in ((HAR, har), (HARX, harx)):
+            if fitted is not None:
+                write_json(self.path / name, fitted.to_dict())
         write_json(self.path / PREPROCESSING, preprocessing.to_dict())
         write_json(self.path / METRICS, metrics.model_dump(mode="json"))
         (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
@@ -172,6 +177,10 @@ class JobDir:
     def har_tod(self) -> Har | None:
         """The job's HAR + time of day; None for a job without a head that forecasts high, low and close."""
         return self._read(HAR, _json, Har.from_dict) if (self.path / HAR).is_file() else None
+
+    def harx(self) -> Har | None:
+        """The job's HAR-X; None for a job without it (no candle head, or features without its inputs)."""
+        return self._read(HARX, _json, Har.from_dict) if (self.path / HARX).is_file() else None
 
     def model(self) -> keras.Model:
         """model.keras, loaded for inference; UserError where it holds Python code (Keras's safe mode)."""

@@ -80,6 +80,7 @@ class JobResult:
     predictions: dict[str, np.ndarray]  # head -> the test split's forecasts in prices
     har_tod: Har | None = None  # predict's expected high / low and interval after the latest candles
     served: dict[str, np.ndarray] = field(default_factory=dict)  # what users get per test window (candle_scores)
+    harx: Har | None = None  # HAR-X, where what is served weighs it (predict)
 
     def write(self, directory: Path) -> None:
         test, predictions = self.test, self.predictions
@@ -92,7 +93,7 @@ class JobResult:
         JobDir(directory).write(self.model, self.preprocessing, self.metrics, self.config, self.history,
                                 {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes,
                                  **self.served},
-                                self.har_tod)
+                                self.har_tod, self.harx)
 
 
 def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
@@ -170,7 +171,8 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
         replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators, market=prepared.market),
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
-        result.history, windows.test, predictions, None if fitted is None else fitted.har_tod, served)
+        result.history, windows.test, predictions, None if fitted is None else fitted.har_tod, served,
+        None if fitted is None else fitted.harx)
 
 
 def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
