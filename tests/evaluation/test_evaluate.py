@@ -18,6 +18,7 @@ from trainer.evaluation.baselines import Baseline, fit_baselines
 from trainer.evaluation.evaluate import (
     candle_scores,
     choose_shrink,
+    combine,
     evaluate,
     mae_factor,
     metrics,
@@ -434,3 +435,22 @@ def test_the_network_is_scored_against_harx_where_the_job_has_its_extra_inputs(t
         assert getattr(scores, quantity).network_skill[Baseline.HARX_LEVEL] == pytest.approx(0, abs=1e-12)
         assert Baseline.HARX_LEVEL in getattr(scores, quantity).skill
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores
+
+
+def test_what_is_served_is_never_worse_on_validation_than_har_or_harx_by_construction():
+    """combine: per quantity and step, the weights of the network, HAR-X and HAR with the lowest validation MAE - each
+    alone among the choices - so the served median's validation MAE is at most each one's; they sum to 1."""
+    rng = np.random.default_rng(5)
+    actual = {q: rng.gamma(2.0, 0.004, (3000, 3)) for q in ("high", "low", "range")}
+
+    def noisy(scale: float) -> dict[str, np.ndarray]:
+        return {q: a * np.exp(rng.normal(0, scale, a.shape)) for q, a in actual.items()}
+
+    for network in (noisy(0.3), noisy(2.0)):  # a fair network, and one far worse than the baselines
+        baselines = {Baseline.HARX: noisy(0.5), Baseline.HAR_TOD: noisy(0.6)}
+        weights, served = combine(network, network, baselines, baselines, actual)
+        for q in ("high", "low", "range"):
+            np.testing.assert_allclose(sum(weights[q].values()), 1.0)
+            mae = np.abs(served[q] - actual[q]).mean(axis=0)
+            for alone in (network[q], baselines[Baseline.HARX][q], baselines[Baseline.HAR_TOD][q]):
+                assert (mae <= np.abs(alone - actual[q]).mean(axis=0) + 1e-15).all()
