@@ -94,10 +94,11 @@ def drive(tmp_path) -> Drive:
                 pytest.skip(f"a FUSE mount was refused here: {server.communicate()[1].strip()[-300:]}")
             time.sleep(0.05)
         yield Drive(mount, trash)
-    finally:
+    finally:  # unmounted, its server (ours, by its process) has nothing left to serve
         subprocess.run(["fusermount3", "-u", "-z", str(mount)], capture_output=True)
+        server.terminate()
         try:
-            server.wait(timeout=10)
+            server.wait(timeout=5)
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
