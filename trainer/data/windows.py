@@ -245,10 +245,6 @@ class Preprocessing:
         framed = self.framing.frame(values, anchor, positions)
         return framed.reshape(len(framed), *[1] * (len(head.shape) - 1), len(positions))
 
-    def judged(self, head: HeadTarget) -> list[int]:
-        """The positions of a head's columns that decide its shrink factor (Head.judged)."""
-        return head.spec.judged()
-
     def candle_quantities(self, head: HeadTarget, outputs: dict[str, np.ndarray], prices: np.ndarray,
                           last_close: np.ndarray) -> dict[str, np.ndarray]:
         """The size of the coming candles that a head forecasting high, low and close forecasts

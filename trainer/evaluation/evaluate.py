@@ -78,7 +78,7 @@ def choose_shrink(outputs: dict[str, np.ndarray],
     MAE / persistence's (None where persistence was exact)."""
     factors, gains = {}, {}
     for head in preprocessing.heads:
-        judged = preprocessing.judged(head)
+        judged = head.spec.judged()
         actual = split.y_raw[head.name][..., judged]
         errors = np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
                                                             split.last)[..., judged] - actual)
@@ -264,7 +264,9 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                      for name, by_quantity in fitted.forecast(val.first_target_rows).items()}
     network, val_network, factors = calibrated(network, val_network, val_actual, fitted.floor)
     weights, model = combine(network, val_network, forecasts, val_forecasts, val_actual)
-    served_rms = blend(weights["range"], network["range_rms"], forecasts, RMS_OF)
+    served_rms = blend(weights["range"], network["range_rms"],
+                       {name: forecasts[RMS_OF[Baseline(name)]]["range"] for name in weights["range"]
+                        if name != "network"})
     rms_baselines = [name for name in RMS_BASELINES if name in forecasts]
     rms_of = {"model": served_rms, "network": network["range_rms"],
               **{name: forecasts[name]["range"] for name in rms_baselines}}
@@ -294,7 +296,9 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
     mean_range = None
     if steps > 1:
         val_har_rms = val_forecasts[Baseline.HAR_TOD_RMS]["range"]
-        val_rms_of = {"model": blend(weights["range"], val_network["range_rms"], val_forecasts, RMS_OF),
+        val_rms_of = {"model": blend(weights["range"], val_network["range_rms"],
+                                     {name: val_forecasts[RMS_OF[Baseline(name)]]["range"] for name in weights["range"]
+                                      if name != "network"}),
                       "network": val_network["range_rms"], Baseline.HAR_TOD_RMS: val_har_rms}
         mean = {name: _mean_range_qlike(rms_of[name], f, actual["range"], val_actual["range"], fitted.floor)
                 for name, f in val_rms_of.items()}
@@ -304,7 +308,7 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                                      network_qlike_skill=score.skill(mean["network"], mean[Baseline.HAR_TOD_RMS]))
     interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
                                                 val, fitted, settings.interval.conformal(INTERVAL))
-    validation = _validation_skill(val_network, val_actual, fitted.forecast(val.first_target_rows), fitted.floor)
+    validation = _validation_skill(val_network, val_actual, val_forecasts, fitted.floor)
     served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
               "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
               "network_range": network["range"], "network_range_rms": network["range_rms"]}
@@ -378,18 +382,17 @@ def combine(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
     for q in COMBINED:
         chosen = combination_weights([val_network[q], *(val_forecasts[name][q] for name in sources)], val_actual[q])
         weights[q] = dict(zip(["network", *map(str, sources)], chosen))
-    return weights, {**network, **{q: blend(weights[q], network[q], forecasts, {name: name for name in sources},
-                                            quantity=q) for q in COMBINED}}
+    return weights, {**network, **{q: blend(weights[q], network[q], {str(name): forecasts[name][q] for name in sources})
+                                   for q in COMBINED}}
 
 
-def blend(weights: dict[str, np.ndarray], network: np.ndarray, forecasts: dict[Baseline, dict[str, np.ndarray]],
-          of: dict[Baseline, Baseline], quantity: str = "range") -> np.ndarray:
-    """Σ weights[source] x that source's forecast of `quantity`: the network's (`network`), and each baseline's in
-    `forecasts` under the name `of` gives for it (its root-mean-square range: RMS_OF)."""
+def blend(weights: dict[str, np.ndarray], network: np.ndarray, baselines: dict[str, np.ndarray]) -> np.ndarray:
+    """Σ weights[source] x that source's forecast: the network's (`network`) and each baseline's (`baselines`, by
+    the name `weights` gives it): what is served (combine's weights; predict serves them alike)."""
     total = weights["network"] * network
     for name, weight in weights.items():
         if name != "network":
-            total = total + weight * forecasts[of[Baseline(name)]][quantity]
+            total = total + weight * baselines[name]
     return total
 
 

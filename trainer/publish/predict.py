@@ -22,7 +22,7 @@ from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
 from ..errors import JobError, UserError
 from ..evaluation.baselines import Baseline
-from ..evaluation.evaluate import COMBINED
+from ..evaluation.evaluate import COMBINED, blend
 from ..evaluation.results import CandleScores
 from ..model.device import setup
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
@@ -180,8 +180,8 @@ def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: Can
     network_rms = np.maximum(network["range"], floor) * np.asarray(scores.rms_factor)
 
     def served(quantity: str, own: np.ndarray, key: str) -> np.ndarray:
-        return sum(np.asarray(weight) * (own if source == "network" else baselines[Baseline(source)][key])
-                   for source, weight in getattr(scores, quantity).weights.items())
+        weights = {name: np.asarray(w) for name, w in getattr(scores, quantity).weights.items()}
+        return blend(weights, own, {name: baselines[Baseline(name)][key] for name in weights if name != "network"})
 
     combined = {q: served(q, median[q], q) for q in COMBINED}
     rms = served("range", network_rms, "range_rms")
