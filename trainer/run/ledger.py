@@ -161,7 +161,7 @@ class Ledger:
 
     def _set_up(self) -> None:
         if self.journal == "wal":
-            mode = self._switch_to_wal()
+            mode = self._set_journal("WAL")
             if mode != "wal":
                 raise UserError(f"{self.path}: SQLite cannot use WAL journaling here (got {mode!r}); "
                                 "put the run directory on a local disk")
@@ -194,13 +194,13 @@ class Ledger:
             raise UserError(f"{self.path}: ledger schema version {version}, this cryptotrain reads version "
                             f"{SCHEMA_VERSION}, and upgrading it needs a run directory this user can write")
 
-    def _switch_to_wal(self) -> str:
+    def _set_journal(self, mode: str) -> str:
         """SQLite answers "database is locked" at once, without waiting out the busy timeout, when
-        several processes switch a new ledger to WAL together: retry until the timeout instead."""
+        several processes switch a ledger's journal mode together: retry until the timeout instead."""
         deadline = time.monotonic() + BUSY_TIMEOUT
         while True:
             try:
-                return self._conn.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+                return self._conn.execute(f"PRAGMA journal_mode={mode}").fetchone()[0]
             except sqlite3.OperationalError as exc:
                 if "locked" not in str(exc) or time.monotonic() > deadline:
                     raise
@@ -211,15 +211,7 @@ class Ledger:
         mode SQLite keeps WAL's index in its own memory, so it can open the file, fold its -wal file in and switch
         (no process can be using WAL here). Its -shm file, which nothing reads then, goes."""
         self._conn.execute("PRAGMA locking_mode=EXCLUSIVE")
-        deadline = time.monotonic() + BUSY_TIMEOUT
-        while True:
-            try:
-                self._conn.execute("PRAGMA journal_mode=TRUNCATE").fetchone()
-                break
-            except sqlite3.OperationalError as exc:  # another process switching it now
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
+        self._set_journal("TRUNCATE")
         self._conn.execute("PRAGMA locking_mode=NORMAL")
         self._conn.execute("SELECT count(*) FROM sqlite_master").fetchone()  # the next access drops the lock
         self.path.with_name(self.path.name + "-shm").unlink(missing_ok=True)
