@@ -81,6 +81,7 @@ FIGURES = ("range_qlike", "range_mae", "high_low_mae", "mean_range_qlike")
 # Also against HAR + time of day as fitted on the train split, beside (the mean range's QLIKE puts every forecast on
 # its validation level already); and on the validation split, where variants are compared
 FITTED_FIGURES = VALIDATION_FIGURES = HARX_FIGURES = ("range_qlike", "range_mae", "high_low_mae")
+SIGNIFICANCE = 0.05  # the Diebold-Mariano test's level
 HARX_TARGET = 0.01  # issue 53: the network against HAR-X (a linear model given the same inputs), range QLIKE median
 LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae": "high + low MAE",
           "mean_range_qlike": "mean range QLIKE"}
@@ -160,6 +161,10 @@ def row(metrics: JobMetrics | None) -> dict | None:
         "range_mae_harx": range_.network_skill.get(Baseline.HARX_LEVEL),
         "high_low_mae_harx": high_low("network", Baseline.HARX_LEVEL) if Baseline.HARX_LEVEL in high.baselines
         else None,
+        # the Diebold-Mariano test of the network alone against the bar and HAR-X, two-sided p (None: not tested)
+        "range_qlike_p_bar": (range_.network_qlike_p or {}).get(BAR_RMS),
+        "range_qlike_p_harx": (range_.network_qlike_p or {}).get(Baseline.HARX_LEVEL_RMS),
+        "range_mae_p_bar": range_.network_p.get(BAR), "range_mae_p_harx": range_.network_p.get(Baseline.HARX_LEVEL),
         "range_mae_network": range_.network_skill[BAR], "range_mae_served": range_.skill[BAR],
         "range_mae_fitted": range_.network_skill[Baseline.HAR_TOD],
         "high_low_mae_network": high_low("network", BAR), "high_low_mae_served": high_low("served", BAR),
@@ -193,7 +198,8 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
                **{f"{f}_harx": spread(f"{f}_harx") for f in HARX_FIGURES},
                **{f"{f}_validation": spread(f"{f}_validation") for f in VALIDATION_FIGURES},
                "coverage": spread("coverage"), "close_skill": spread("close_skill"),
-               "correction_used": sum(r["correction_used"] for r in done), "heads": head_figures(done)}
+               "correction_used": sum(r["correction_used"] for r in done), "heads": head_figures(done),
+               "significant": significant(done)}
     covered = [COVERAGE[0] <= r["coverage"] <= COVERAGE[1] for r in done]
     terciles = [all(abs(c - 0.8) <= TERCILE_TOLERANCE for c in r["coverage_by_tercile"]) for r in done]
     figures["coverage_in_range"] = sum(covered)
@@ -225,6 +231,34 @@ def overall(rows: dict[str, dict | None], n_series: int) -> dict:
         targets[f"head {head} vs its persistence: median >= {CLOSE_WORST}"] = got["median"] >= CLOSE_WORST
     figures["targets"] = targets
     return figures
+
+
+def significant(done: list[dict]) -> dict[str, dict]:
+    """Per test (the range's QLIKE and MAE, the network alone against the bar and against HAR-X): on how many series
+    the network is significantly better (Diebold-Mariano, p < 0.05, skill > 0) or worse, of how many tested. The
+    series share a few test periods: these are not independent confirmations."""
+    counts = {}
+    for figure, against, skill in (("range_qlike", "bar", "range_qlike_network"), ("range_mae", "bar",
+                                   "range_mae_network"), ("range_qlike", "harx", "range_qlike_harx"),
+                                   ("range_mae", "harx", "range_mae_harx")):
+        tested = [(r[f"{figure}_p_{against}"], r[skill]) for r in done
+                  if r.get(f"{figure}_p_{against}") is not None and r[skill] is not None]
+        counts[f"{figure}_{against}"] = {"better": sum(p < SIGNIFICANCE and v > 0 for p, v in tested),
+                                         "worse": sum(p < SIGNIFICANCE and v < 0 for p, v in tested),
+                                         "n": len(tested)}
+    return counts
+
+
+def across_seeds(by_seed: list[dict]) -> dict[str, dict]:
+    """Each headline figure's median over the series, seed by seed: their median and their spread (max - min)."""
+    summary = {}
+    for key in (*(f"{f}_{who}" for f in FIGURES for who in ("network", "served")),
+                *(f"{f}_harx" for f in HARX_FIGURES), "close_skill"):
+        medians = [figures[key]["median"] for figures in by_seed if figures.get(key)]
+        if medians:
+            summary[key] = {"medians": medians, "median": statistics.median(medians),
+                            "spread": max(medians) - min(medians)}
+    return summary
 
 
 def head_figures(done: list[dict]) -> dict[str, dict]:
@@ -259,6 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                              "freqtrade's files as they are), to check that a figure holds beyond the 48")
     parser.add_argument("--data", type=Path, help=f"a directory of SYMBOL_TIMEFRAME.csv.gz to train on instead of "
                                                   f"{SHARED_OHLCV} (e.g. data/ohlcv, the bundled candles)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="train every series this many times: with the config's train.seed, then the next seeds. "
+                             "A difference smaller than the spread of the figures over seeds is noise (default 3)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default benchmarks/results/skill.json)")
     args = parser.parse_args(argv)
     console = Console(width=140)
@@ -272,34 +309,56 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"no series matching {args.only!r} in {corpus}")
         return 2
 
-    with (contextlib.nullcontext(args.keep) if args.keep else tempfile.TemporaryDirectory(prefix="bench-skill-")) \
-            as scratch:
-        Path(scratch).mkdir(parents=True, exist_ok=True)
-        console.print(f"[bold]{args.family}[/]: training {len(series)} series, {args.epochs} epochs each")
-        results, seconds = train(args.family, series, args.epochs, Path(scratch), args.overrides, corpus,
-                                 args.elsewhere)
-    rows = {s: row(results.get(s)) for s in series}
-    for name, r in rows.items():
-        if r is not None:
-            r["series"] = name
-    figures = overall(rows, len(series))
-    print_figures(console, args, series, rows, figures, seconds)
+    first_seed = yaml.safe_load((REPO / "configs" / f"{args.family}.yaml").read_text())["train"]["seed"]
+    by_seed = []
+    for seed in range(first_seed, first_seed + args.seeds):
+        with (contextlib.nullcontext(args.keep / f"seed-{seed}") if args.keep else
+              tempfile.TemporaryDirectory(prefix="bench-skill-")) as scratch:
+            Path(scratch).mkdir(parents=True, exist_ok=True)
+            console.print(f"[bold]{args.family}[/], seed {seed}: training {len(series)} series, {args.epochs} epochs "
+                          "each")
+            results, seconds = train(args.family, series, args.epochs, Path(scratch),
+                                     [*args.overrides, f"train.seed={seed}"], corpus, args.elsewhere)
+        rows = {s: row(results.get(s)) for s in series}
+        for name, r in rows.items():
+            if r is not None:
+                r["series"] = name
+        figures = overall(rows, len(series))
+        print_figures(console, args, seed, series, rows, figures, seconds)
+        by_seed.append({"seed": seed, "seconds": seconds, "overall": figures, "per_series": rows})
+    spread = across_seeds([run["overall"] for run in by_seed])
+    print_seeds(console, spread, [run["seed"] for run in by_seed])
     results_file = args.json or (RESULTS.with_stem("skill-elsewhere") if args.elsewhere else RESULTS)
     results_file.parent.mkdir(parents=True, exist_ok=True)
     results_file.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "corpus": str(corpus),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus", "family": args.family,
         "overrides": args.overrides, "epochs": args.epochs, "units": NARROW, "series": series,
-        "seconds": seconds, "overall": figures, "per_series": rows,
+        "seeds": [run["seed"] for run in by_seed], "seconds": sum(run["seconds"] for run in by_seed),
+        # the config's own seed (its targets as checked), each seed's, and each figure's median over the seeds
+        "overall": by_seed[0]["overall"], "per_series": by_seed[0]["per_series"], "by_seed": by_seed,
+        "across_seeds": spread,
     }, indent=1))
     console.print(f"written: {results_file}")
     return 0
 
 
-def print_figures(console: Console, args: argparse.Namespace, series: list[str], rows: dict[str, dict | None],
-                  figures: dict, seconds: float) -> None:
+def print_seeds(console: Console, spread: dict[str, dict], seeds: list[int]) -> None:
+    """Each headline figure's median over the series, per seed, and their spread."""
+    table = Table(title=f"over {len(seeds)} seeds: each figure's median over the series (the network alone / what "
+                        "users get, vs HAR + time of day on its level; harx: the network alone vs HAR-X on its level)")
+    for column in ("figure", *(f"seed {seed}" for seed in seeds), "median", "spread"):
+        table.add_column(column, justify="left" if column == "figure" else "right")
+    for key, got in spread.items():
+        table.add_row(key, *(f"{m:+.4f}" for m in got["medians"]), f"{got['median']:+.4f}", f"{got['spread']:.4f}")
+    console.print(table)
+
+
+def print_figures(console: Console, args: argparse.Namespace, seed: int, series: list[str],
+                  rows: dict[str, dict | None], figures: dict, seconds: float) -> None:
     variant = f" with {' '.join(args.overrides)}" if args.overrides else ""
-    table = Table(title=f"{args.family}{variant} (scaled down, {args.epochs} epochs): skill on the test split vs HAR "
+    table = Table(title=f"{args.family}{variant}, seed {seed} (scaled down, {args.epochs} epochs): skill on the test "
+                        "split vs HAR "
                         "+ time of day on its validation level, the network alone / what users get",
                   caption="range: the next candle's ln(high / low), QLIKE of the root-mean-square range and MAE of "
                           "the median; high + low: MAE of the two excursions from the last close; mean range: QLIKE "
@@ -346,6 +405,12 @@ def print_figures(console: Console, args: argparse.Namespace, series: list[str],
     for f in VALIDATION_FIGURES:
         if (validation := figures[f"{f}_validation"]) is not None:
             console.print(f"{LABELS[f]:>16}: {spread(validation)}")
+    console.print(f"[bold]significant at {SIGNIFICANCE:.0%}[/] (Diebold-Mariano, the network alone; the series share "
+                  "a few test periods: not independent confirmations):")
+    for test, got in figures["significant"].items():
+        figure, against = test.rsplit("_", 1)
+        console.print(f"{LABELS[figure]:>16} vs {'HAR-X' if against == 'harx' else 'HAR + time of day'}: better on "
+                      f"{got['better']}, worse on {got['worse']}, of {got['n']}")
     console.print(f"the network's correction used (weight > 0) on {figures['correction_used']}/{figures['jobs']}")
     methods = sorted({r["interval_method"] for r in rows.values() if r is not None})
     console.print(f"80 % interval, the conformal method's ({', '.join(methods)}): median coverage "

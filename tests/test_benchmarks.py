@@ -58,13 +58,19 @@ def test_bench_skill(tmp_path):
     out = tmp_path / "skill.json"
     assert benchmark("bench_skill").main([
         "--data", str(CANDLES_DIR), "--only", "BTCUSDT_1h", "--epochs", "1", "--set", "features.market=null",
-        "--set", "data.max_rows=1200", "--keep", str(tmp_path / "run"), "--json", str(out)]) == 0
+        "--set", "data.max_rows=1200", "--seeds", "2", "--keep", str(tmp_path / "run"), "--json", str(out)]) == 0
     results = written(out)
     row = results["per_series"]["BTCUSDT_1h"]
     assert row is not None and row["interval_method"] == "adaptive"
     assert {f"{figure}_{who}" for figure in ("range_qlike", "range_mae", "high_low_mae")
             for who in ("network", "served", "fitted", "validation")} <= row.keys()
+    assert 0 < row["range_qlike_p_bar"] < 1 and 0 < row["range_mae_p_harx"] < 1
     assert results["overall"]["targets"]  # checked against the bar (the figures at this size mean nothing)
+    assert results["overall"]["significant"]["range_qlike_bar"]["n"] == 1
+    # each seed trained its own network: the figures differ, and their spread is said
+    assert results["seeds"] == [42, 43] and [run["seed"] for run in results["by_seed"]] == [42, 43]
+    seeds = results["across_seeds"]["range_qlike_network"]
+    assert len(set(seeds["medians"])) == 2 and seeds["spread"] > 0
 
 
 @pytest.mark.train

@@ -336,6 +336,10 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     assert started.range.network_qlike_skill[Baseline.HAR_TOD_RMS] == pytest.approx(
         1 - started.range.network.qlike / qlike(rms[test][:, 0], actual_next["range"][:, 0], fitted.floor), rel=1e-9)
     assert started.range.network_qlike_skill[BAR_RMS] == pytest.approx(0, abs=1e-12)
+    # the same forecast as the bar: no test of a difference; against HAR as fitted, a two-sided p-value
+    assert started.range.network_qlike_p[BAR_RMS] is None and started.range.network_p[BAR] is None
+    assert 0 < started.range.network_qlike_p[Baseline.HAR_TOD_RMS] < 1
+    assert 0 <= started.high.network_p[Baseline.NO_CHANGE] < 0.05  # HAR's excursion against none at all
     assert started.mean_range.har_qlike > 0 and started.mean_range.steps == 3
     for quantity in ("high", "low", "range"):
         assert getattr(started, quantity).network_skill[BAR] == pytest.approx(0, abs=1e-12)

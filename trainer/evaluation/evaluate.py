@@ -279,18 +279,25 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
         alone = score.point_scores(network[quantity], actual[quantity], quantity, fitted.floor)
         of = {name: score.point_scores(forecasts[name][quantity], actual[quantity], quantity, fitted.floor)
               for name in names}
+        errors = {name: np.abs(f[quantity][:, 0] - actual[quantity][:, 0])
+                  for name, f in {"network": network, **{name: forecasts[name] for name in names}}.items()}
         qlike_skill = {}
         if quantity == "range":  # QLIKE scores the root-mean-square range, MAE the median
             own, alone = own.model_copy(update=qlikes["model"]), alone.model_copy(update=qlikes["network"])
+            losses = {name: score.qlike_losses(rms_of[name][:, 0], actual["range"][:, 0], fitted.floor)
+                      for name in ("network", *rms_baselines)}
             qlike_skill = {"qlike_skill": {name: score.skill(own.qlike, qlikes[name]["qlike"])
                                            for name in rms_baselines},
                            "network_qlike_skill": {name: score.skill(alone.qlike, qlikes[name]["qlike"])
-                                                   for name in rms_baselines}}
+                                                   for name in rms_baselines},
+                           "network_qlike_p": {name: score.diebold_mariano(losses["network"], losses[name])
+                                               for name in rms_baselines}}
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
             skill={name: score.skill(own.mae, b.mae) for name, b in of.items()},
             skill_horizon={name: score.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
             network=alone, network_skill={name: score.skill(alone.mae, b.mae) for name, b in of.items()},
+            network_p={name: score.diebold_mariano(errors["network"], errors[name]) for name in of},
             network_weight=weights[quantity]["network"].tolist(),
             weights={name: w.tolist() for name, w in weights[quantity].items()}, **qlike_skill)
     mean_range = None

@@ -99,6 +99,12 @@ class QuantityScores(PointScores):
     # on its validation level (har_tod_level_rms, BAR_RMS); None for the excursions
     qlike_skill: dict[str, float | None] | None = None
     network_qlike_skill: dict[str, float | None] | None = None
+    # Whether the network's own forecast differs from each baseline's beyond chance, at the next candle on the test
+    # split: the Diebold-Mariano test's two-sided p-value (scores.diebold_mariano) of its MAE, and of the range's
+    # QLIKE. Series that share a test period are not independent: a count of significant series is not a count of
+    # independent confirmations
+    network_p: dict[str, float | None] = {}
+    network_qlike_p: dict[str, float | None] | None = None
 
 
 class IntervalCoverage(_Record):
