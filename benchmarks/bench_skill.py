@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3,
                         help="train every series this many times: with the config's train.seed, then the next seeds. "
                              "A difference smaller than the spread of the figures over seeds is noise (default 3)")
+    parser.add_argument("--first-seed", type=int,
+                        help="the first of the seeds (default: the config's train.seed, 42 for v7)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default benchmarks/results/skill.json)")
     args = parser.parse_args(argv)
     console = Console(width=140)
@@ -309,7 +311,8 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"no series matching {args.only!r} in {corpus}")
         return 2
 
-    first_seed = yaml.safe_load((REPO / "configs" / f"{args.family}.yaml").read_text())["train"]["seed"]
+    first_seed = args.first_seed if args.first_seed is not None else \
+        yaml.safe_load((REPO / "configs" / f"{args.family}.yaml").read_text())["train"]["seed"]
     by_seed = []
     for seed in range(first_seed, first_seed + args.seeds):
         with (contextlib.nullcontext(args.keep / f"seed-{seed}") if args.keep else
