@@ -201,13 +201,11 @@ def trained_run(tmp_path_factory) -> TrainedRun:
         if not output.exists():
             shutil.rmtree(root, ignore_errors=True)  # what a worker that failed here left
             root.mkdir()
-            # Its candle head starts at HAR + time of day, as the families' do; its interval is split conformal's
-            # (one margin throughout: what predict serves after a test window is what predictions.npz holds for it)
+            # Its candle head starts at HAR + time of day, as the families' do; its interval is the default's
+            # (adaptive conformal: its margin moves along the test split)
             heads = tiny_config_dict(root)["heads"]
             heads[0].update(kind="har_candle", loss="mae")
-            config.write_text(yaml.safe_dump(tiny_config_dict(root, heads=heads,
-                                                              evaluation={"interval": {"method": "split"}}),
-                                             sort_keys=False))
+            config.write_text(yaml.safe_dump(tiny_config_dict(root, heads=heads), sort_keys=False))
             with pytest.MonkeyPatch.context() as env:
                 env.setenv("HF_HUB_OFFLINE", "1")
                 result = CliRunner().invoke(main, ["run", "--config", str(config), "-v"], catch_exceptions=False)

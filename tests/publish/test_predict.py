@@ -123,9 +123,11 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
 def test_forecast_reproduces_the_runners_test_predictions(run, job_dir, window):
     """Forecasting from the candles before a test sample's targets gives what predictions.npz holds for that sample:
     each head's candles, and what users get of the size of the coming candles - the expected high, low, range, the
-    range's root mean square - and the 80 % interval of the close (split conformal's in this run: one margin
-    throughout; HAR's EWMA volatility, started afresh a week back, accounts for the tolerance)."""
+    range's root mean square - and the 80 % interval of the close under the default interval, adaptive conformal's,
+    whose margin moves along the test split: predict widens it by the margin of that time (HAR's EWMA volatility,
+    started afresh a week back, accounts for the tolerance)."""
     saved = np.load(job_dir / "predictions.npz")
+    assert len(np.unique(saved["interval_margin"][:, 0])) > 1  # adaptive: the margin moved along the test split
     first_target = saved["target_times"][window]
     candles = load_candles(run, "BTCUSDT", "1h")
     before = candles[candles.index.values < first_target]
@@ -318,8 +320,9 @@ def _headline_skill(value: float, adaptive: bool):
     def change(stage) -> None:
         metrics = json.loads((stage / "metrics.json").read_text())
         metrics["headline"]["skill"] = value
-        if adaptive:  # as adaptive conformal leaves it: the level it ended the test split at
-            metrics["candles"]["interval"] |= {"method": "adaptive", "gamma": 0.005, "level": [0.83, 0.81, 0.8]}
+        # as adaptive conformal leaves it (the level it ended the test split at), or as split conformal does
+        metrics["candles"]["interval"] |= {"method": "adaptive", "gamma": 0.005, "level": [0.83, 0.81, 0.8]} \
+            if adaptive else {"method": "split", "gamma": None, "level": None}
         (stage / "metrics.json").write_text(json.dumps(metrics))
     return change
 
@@ -395,8 +398,9 @@ def test_the_card_of_a_real_job_shows_the_next_candle_vs_har_and_the_interval(jo
     for quantity in ("high", "low", "range"):
         assert results[f"next candle {quantity}: skill vs HAR + time of day on its validation level (1 - MAE / HAR "
                        "MAE)"] == pytest.approx(candles[quantity]["skill"]["har_tod_level"])
-    assert results["80 % interval of the next close (split conformal on validation): coverage"] == \
-        pytest.approx(candles["interval"]["coverage"])
+    [coverage] = [value for name, value in results.items()
+                  if name.startswith("80 % interval of the next close (adaptive conformal, level ")]
+    assert coverage == pytest.approx(candles["interval"]["coverage"])
 
 
 def test_the_card_of_a_close_shrunk_to_no_change_gives_it_no_direction_accuracy(job_dir, tmp_path):

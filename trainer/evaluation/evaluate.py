@@ -19,7 +19,7 @@ from ..heads import CANDLE
 from ..model.settings import INFERENCE_BATCH_SIZE
 from . import scores as score
 from .baselines import Baseline, Baselines, combination_weights, mae_factor, qlike_factor
-from .intervals import Conformal, Forecasts
+from .intervals import Conformal, Forecasts, Intervals
 from .results import (
     CandleScores,
     CloseScores,
@@ -254,6 +254,8 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
     "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
     "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
     "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return),
+    "interval_margin" (its margin, in units of the volatility it was normalised by: adaptive conformal's moves along
+    the test split),
     and the network's own range beside its candles: "network_range" (median), "network_range_rms"."""
     steps = network["range"].shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
@@ -313,11 +315,12 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                                      har_qlike=mean[Baseline.HAR_TOD_RMS],
                                      qlike_skill=score.skill(mean["model"], mean[Baseline.HAR_TOD_RMS]),
                                      network_qlike_skill=score.skill(mean["network"], mean[Baseline.HAR_TOD_RMS]))
-    interval, (lower, upper) = _interval_scores(network["return"], val_network["return"], actual["return"], test,
+    interval, intervals = _interval_scores(network["return"], val_network["return"], actual["return"], test,
                                                 val, fitted, settings.interval.conformal(INTERVAL))
     validation = _validation_skill(val_network, val_actual, val_forecasts, fitted.floor)
     served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
-              "expected_range_rms": served_rms, "interval_low": lower, "interval_high": upper,
+              "expected_range_rms": served_rms, "interval_low": intervals.lower, "interval_high": intervals.upper,
+              "interval_margin": intervals.margin,
               "network_range": network["range"], "network_range_rms": network["range_rms"]}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
                         validation=validation, **factors), served
@@ -405,9 +408,9 @@ def blend(weights: dict[str, np.ndarray], network: np.ndarray, baselines: dict[s
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
                      val: SplitWindows, fitted: Baselines,
-                     method: Conformal) -> tuple[IntervalScores, tuple[np.ndarray, np.ndarray]]:
+                     method: Conformal) -> tuple[IntervalScores, Intervals]:
     """The interval of the method (trainer.evaluation.intervals) around the network's close: its scores, and its
-    bounds of the return (N, steps) of the test samples."""
+    intervals of the return on the test samples."""
     steps = model.shape[1]
     scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
@@ -430,4 +433,4 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
                           margin=intervals.next_margin.tolist(), baselines=of,
                           pinball_skill={name: score.skill(own.pinball, b.pinball) for name, b in of.items()},
                           level=None if intervals.level is None else intervals.level.tolist(),
-                          **method.settings()), (intervals.lower, intervals.upper)
+                          **method.settings()), intervals

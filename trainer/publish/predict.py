@@ -146,20 +146,23 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
     for head in heads:  # "head.column" where two heads share a column
         columns |= head.spec.served_columns(prices[head.name].reshape(horizon, len(head.columns)),
                                             every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
+    step = timeframe_delta(prep.timeframe)
+    index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
     scores = job.metrics().candles
     if scores is not None:
         baselines = {Baseline.HAR_TOD: har.forecast(candles)}
         if (harx := job.harx()) is not None:  # it reads the feature rows: the volume surprise, the market's range
             baselines[Baseline.HARX] = harx.forecast(frame)
-        columns |= _expected_candles(baselines, har.floor, scores, prep, outputs, prices, candles)
-    step = timeframe_delta(prep.timeframe)
-    index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
+        # the interval's margin as evaluation had it then, inside the test split; after it, the next one
+        margin = job.interval_margin(index[0].to_datetime64().astype("datetime64[ns]"))
+        columns |= _expected_candles(baselines, har.floor, scores, prep, outputs, prices, candles,
+                                     scores.interval.margin if margin is None else margin)
     return pd.DataFrame(columns, index=index)
 
 
 def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: CandleScores, prep: Preprocessing,
-                      outputs: dict[str, np.ndarray], prices: dict[str, np.ndarray],
-                      candles: pd.DataFrame) -> dict[str, np.ndarray]:
+                      outputs: dict[str, np.ndarray], prices: dict[str, np.ndarray], candles: pd.DataFrame,
+                      margin: np.ndarray) -> dict[str, np.ndarray]:
     """The candle head's expected high, low and range as evaluation served them on the test split
     (predictions.npz's expected_*): the network's forecasts (Head.candle_quantities) put on their level on validation
     (CandleScores.median_factors, rms_factor) and combined with HAR-X's and HAR + time of day's (`baselines`:
@@ -168,9 +171,9 @@ def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: Can
     Each is a forecast of its own: the medians of the high and low ("expected_high", "expected_low"), of the range
     ("expected_range_pct": high / low - 1 in percent, not expected_high / expected_low - 1), and the root-mean-square
     range ("expected_range_rms_pct": the root of its expected square, what QLIKE scores: the scale to size risk with);
-    and the 80 % interval of the close ("close_80_low", "close_80_high": the network's close widened by the job's
-    margin x the volatility it was calibrated with: split conformal's on validation, or the one adaptive conformal
-    ended the test split at)."""
+    and the 80 % interval of the close ("close_80_low", "close_80_high": the network's close widened by `margin` x
+    the volatility it was calibrated with; the margin is split conformal's on validation, or adaptive conformal's:
+    as it stood at that time inside the test split, the one it ended the test split at after it)."""
     head = next(h for h in prep.heads if h.name == scores.head)
     last_close = float(candles["close"].iloc[-1])
     network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
@@ -185,7 +188,7 @@ def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: Can
 
     combined = {q: served(q, median[q], q) for q in COMBINED}
     rms = served("range", network_rms, "range_rms")
-    spread = np.asarray(scores.interval.margin) * baseline["volatility"][scores.interval.normaliser]
+    spread = np.asarray(margin) * baseline["volatility"][scores.interval.normaliser]
     return {"expected_high": last_close * np.exp(combined["high"]),
             "expected_low": last_close * np.exp(-combined["low"]),
             "expected_range_pct": 100 * np.expm1(combined["range"]),

@@ -220,6 +220,19 @@ class JobDir:
                                   saved["persistence_close"].reshape(len(times)).astype(float))
         return self._read(PREDICTIONS, load)
 
+    def interval_margin(self, first_target: np.datetime64) -> np.ndarray | None:
+        """The margin (per step, in units of its volatility) the 80 % interval of the close had at the test sample
+        whose first target is at `first_target`, from predictions.npz: adaptive conformal's moves along the test
+        split. None when no test sample has its first target then (or the file, of an earlier cryptotrain, holds
+        no margins)."""
+        def load(path: Path) -> np.ndarray | None:
+            with np.load(path) as saved:
+                if "interval_margin" not in saved:
+                    return None
+                at = np.flatnonzero(saved["target_times"].astype("datetime64[ns]") == first_target)
+                return saved["interval_margin"][at[0]] if len(at) else None
+        return self._read(PREDICTIONS, load)
+
     def _read(self, name: str, load: Callable[[Path], object], parse: Callable[[object], T] | None = None) -> T:
         """The file `name`: `load`ed, then `parse`d. JobFileError when it is missing or cannot be read as what it
         should be; charts.NoChart and UserError (another format; load's own line) pass as they are."""
