@@ -310,3 +310,41 @@ def test_a_packed_jobs_epoch_is_reported_after_its_own_callbacks_have_seen_it(tm
     for job in jobs:
         assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \
             [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen
+
+
+def test_a_packed_run_packs_a_timeframe_at_a_time_and_says_how_many_lanes_idle(tmp_path, caplog):
+    """15m and 1h candles over the same dates (a user's download since one start date), two symbols, --pack 2: the
+    15m jobs pack together, and the 1h jobs (a 15m job has four times a 1h job's steps an epoch: packed with one,
+    the 1h job's lane would idle three quarters of each epoch); each pack says how many of its lanes idle."""
+    import logging
+    import re
+
+    import pandas as pd
+
+    from tests.conftest import CANDLES_DIR, tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.run.jobs import make_jobs
+    from trainer.run.runner import run_config
+
+    data = tmp_path / "candles"
+    data.mkdir()
+    for symbol in ("BTCUSDT", "ETHUSDT"):
+        quarterly = pd.read_csv(CANDLES_DIR / f"{symbol}_15m.csv.gz").head(1200)  # 12.5 days
+        hourly = pd.read_csv(CANDLES_DIR / f"{symbol}_1h.csv.gz")
+        hourly = hourly[hourly["timestamp"].between(*quarterly["timestamp"].iloc[[0, -1]])]  # ISO strings, in order
+        hourly.to_csv(data / f"{symbol}_1h.csv.gz", index=False)
+        quarterly.to_csv(data / f"{symbol}_15m.csv.gz", index=False)
+    raw = tiny_config_dict(tmp_path)
+    raw["data"] |= {"local": {"path": str(data), "pattern": "{symbol}_{timeframe}.csv.gz"},
+                    "timeframes": ["15m", "1h"], "max_rows": None}
+    raw["train"] |= {"epochs": 1, "pack": 2, "batch_size": 8}
+    cfg = RunConfig.model_validate(raw)
+    with caplog.at_level(logging.INFO, logger="trainer.run.packing"):
+        outcome = run_config(cfg, make_jobs(cfg))
+    assert [record.status for record in outcome.records] == ["done"] * 4
+    packs = [re.fullmatch(r"training packed, 2 jobs in one step: (\w+), (\w+); (\d+) % of its lanes idle \((\d+) "
+                          r"steps an epoch\)", record.getMessage())
+             for record in caplog.records if record.getMessage().startswith("training packed")]
+    assert [pack.group(1, 2, 3) if pack else None for pack in packs] == [
+        ("BTCUSDT_15m", "ETHUSDT_15m", "0"), ("BTCUSDT_1h", "ETHUSDT_1h", "0")]
+    assert int(packs[0].group(4)) > 3 * int(packs[1].group(4))

@@ -277,17 +277,17 @@ class Ledger:
     # --- one attempt at a job: claim, heartbeat, then done / failed / released ---------------
 
     def claim(self, retries: int, names: list[str] | None = None) -> str | None:
-        """Take the first job in order (among `names` if given) that is pending, failed with
+        """Take the first job, in the order of `names` if given (else the run's), that is pending, failed with
         attempts <= retries, or running but abandoned; mark it running by this process. None when
         there is nothing left to do."""
-        wanted = None if names is None else set(names)
         with self._transaction() as conn:
             now = time.time()  # after the lock wait: it is when this claim starts
             rows = conn.execute("SELECT name, status, attempts, pid, host, heartbeat_at FROM jobs "
                                 "WHERE status != 'done' ORDER BY position").fetchall()
+            if names is not None:
+                by_name = {row["name"]: row for row in rows}
+                rows = [by_name[name] for name in names if name in by_name]
             for row in rows:
-                if wanted is not None and row["name"] not in wanted:
-                    continue
                 abandoned = self._abandoned(row, now) if row["status"] == "running" else None
                 if (row["status"] == "pending" or abandoned
                         or (row["status"] == "failed" and row["attempts"] <= retries)):

@@ -5,13 +5,16 @@ checkpoints in its backup directory and is committed and recorded on its own by 
 moment resumes each of its jobs after its own last finished epoch.
 
 The jobs of a run share one model signature (one config, one model), so any K of them pack; jobs of different
-lengths pack too: each has its own number of batches an epoch, and one with fewer is idle for the rest of it.
+lengths pack too: each has its own number of batches an epoch, and one with fewer is idle for the rest of it (the
+driver claims jobs a timeframe at a time, so that series over the same dates pack with their like; each pack says
+its idle share).
 
 Imports no TensorFlow: it runs where only JAX is installed.
 """
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -89,6 +92,12 @@ def jobs_that_fit(jobs: int, per_job: int, bytes_limit: int) -> int:
     """`--pack auto`'s K on an accelerator of `bytes_limit` bytes: as many of the jobs as fill MEMORY_SHARE of it at
     `per_job` bytes each, at most MAX_PACK, at least 1."""
     return max(1, min(jobs, MAX_PACK, int(bytes_limit * MEMORY_SHARE // per_job)))
+
+
+def idle_share(steps: list[int]) -> float:
+    """The share of a pack's lanes idle in an epoch, its jobs having `steps` batches each: each epoch runs as many
+    steps as its longest job, and a job with fewer idles for the rest."""
+    return 1 - sum(steps) / (len(steps) * max(steps))
 
 
 def pack_precision(precision: str) -> str:
@@ -182,8 +191,10 @@ class PackExecutor:
         its trained PackedJob and its checkpoint callback, or what failed it (a job alone the device cannot hold:
         the run's line says to lower train.batch_size)."""
         if len(framed) > 1:  # what the progress display shows as jobs training at once
-            log.info("training packed, %d jobs in one step: %s", len(framed),
-                     ", ".join(item.job.name for item, *_ in framed))
+            steps = [math.ceil(len(windows.train) / self.cfg.train.batch_size) for _, windows, *_ in framed]
+            log.info("training packed, %d jobs in one step: %s; %.0f %% of its lanes idle (%s steps an epoch)",
+                     len(framed), ", ".join(item.job.name for item, *_ in framed), 100 * idle_share(steps),
+                     f"{min(steps)}-{max(steps)}" if min(steps) < max(steps) else max(steps))
         jobs = [(item, packed) for item, *_, packed in framed]
         try:
             checkpoints = self._train(jobs, events)

@@ -95,10 +95,14 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
             _reconcile(cfg, ledger, by_name, retries, retry_failed)
 
             driver = _Driver(run, names, display, push)
+            # Jobs trained together (packed, on Ray workers) are claimed a timeframe at a time: series over the same
+            # dates then have the same steps an epoch, and no lane of a pack idles while a longer job trains on
+            order = names if workers.capacity == 1 else \
+                sorted(names, key=lambda name: cfg.data.timeframes.index(by_name[name].timeframe))
             with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
                 try:
                     while True:
-                        while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, names)):
+                        while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, order)):
                             driver.start(by_name[name], workers)
                         if not driver.in_flight:
                             break
