@@ -348,3 +348,62 @@ def test_a_packed_run_packs_a_timeframe_at_a_time_and_says_how_many_lanes_idle(t
     assert [pack.group(1, 2, 3) if pack else None for pack in packs] == [
         ("BTCUSDT_15m", "ETHUSDT_15m", "0"), ("BTCUSDT_1h", "ETHUSDT_1h", "0")]
     assert int(packs[0].group(4)) > 3 * int(packs[1].group(4))
+
+
+def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_train(tmp_path, monkeypatch):
+    """After a pack's jobs are evaluated, the device holds what it held before the pack, but for what JAX keeps of
+    its compiled step; a pack that ran out of memory has freed its buffers before its halves train (each half then
+    holds less than the failed pack did), and after them the same holds."""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import Job
+    from trainer.model.packed import Pack
+    from trainer.run.packing import PackExecutor
+    from trainer.run.pipeline import prepare
+
+    jax = pytest.importorskip("jax")
+    raw = tiny_config_dict(tmp_path)
+    raw["train"]["epochs"] = 1
+    cfg = RunConfig.model_validate(raw)
+    jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    prepared = {job.name: prepare(cfg, job) for job in jobs}
+
+    class Quiet:
+        def training_started(self, job, epochs, done):
+            pass
+
+        def epoch_ended(self, job, epoch, logs):
+            pass
+
+    def on_device() -> int:
+        return sum(array.nbytes for array in jax.live_arrays())
+
+    def trained(packer: PackExecutor, run: str) -> None:
+        for job in jobs:
+            (tmp_path / run / job.name).mkdir(parents=True)
+            packer.submit(job, prepared[job.name], tmp_path / run / job.name)
+        outcomes = packer.wait(Quiet())
+        assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+
+    packer = PackExecutor(cfg, 2)
+    # JAX keeps a little of each pack's compiled step (measured: about the size of one job's optimizer state)
+    kept = sum(variable.value.nbytes for variable in [*packer.model.variables, *packer.model.optimizer.variables])
+    before = on_device()
+    trained(packer, "roomy")
+    assert on_device() - before <= kept
+
+    at_train, train = [], Pack.train
+
+    def on_a_small_device(self, epochs):
+        at_train.append((len(self.jobs), on_device()))
+        if len(self.jobs) > 1:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes.")
+        return train(self, epochs)
+
+    monkeypatch.setattr(Pack, "train", on_a_small_device)
+    trained(packer, "halved")
+    assert [size for size, _ in at_train] == [2, 1, 1]
+    (_, failed), (_, first_half), (_, second_half) = at_train
+    assert first_half < failed and second_half < failed, at_train
+    assert failed - before > 10 * kept  # what a pack holds (its jobs' windows and state), freed
+    assert on_device() - before <= 3 * kept  # three packs' steps compiled

@@ -155,3 +155,29 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         remote = predict_job("hf://tester/packed/BTCUSDT/1h", symbol=None, timeframe=None, data_path=None,
                              config_path=None)
     assert remote.as_dict()["forecast"] == served["forecast"]
+
+
+@pytest.mark.train
+@pytest.mark.processes
+def test_a_second_process_loads_the_packed_step_from_the_compilation_cache(tmp_path):
+    """JAX's persistent compilation cache under the run's cache_dir (xla/, said when the run starts): the process
+    after the first (a resumed run, the next family of the same model) compiles nothing anew."""
+    pytest.importorskip("jax")
+    config = _config(tmp_path, epochs=1)
+    cache = tmp_path / "cache" / "xla"  # conftest: each test's CRYPTOTRAIN_CACHE is tmp_path/cache
+    env = {key: value for key, value in os.environ.items() if key != "JAX_COMPILATION_CACHE_DIR"}
+    env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny model's steps compile in well under 1 s
+
+    def run(output: str) -> str:
+        result = subprocess.run([*cli_without("tensorflow"), "run", "--config", str(config), "--only", "BTCUSDT",
+                                 "--pack", "2", "--set", f"output_dir={tmp_path / output}"], cwd=tmp_path, env=env,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stderr
+
+    said = run("first")
+    assert f"compiled steps kept in {cache}" in " ".join(said.split())
+    compiled = sorted(path.name for path in cache.iterdir())
+    assert compiled
+    run("second")
+    assert sorted(path.name for path in cache.iterdir()) == compiled

@@ -65,6 +65,13 @@ class PackedJob:
     view: JobView | None = None  # the job as a model (its weights), once packed
 
 
+@dataclass(frozen=True)
+class JobState:
+    """A job's state as its pack left it, on the host: what its model is evaluated and saved with."""
+    variables: list[np.ndarray]  # in the model's variables' order (its weights, its dropout seed states)
+    optimizer_variables: list[np.ndarray]  # in its optimizer's variables' order
+
+
 def windows_job(name: str, windows: Windows, seed: int) -> PackedJob:
     """A job's windows as a pack trains on them: its train and validation inputs (with those its heads read beside
     the windows) and its targets, each head's derived ones too (as training.DeviceFeed gathers them)."""
@@ -138,8 +145,23 @@ class Pack:
         position = {id(variable): i for i, variable in enumerate(model.metrics_variables)}
         self._logged = [(metric.name, position[id(metric.variables[0])], position[id(metric.variables[1])])
                         for metric in model.metrics if metric.name != "loss"]
-        self._train_epoch = jax.jit(self._train_scan)
+        # The state is donated: an epoch writes the jobs' new state over the old in place, never holding both
+        self._train_epoch = jax.jit(self._train_scan, donate_argnums=0)
         self._val_epoch = jax.jit(self._val_scan)
+
+    def states(self) -> list[JobState]:
+        """Each job's state on the host, from one transfer of the pack's state off the device."""
+        state = jax.device_get(self.state)
+        return [JobState([state[group][i][k] for group, i in self._variables],
+                         [values[k] for values in state["optimizer"]]) for k in range(len(self.jobs))]
+
+    def release(self) -> None:
+        """Frees the pack's device buffers (its jobs' state and windows) now, rather than whenever the collector
+        reaches the pack (its jobs' views and compiled steps refer back to it): the next pack trains in their room.
+        The jobs' views cannot be read after."""
+        for array in jax.tree.leaves((self.state, self._train_data, self._val_data)):
+            array.delete()
+        self.state, self._train_data, self._val_data = {}, None, None
 
     # ------------------------------------------------------------------ one job's computation (vmapped)
     def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):

@@ -79,8 +79,10 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
         at_a_time = f"{plan.k} job{'s' * (plan.k > 1)} at a time"
         if executor.kind == "local":
-            note(f"packed training on {plan.device}: {at_a_time} ({plan.why})")
-            yield PackExecutor(cfg, plan.k)
+            workers = PackExecutor(cfg, plan.k)
+            note(f"packed training on {plan.device}: {at_a_time} ({plan.why}); compiled steps kept in "
+                 f"{workers.compilation_cache}")
+            yield workers
             return
         note(f"packed training on Ray workers: {at_a_time} on each ({plan.why})")
         pack = plan.k

@@ -26,7 +26,7 @@ from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
 from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
-from ..model.packed import Pack, PackedJob, windows_job
+from ..model.packed import JobState, Pack, PackedJob, windows_job
 from ..model.resume import EpochCheckpoint, assign
 from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
 from .jobs import Job
@@ -94,6 +94,17 @@ def jobs_that_fit(jobs: int, per_job: int, bytes_limit: int) -> int:
     return max(1, min(jobs, MAX_PACK, int(bytes_limit * MEMORY_SHARE // per_job)))
 
 
+def compilation_cache(cache: Path) -> Path:
+    """Where JAX keeps what it compiles for packs (its persistent compilation cache): JAX_COMPILATION_CACHE_DIR
+    where set, else `cache`/xla (the run's cache_dir). A later pack of the same shape, each half of a pack that ran
+    out of memory and the next process (a resumed run, the next family of the same model) load the compiled step
+    from there instead of compiling it again (~25 s for V7 on an H100). Deleting the directory clears it. Set before
+    anything is compiled: JAX reads the setting at its first compilation."""
+    if not jax.config.jax_compilation_cache_dir:
+        jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))
+    return Path(jax.config.jax_compilation_cache_dir)
+
+
 def idle_share(steps: list[int]) -> float:
     """The share of a pack's lanes idle in an epoch, its jobs having `steps` batches each: each epoch runs as many
     steps as its longest job, and a job with fewer idles for the rest."""
@@ -112,7 +123,8 @@ def pack_precision(precision: str) -> str:
     return precision
 
 
-Trained = tuple[PackedJob, EpochCheckpoint]  # a job as its pack left it, and its checkpoint callback
+# A job as its pack left it, its checkpoint callback, and its state on the host (its pack is released)
+Trained = tuple[PackedJob, EpochCheckpoint, JobState]
 
 
 @dataclass
@@ -129,6 +141,7 @@ class PackExecutor:
 
     def __init__(self, cfg: RunConfig, capacity: int) -> None:
         self.cfg, self.capacity = cfg, capacity
+        self.compilation_cache = compilation_cache(cfg.cache_path)  # before the model compiles anything
         keras.mixed_precision.set_dtype_policy(pack_precision(cfg.train.precision))
         keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
         # A model the config cannot build is bad input, said before a run directory records it.
@@ -168,7 +181,7 @@ class PackExecutor:
                 if isinstance(trained_job := trained_jobs[item.job.name], BaseException):
                     outcomes[item.job.name] = trained_job  # its pack could not train
                     continue
-                packed, checkpoint = trained_job
+                packed, checkpoint, state = trained_job
                 try:
                     with named_after(item.prepared):
                         if packed.error is not None:
@@ -176,8 +189,8 @@ class PackExecutor:
                         result = fit_result(checkpoint, restores_best, step_seconds=trained)
                     # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
                     # too: model.keras holds it, as a job trained alone saves its own)
-                    assign(model.variables, [v.numpy() for v in packed.view.variables])
-                    assign(model.optimizer.variables, [v.numpy() for v in packed.view.optimizer.variables])
+                    assign(model.variables, state.variables)
+                    assign(model.optimizer.variables, state.optimizer_variables)
                     outcomes[item.job.name] = evaluated(cfg, item.job, item.prepared, model, windows, fitted, result,
                                                         started)
                 except Exception as exc:
@@ -197,40 +210,49 @@ class PackExecutor:
                      f"{min(steps)}-{max(steps)}" if min(steps) < max(steps) else max(steps))
         jobs = [(item, packed) for item, *_, packed in framed]
         try:
-            checkpoints = self._train(jobs, events)
-        except Exception as exc:  # the pack could not train
+            checkpoints, states = self._train(jobs, events)
+        except Exception as exc:  # the pack could not train (and has released its buffers)
             if len(framed) == 1 or not out_of_memory(exc):
                 return {item.job.name: exc for item, _ in jobs}  # each job fails with it
-            half = len(framed) // 2
-            log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
-                        len(framed), device_name(), first_line(exc), half, len(framed) - half)
-            again = [(item, windows, fitted, windows_job(item.job.name, windows, self.cfg.train.seed))
-                     for item, windows, fitted, _ in framed]  # the failed pack's jobs hold its callbacks
-            return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
-        return {item.job.name: (packed, checkpoints[packed.name]) for item, packed in jobs}
+            why = first_line(exc)
+        else:
+            return {item.job.name: (packed, checkpoints[packed.name], states[packed.name]) for item, packed in jobs}
+        # Out of memory: the halves train once the failed pack, its exception and what they held are gone
+        half = len(framed) // 2
+        log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
+                    len(framed), device_name(), why, half, len(framed) - half)
+        again = [(item, windows, fitted, windows_job(item.job.name, windows, self.cfg.train.seed))
+                 for item, windows, fitted, _ in framed]  # the failed pack's jobs hold its callbacks
+        del jobs, framed
+        return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
 
-    def _train(self, jobs: list[tuple[_Submitted, PackedJob]], events: Events) -> dict[str, EpochCheckpoint]:
+    def _train(self, jobs: list[tuple[_Submitted, PackedJob]],
+               events: Events) -> tuple[dict[str, EpochCheckpoint], dict[str, JobState]]:
         """The jobs trained in one pack, each going on from its backup directory's checkpoint (a fresh job from the
-        heads' warm start); each job's checkpoint callback, by name."""
+        heads' warm start); each job's checkpoint callback and its state on the host, by name. The pack's device
+        buffers are released before it returns (or raises): the next pack, or a half of this one, trains in their
+        room."""
         model = self.model
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
         pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
         checkpoints, summaries = {}, []
-        for item, packed in jobs:
-            checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
-            if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
-                pack.warm_start(packed, self.warm_starts)
-            # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have seen
-            # it, as pipeline.train_one does: an epoch shown is one the driver holds.
-            packed.callbacks = [*packed.callbacks, *item.callbacks, ReportProgress(events, packed.name)]
-            if self.cfg.train.tensorboard:
-                summaries.append(EpochSummaries(item.tensorboard))
-                packed.callbacks.append(summaries[-1])
         try:
+            for item, packed in jobs:
+                checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
+                if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
+                    pack.warm_start(packed, self.warm_starts)
+                # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have
+                # seen it, as pipeline.train_one does: an epoch shown is one the driver holds.
+                packed.callbacks = [*packed.callbacks, *item.callbacks, ReportProgress(events, packed.name)]
+                if self.cfg.train.tensorboard:
+                    summaries.append(EpochSummaries(item.tensorboard))
+                    packed.callbacks.append(summaries[-1])
             pack.train(self.cfg.train.epochs)
+            states = dict(zip((packed.name for _, packed in jobs), pack.states(), strict=True))
         finally:  # a job that failed ends without on_train_end
+            pack.release()  # now, not when the collector reaches it (what raised holds it until its traceback goes)
             for summary in summaries:
                 summary.close()
-        return checkpoints
+        return checkpoints, states
 
