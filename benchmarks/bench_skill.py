@@ -3,10 +3,12 @@
   make bench-skill
   python benchmarks/bench_skill.py --family v7 --epochs 4 --only 'BTC*'
   python benchmarks/bench_skill.py --set heads.0.loss=mse      # a variant: any `cryptotrain run --set`
+  python benchmarks/bench_skill.py --shipped --epochs 12 --seeds 1 --only 'BTCUSDT_*'   # V7 at full size
 
 The family's config as shipped (configs/<family>.yaml: its features, window, heads, losses, layer kinds),
 scaled down only in units (128 -> 16, 64 -> 16, 32 -> 8), epochs (--epochs, early stopping patience 2) and
-batch size (64), is trained with `cryptotrain run` on every series in ../shared/data/ohlcv (or --data). Per series,
+batch size (64) - the miniature; --shipped: at full size, only its epochs capped - is trained with
+`cryptotrain run` on every series in ../shared/data/ohlcv (or --data). Per series,
 on the held-out chronological test split, like with like: the network's forecasts are put on their level on
 validation (per step, the factor with the lowest MAE there, and QLIKE's for the range's root mean square), and the
 bar is HAR + time of day put on its level the same way (har_tod_level); HAR as fitted on the train split is shown
@@ -88,21 +90,23 @@ LABELS = {"range_qlike": "range QLIKE", "range_mae": "range MAE", "high_low_mae"
 
 
 def bench_config(family: str, symbols: list[str], timeframes: list[str], epochs: int, run_dir: Path,
-                 cache_dir: Path, corpus: Path, elsewhere: bool = False) -> dict:
+                 cache_dir: Path, corpus: Path, elsewhere: bool = False, shipped: bool = False) -> dict:
     """configs/<family>.yaml with the series of `corpus` here, fewer units, epochs and a larger batch: nothing else
-    changed."""
+    changed. `shipped`: the family as shipped (its units, batch size and patience), only its epochs capped."""
     config = yaml.safe_load((REPO / "configs" / f"{family}.yaml").read_text())
-    layers = [{**layer, "units": NARROW.get(layer["units"], layer["units"])} if "units" in layer else layer
-              for layer in config["model"]["layers"]]
+    layers = config["model"]["layers"] if shipped else \
+        [{**layer, "units": NARROW.get(layer["units"], layer["units"])} if "units" in layer else layer
+         for layer in config["model"]["layers"]]
+    train = {**config["train"], "epochs": epochs}
+    if not shipped:
+        train |= {"batch_size": 64, "early_stopping": {**config["train"].get("early_stopping", {}), "patience": 2},
+                  "reduce_lr": {**config["train"].get("reduce_lr", {}), "patience": 1}}
     return {
         **config, "name": f"bench_skill_{family}", "output_dir": str(run_dir), "cache_dir": str(cache_dir),
         "data": {**({"source": "freqtrade", "freqtrade": {"path": str(corpus)}} if elsewhere else
                     {"source": "local", "local": {"path": str(corpus), "pattern": "{symbol}_{timeframe}.csv.gz"}}),
                  "symbols": symbols, "timeframes": timeframes},
-        "model": {**config["model"], "layers": layers},
-        "train": {**config["train"], "batch_size": 64, "epochs": epochs,
-                  "early_stopping": {**config["train"].get("early_stopping", {}), "patience": 2},
-                  "reduce_lr": {**config["train"].get("reduce_lr", {}), "patience": 1}},
+        "model": {**config["model"], "layers": layers}, "train": train,
     }
 
 
@@ -116,7 +120,7 @@ def series_of(pattern: str, corpus: Path, elsewhere: bool = False) -> list[str]:
 
 
 def train(family: str, series: list[str], epochs: int, scratch: Path, overrides: list[str], corpus: Path,
-          elsewhere: bool = False) -> tuple[dict[str, dict], float]:
+          elsewhere: bool = False, shipped: bool = False) -> tuple[dict[str, dict], float]:
     """Trains the series as `cryptotrain run` does (run.runner.run_config, in this process); job name ->
     metrics.json, and the wall time."""
     symbols = sorted({s.split("_")[0] for s in series})
@@ -124,7 +128,7 @@ def train(family: str, series: list[str], epochs: int, scratch: Path, overrides:
     config = scratch / f"{family}.yaml"
     run_dir = scratch / "run"
     config.write_text(yaml.safe_dump(bench_config(family, symbols, timeframes, epochs, run_dir, scratch / "cache",
-                                                  corpus, elsewhere), sort_keys=False))
+                                                  corpus, elsewhere, shipped), sort_keys=False))
     started = time.perf_counter()
     cfg = load_config(config, overrides)
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
@@ -296,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3,
                         help="train every series this many times: with the config's train.seed, then the next seeds. "
                              "A difference smaller than the spread of the figures over seeds is noise (default 3)")
+    parser.add_argument("--shipped", action="store_true",
+                        help="the family at full size, as shipped (its units, batch size and early stopping), only "
+                             "its epochs capped by --epochs; default: the miniature (units 128/64/32 -> 16/16/8, "
+                             "batch 64, patience 2)")
     parser.add_argument("--first-seed", type=int,
                         help="the first of the seeds (default: the config's train.seed, 42 for v7)")
     parser.add_argument("--json", type=Path, help="where to write the figures (default benchmarks/results/skill.json)")
@@ -321,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
             console.print(f"[bold]{args.family}[/], seed {seed}: training {len(series)} series, {args.epochs} epochs "
                           "each")
             results, seconds = train(args.family, series, args.epochs, Path(scratch),
-                                     [*args.overrides, f"train.seed={seed}"], corpus, args.elsewhere)
+                                     [*args.overrides, f"train.seed={seed}"], corpus, args.elsewhere, args.shipped)
         rows = {s: row(results.get(s)) for s in series}
         for name, r in rows.items():
             if r is not None:
@@ -336,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     results_file.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "corpus": str(corpus),
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus", "family": args.family,
-        "overrides": args.overrides, "epochs": args.epochs, "units": NARROW, "series": series,
+        "overrides": args.overrides, "epochs": args.epochs, "size": "shipped" if args.shipped else "miniature",
+        "units": None if args.shipped else NARROW, "series": series,
         "seeds": [run["seed"] for run in by_seed], "seconds": sum(run["seconds"] for run in by_seed),
         # the config's own seed (its targets as checked), each seed's, and each figure's median over the seeds
         "overall": by_seed[0]["overall"], "per_series": by_seed[0]["per_series"], "by_seed": by_seed,
@@ -360,9 +369,9 @@ def print_seeds(console: Console, spread: dict[str, dict], seeds: list[int]) -> 
 def print_figures(console: Console, args: argparse.Namespace, seed: int, series: list[str],
                   rows: dict[str, dict | None], figures: dict, seconds: float) -> None:
     variant = f" with {' '.join(args.overrides)}" if args.overrides else ""
-    table = Table(title=f"{args.family}{variant}, seed {seed} (scaled down, {args.epochs} epochs): skill on the test "
-                        "split vs HAR "
-                        "+ time of day on its validation level, the network alone / what users get",
+    size = "as shipped" if args.shipped else "the miniature"
+    table = Table(title=f"{args.family}{variant}, seed {seed} ({size}, at most {args.epochs} epochs): skill on the "
+                        "test split vs HAR + time of day on its validation level, the network alone / what users get",
                   caption="range: the next candle's ln(high / low), QLIKE of the root-mean-square range and MAE of "
                           "the median; high + low: MAE of the two excursions from the last close; mean range: QLIKE "
                           "of the mean range of the next steps; used: the network's weight beside HAR > 0; 80 %: the "
