@@ -191,7 +191,9 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
         _ray_driver_in_a_child()
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
-    if _packs(cfg.train.pack):
+    if _engine(cfg.train.pack) == "jax":
+        if cfg.train.pack in (1, "auto") and not _installed("tensorflow"):
+            click.echo("TensorFlow is not installed: training on Keras's JAX backend", err=True)
         _keras_on_jax()
     else:
         _import_tensorflow()
@@ -282,6 +284,10 @@ def _ray_driver_in_a_child() -> None:
                      "resume (finished epochs are kept)")
 
 
+TENSORFLOW_MISSING = ("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it "
+                      "unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')")
+
+
 def _import_tensorflow() -> None:
     """Import TensorFlow, and let it look for GPUs, with its native start-up lines (absl's "All log messages before
     absl::InitializeLog()", the oneDNN notice, "failed call to cuInit" on a machine without a GPU) kept off the
@@ -300,24 +306,28 @@ def _import_tensorflow() -> None:
     except ModuleNotFoundError as exc:
         if exc.name != "tensorflow":
             raise
-        raise UserError("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs "
-                        "it unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')") from exc
+        raise UserError(TENSORFLOW_MISSING) from exc
 
 
-def _packs(pack: int | str) -> bool:
-    """Whether train.pack trains packed, on Keras's JAX backend: a K > 1, or auto where JAX is installed and sees an
-    accelerator (on a CPU, auto is one job at a time, with TensorFlow). K > 1 without JAX is refused (UserError)."""
-    if pack == 1:
-        return False
-    try:
+def _engine(pack: int | str) -> str:
+    """What a run trains on, decided here: "jax" (Keras on JAX, jobs packed: run.packing) for a K > 1, for auto
+    where JAX sees an accelerator, and wherever TensorFlow is not installed (a job alone is a pack of one);
+    "tensorflow" (Keras on TensorFlow, one job at a time) otherwise. UserError where neither can run it."""
+    jax_missing = ("'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')")
+    if pack not in (1, "auto"):
+        if not _installed("jax"):
+            raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "
+                            f"pip install {jax_missing}")
+        return "jax"
+    if not _installed("tensorflow"):
+        if not _installed("jax"):
+            raise UserError(f"{TENSORFLOW_MISSING}; or train on Keras's JAX backend: pip install {jax_missing}")
+        return "jax"
+    if pack == "auto" and _installed("jax"):
         import jax
-    except ImportError:
-        if pack == "auto":
-            return False
-        raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "
-                        "pip install 'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"
-                        ) from None
-    return pack != "auto" or jax.default_backend() != "cpu"
+
+        return "jax" if jax.default_backend() != "cpu" else "tensorflow"
+    return "tensorflow"
 
 
 def _keras_on_jax() -> None:

@@ -128,6 +128,7 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         assert history == list(range(1, len(history) + 1)) and len(history) >= kept.get(job, 0) + 1, (job, history)
         metrics = json.loads((directory / "metrics.json").read_text())
         assert metrics["epochs_run"] == len(history) and np.isfinite(metrics["best_val_loss"])
+        assert metrics["engine"]["name"] == "jax" and metrics["engine"]["jobs"] in (1, 2)  # a pack of the job's own
         # --tensorboard without TensorFlow: each epoch's losses, as Keras's callback writes them, in whichever
         # process trained it (the killed one's event file too; an epoch it ended but had not logged may lack)
         logs, losses = tmp_path / "run" / "tensorboard" / job, pd.read_csv(directory / "history.csv")
@@ -159,9 +160,11 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
 
 @pytest.mark.train
 @pytest.mark.processes
-def test_a_second_process_loads_the_packed_step_from_the_compilation_cache(tmp_path):
-    """JAX's persistent compilation cache under the run's cache_dir (xla/, said when the run starts): the process
-    after the first (a resumed run, the next family of the same model) compiles nothing anew."""
+def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compiles_nothing_anew(tmp_path):
+    """`run` with no --pack where TensorFlow is not installed: each job trains alone on Keras's JAX backend (a pack
+    of one), said when the run starts and in its metrics.json. What JAX compiles is kept in its persistent
+    compilation cache under the run's cache_dir (xla/, named when the run starts): the process after the first (a
+    resumed run, the next family of the same model) compiles nothing anew."""
     pytest.importorskip("jax")
     config = _config(tmp_path, epochs=1)
     cache = tmp_path / "cache" / "xla"  # conftest: each test's CRYPTOTRAIN_CACHE is tmp_path/cache
@@ -170,13 +173,16 @@ def test_a_second_process_loads_the_packed_step_from_the_compilation_cache(tmp_p
 
     def run(output: str) -> str:
         result = subprocess.run([*cli_without("tensorflow"), "run", "--config", str(config), "--only", "BTCUSDT",
-                                 "--pack", "2", "--set", f"output_dir={tmp_path / output}"], cwd=tmp_path, env=env,
+                                 "--set", f"output_dir={tmp_path / output}"], cwd=tmp_path, env=env,
                                 capture_output=True, text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
-        return result.stderr
+        return " ".join(result.stderr.split())
 
     said = run("first")
-    assert f"compiled steps kept in {cache}" in " ".join(said.split())
+    assert "TensorFlow is not installed: training on Keras's JAX backend" in said
+    assert f"packed training on cpu: 1 job at a time (a job alone); compiled steps kept in {cache}" in said
+    metrics = json.loads((tmp_path / "first" / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())
+    assert metrics["engine"] == {"name": "jax", "jobs": 1, "precision": "float32", "device": "cpu"}
     compiled = sorted(path.name for path in cache.iterdir())
     assert compiled
     run("second")

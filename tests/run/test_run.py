@@ -52,6 +52,7 @@ def test_every_job_writes_complete_verified_artifacts(trained_run):
         assert JobDir(job_dir).verify() is not None and JobDir(job_dir).format == FORMAT
         metrics = json.loads((job_dir / "metrics.json").read_text())
         assert metrics["data"]["synthetic"] is False and metrics["data"]["source"].endswith(f"{job}.csv.gz")
+        assert metrics["engine"] == {"name": "tensorflow", "jobs": 1, "precision": "float32", "device": "cpu"}
         for head in ("ohlc", "bb"):
             scores = metrics["heads"][head]
             assert scores["skill"] == pytest.approx(1 - scores["model"]["mae"] / scores["persistence"]["mae"])

@@ -13,6 +13,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from ..model.settings import Engine
 from .names import Baseline
 
 # The bar the network's forecasts of the size of the coming candles are judged against: HAR + time of day put on its
@@ -236,6 +237,7 @@ class JobMetrics(_Record):
     seconds: float
     train_step_seconds: float | None = None
     rss_mb: float | None = None
+    engine: Engine | None = None  # None in runs of an earlier cryptotrain
     heads: dict[str, HeadScores]
     headline: Headline
     candles: CandleScores | None = None  # a candle head's high, low and range; None without one

@@ -13,6 +13,7 @@ import pandas as pd
 
 from ..errors import JobError
 from .resume import EpochCheckpoint
+from .settings import Engine
 
 
 @dataclass
@@ -21,9 +22,10 @@ class FitResult:
     best_epoch: int  # 1-based
     best_val_loss: float
     step_seconds: float  # time inside train steps in this process (for overhead accounting)
+    engine: Engine  # what trained it
 
 
-def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float) -> FitResult:
+def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float, engine: Engine) -> FitResult:
     """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
     them, else the last."""
     history = checkpoint.history_frame()
@@ -32,7 +34,8 @@ def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: f
     last = checkpoint.rows[-1]
     epoch = last.early_stopping.best_epoch + 1 if restores_best else last.epoch
     val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
-    return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds)
+    return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds,
+                     engine=engine)
 
 
 class Diverged(JobError):

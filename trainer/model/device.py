@@ -57,7 +57,7 @@ def setup(train: TrainConfig, cpus: int | None = None) -> dict:
             _enable_memory_growth(gpu)
         _configured = {
             "devices": [d.name for d in tf.config.list_physical_devices()],
-            "gpus": [_gpu_name(gpu) for gpu in gpus],
+            "gpus": [gpu_name(gpu) for gpu in gpus],
             "memory_growth": all(tf.config.experimental.get_memory_growth(gpu) for gpu in gpus),
             "threads": _set_threads(cpus or usable_cpus()),
             "jit_compile": False,
@@ -171,7 +171,7 @@ def _compute_capability(gpu) -> tuple[int, int]:
     return tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
 
 
-def _gpu_name(gpu) -> str:
+def gpu_name(gpu) -> str:
     return tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
 
 
@@ -243,7 +243,7 @@ def diagnose() -> Diagnosis:
     devices = [{"name": "CPU", "kind": cpu_model(),
                 "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
                 "threads": configured["threads"]}]
-    devices += [{"name": f"GPU:{i}", "kind": _gpu_name(gpu),
+    devices += [{"name": f"GPU:{i}", "kind": gpu_name(gpu),
                  "compute_capability": ".".join(map(str, _compute_capability(gpu))),
                  "memory_growth": tf.config.experimental.get_memory_growth(gpu)} for i, gpu in enumerate(gpus)]
     steps = [time_train_step("CPU:0", "float32")]

@@ -70,6 +70,7 @@ class JobState:
     """A job's state as its pack left it, on the host: what its model is evaluated and saved with."""
     variables: list[np.ndarray]  # in the model's variables' order (its weights, its dropout seed states)
     optimizer_variables: list[np.ndarray]  # in its optimizer's variables' order
+    pack: int  # the jobs it trained with, itself included
 
 
 def windows_job(name: str, windows: Windows, seed: int) -> PackedJob:
@@ -153,7 +154,7 @@ class Pack:
         """Each job's state on the host, from one transfer of the pack's state off the device."""
         state = jax.device_get(self.state)
         return [JobState([state[group][i][k] for group, i in self._variables],
-                         [values[k] for values in state["optimizer"]]) for k in range(len(self.jobs))]
+                         [values[k] for values in state["optimizer"]], len(self.jobs)) for k in range(len(self.jobs))]
 
     def release(self) -> None:
         """Frees the pack's device buffers (its jobs' state and windows) now, rather than whenever the collector

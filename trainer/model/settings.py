@@ -8,12 +8,22 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from ..errors import ConfigError
 from ..heads import Head
 from ..specs import Strict, listed
 from .layers import Layer
+
+
+class Engine(BaseModel):
+    """What trained a job (metrics.json's "engine"): Keras on TensorFlow, one job at a time, or on JAX, packed,
+    `jobs` at a time (1 where TensorFlow is not installed); at what precision, on what device."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    name: Literal["tensorflow", "jax"]
+    jobs: int  # trained together in one step
+    precision: str  # Keras's dtype policy, e.g. float32, mixed_bfloat16
+    device: str  # e.g. "cpu", "gpu: NVIDIA H100 80GB HBM3"
 
 
 # ----------------------------------------------------------------------------- model layers

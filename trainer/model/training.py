@@ -18,10 +18,10 @@ from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
 from ..heads import WarmStart
 from .callbacks import FitResult, StepTimer, StopOnNaN, fit_result
-from .device import apply_precision
+from .device import apply_precision, gpu_name
 from .models import build_network, compile_settings
 from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
-from .settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
+from .settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,14 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
                   shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
         model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
-    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds)
+    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds, engine=tensorflow_engine())
+
+
+def tensorflow_engine() -> Engine:
+    """Keras on TensorFlow, one job at a time, on its first GPU where it sees one."""
+    gpus = tf.config.list_physical_devices("GPU")
+    return Engine(name="tensorflow", jobs=1, precision=keras.mixed_precision.global_policy().name,
+                  device=f"gpu: {gpu_name(gpus[0])}" if gpus else "cpu")
 
 
 class WindowTrainer(keras.Model):

@@ -70,10 +70,10 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
     chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why."""
     backend = keras.backend.backend()
     pack = None  # jobs a Ray worker packs; None: one at a time, with TensorFlow
-    if cfg.train.pack != 1 and (backend == "jax" or cfg.train.pack != "auto"):
-        if backend != "jax":
-            raise UserError(f"train.pack {cfg.train.pack} trains on Keras's JAX backend, and this process's Keras "
-                            f"runs on {backend}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
+    if backend == "tensorflow" and cfg.train.pack not in (1, "auto"):
+        raise UserError(f"train.pack {cfg.train.pack} trains on Keras's JAX backend, and this process's Keras "
+                        f"runs on {backend}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
+    if backend == "jax":  # packed: K jobs a step (a job alone is a pack of one)
         from .packing import PackExecutor, plan_pack
 
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)

@@ -28,7 +28,7 @@ from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_resu
 from ..model.models import build_network, output_shapes
 from ..model.packed import JobState, Pack, PackedJob, windows_job
 from ..model.resume import EpochCheckpoint, assign
-from ..model.settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
+from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after, tensorboard_dir
 
@@ -75,7 +75,8 @@ def plan_pack(requested: int | str, jobs: int, spec: NetworkSpec, train: TrainCo
     device = device_name()
     if requested != "auto":
         k = max(1, min(int(requested), jobs))
-        return PackPlan(k, device, f"--pack {requested}" + (f" ({jobs} jobs)" if k < int(requested) else ""))
+        return PackPlan(k, device, "a job alone" if int(requested) == 1 else
+                        f"--pack {requested}" + (f" ({jobs} jobs)" if k < int(requested) else ""))
     if jax.default_backend() == "cpu":
         return PackPlan(1, device, "auto: one job at a time on a CPU (packing gains nothing there)")
     stats = jax.devices()[0].memory_stats() or {}
@@ -142,7 +143,8 @@ class PackExecutor:
     def __init__(self, cfg: RunConfig, capacity: int) -> None:
         self.cfg, self.capacity = cfg, capacity
         self.compilation_cache = compilation_cache(cfg.cache_path)  # before the model compiles anything
-        keras.mixed_precision.set_dtype_policy(pack_precision(cfg.train.precision))
+        self.precision = pack_precision(cfg.train.precision)
+        keras.mixed_precision.set_dtype_policy(self.precision)
         keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
         # A model the config cannot build is bad input, said before a run directory records it.
         self.model, self.warm_starts = build_network(cfg.network, cfg.train)
@@ -189,7 +191,9 @@ class PackExecutor:
                     with named_after(item.prepared):
                         if packed.error is not None:
                             raise Diverged(packed.error)
-                        result = fit_result(checkpoint, restores_best, step_seconds=trained)
+                        result = fit_result(checkpoint, restores_best, step_seconds=trained,
+                                            engine=Engine(name="jax", jobs=state.pack, precision=self.precision,
+                                                          device=device_name()))
                     # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
                     # too: model.keras holds it, as a job trained alone saves its own)
                     assign(model.variables, state.variables)

@@ -159,7 +159,8 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
             job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
             data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
             best_val_loss=result.best_val_loss, seconds=round(time.perf_counter() - started, 2),
-            train_step_seconds=round(result.step_seconds, 3), rss_mb=current_rss_mb(), heads=scores.heads,
+            train_step_seconds=round(result.step_seconds, 3), rss_mb=current_rss_mb(), engine=result.engine,
+            heads=scores.heads,
             headline=scores.headline, candles=candles, n_test=scores.n_test,
             test_range=[pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]])
         if (bad := metrics.non_finite()) is not None:  # a number that means nothing never counts as done
