@@ -363,3 +363,23 @@ def test_training_starts_a_har_heads_linear_term_at_its_least_squares_fit_on_the
     actual = (train.y["ohlc"][..., high] - train.y["ohlc"][..., low]) * prep.heads[0].scaler.scale[high]
     kept = actual > 0
     assert np.var(np.log(actual[kept] / forecast[kept])) < np.var(np.log(actual[kept] / har[kept]))
+
+
+def test_a_job_resumed_on_the_other_engine_says_so(tmp_path, monkeypatch, caplog):
+    """A checkpoint records the Keras backend that trained it; resumed on the other (a run begun packed on JAX, gone
+    on with TensorFlow: the same Keras state), the job goes on and the run says so, once."""
+    data = tiny_config_dict(tmp_path)
+    data["train"].update(epochs=3, early_stopping=None)
+    cfg = RunConfig.model_validate(data)
+    backup = tmp_path / "backup"
+    _interrupted(cfg, backup, monkeypatch, after_epoch=1)
+    with np.load(backup / "checkpoint.npz") as saved:
+        arrays = dict(saved)
+    assert str(arrays["engine"]) == "tensorflow"
+    np.savez(backup / "checkpoint.npz", **(arrays | {"engine": np.asarray("jax")}))  # as a pack on JAX writes it
+
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
+    with caplog.at_level("WARNING", logger="trainer"):
+        assert resume(backup, model).epochs == 1
+    assert [r.getMessage() for r in caplog.records] == [
+        "backup: going on after epoch 1 on Keras's tensorflow backend, from a checkpoint trained on jax"]

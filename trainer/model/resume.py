@@ -104,6 +104,9 @@ def resume(backup_dir: Path, model: keras.Model) -> Resumed:
         if unusable:
             log.warning("%s: %s; going on after epoch %d (%s)", backup_dir, "; ".join(unusable), checkpoint.epoch,
                         path.name)
+        if checkpoint.engine not in (None, keras.backend.backend()):  # Keras's state is the same on both
+            log.warning("%s: going on after epoch %d on Keras's %s backend, from a checkpoint trained on %s",
+                        backup_dir.name, checkpoint.epoch, keras.backend.backend(), checkpoint.engine)
         return Resumed(checkpoint.epoch, checkpoint.rows, checkpoint.best_weights)
     if unusable:
         log.warning("%s: %s; training this job from its first epoch", backup_dir, "; ".join(unusable))
@@ -178,10 +181,12 @@ class Checkpoint:
     weights: list[np.ndarray]  # the model's variables
     optimizer_state: list[np.ndarray]  # the optimizer's variables (moments, step count, learning rate)
     best_weights: list[np.ndarray] | None  # early stopping's best weights (model.weights), when it keeps them
+    engine: str | None = None  # the Keras backend that trained it ("tensorflow", "jax"); None: not recorded
 
     def arrays(self) -> dict[str, np.ndarray]:
-        """As the .npz holds them: the epoch, the rows as JSON, and the arrays by kind and position."""
+        """As the .npz holds them: the epoch, the rows as JSON, the engine, and the arrays by kind and position."""
         return {"epoch": np.asarray(self.epoch), "rows": np.asarray(json.dumps([r.model_dump() for r in self.rows])),
+                **({"engine": np.asarray(self.engine)} if self.engine else {}),
                 **{f"w{i}": value for i, value in enumerate(self.weights)},
                 **{f"o{i}": value for i, value in enumerate(self.optimizer_state)},
                 **{f"b{i}": value for i, value in enumerate(self.best_weights or ())}}
@@ -198,13 +203,14 @@ class Checkpoint:
             weights = [saved[f"w{i}"] for i in range(len(model.variables))]
             optimizer_state = [saved[f"o{i}"] for i in range(len(model.optimizer.variables))]
             best = [saved[f"b{i}"] for i in range(len(model.weights))] if "b0" in saved.files else None
+            engine = str(saved["engine"]) if "engine" in saved.files else None
         if epoch < 1 or [row.epoch for row in rows] != list(range(1, epoch + 1)):
             raise ValueError(f"its rows are not those of epochs 1-{epoch}")
         _check_arrays("weight", weights, model.variables)
         _check_arrays("optimizer", optimizer_state, model.optimizer.variables)
         if best is not None:
             _check_arrays("best weight", best, model.weights)
-        return Checkpoint(epoch, rows, weights, optimizer_state, best)
+        return Checkpoint(epoch, rows, weights, optimizer_state, best, engine)
 
 
 def _check_arrays(kind: str, values: list[np.ndarray], variables: list) -> None:
@@ -242,7 +248,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                                   reduce_lr=self.reduce_lr.state() if self.reduce_lr else None))
         checkpoint = Checkpoint(epoch + 1, self.rows, [keras.ops.convert_to_numpy(v) for v in model.variables],
                                 [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables],
-                                early_stopping.best_weights if early_stopping else None)
+                                early_stopping.best_weights if early_stopping else None, keras.backend.backend())
         if self.latest.exists():
             # The one before the previous is written over in place, never deleted: on a cloud drive (Google Drive in
             # Colab) a deleted or replaced file goes to the trash, which counts against the quota for 30 days.
