@@ -37,10 +37,10 @@ def test_tensorboard_missing_is_one_line_before_any_job(forked, tiny_config, tmp
                                              (["plan", "--config", "quickstart"], ("tensorflow",)),
                                              (["doctor"], ("tensorflow",)),
                                              (["predict", "--model", "runs/quickstart/jobs/BTCUSDT_15m"],
-                                              ("tensorflow",))])
+                                              ("tensorflow", "jax"))])
 def test_without_tensorflow_every_command_that_needs_it_says_how_to_install_it(command, hidden, tmp_path):
-    """`run` trains on Keras's JAX backend where TensorFlow is not installed (tests/run/test_pack.py): without
-    either, it says how to install them."""
+    """`run` and `predict` run on Keras's JAX backend where TensorFlow is not installed (tests/run/test_pack.py):
+    without either, they say how to install them."""
     result = _cryptotrain_without(hidden, *command, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     tensorflow = ("error: TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it "

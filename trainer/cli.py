@@ -455,7 +455,10 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model runs/quickstart/jobs/BTCUSDT_15m
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
-    _import_tensorflow()
+    if _engine(1) == "jax":  # TensorFlow is not installed: the model runs on Keras's JAX backend
+        _keras_on_jax()
+    else:
+        _import_tensorflow()
     from .publish.predict import predict_job
     from .report.console import print_prediction
 

@@ -162,7 +162,8 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
 @pytest.mark.processes
 def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compiles_nothing_anew(tmp_path):
     """`run` with no --pack where TensorFlow is not installed: each job trains alone on Keras's JAX backend (a pack
-    of one), said when the run starts and in its metrics.json. What JAX compiles is kept in its persistent
+    of one), said when the run starts and in its metrics.json; `predict` forecasts from it on JAX what TensorFlow
+    forecasts. What JAX compiles is kept in its persistent
     compilation cache under the run's cache_dir (xla/, named when the run starts): the process after the first (a
     resumed run, the next family of the same model) compiles nothing anew."""
     pytest.importorskip("jax")
@@ -171,12 +172,15 @@ def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compi
     env = {key: value for key, value in os.environ.items() if key != "JAX_COMPILATION_CACHE_DIR"}
     env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"  # the tiny model's steps compile in well under 1 s
 
-    def run(output: str) -> str:
-        result = subprocess.run([*cli_without("tensorflow"), "run", "--config", str(config), "--only", "BTCUSDT",
-                                 "--set", f"output_dir={tmp_path / output}"], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=600)
+    def without_tensorflow(*args: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([*cli_without("tensorflow"), *args], cwd=tmp_path, env=env, capture_output=True,
+                                text=True, timeout=600)
         assert result.returncode == 0, result.stderr[-3000:]
-        return " ".join(result.stderr.split())
+        return result
+
+    def run(output: str) -> str:
+        return " ".join(without_tensorflow("run", "--config", str(config), "--only", "BTCUSDT", "--set",
+                                           f"output_dir={tmp_path / output}").stderr.split())
 
     said = run("first")
     assert "TensorFlow is not installed: training on Keras's JAX backend" in said
@@ -187,3 +191,13 @@ def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compi
     assert compiled
     run("second")
     assert sorted(path.name for path in cache.iterdir()) == compiled
+
+    # `predict` without TensorFlow: the job's model on Keras's JAX backend forecasts what TensorFlow's does
+    job = str(tmp_path / "first" / "jobs" / "BTCUSDT_1h")
+    on_jax = json.loads(without_tensorflow("predict", "--model", job, "--json").stdout)["forecast"]
+    on_tensorflow = json.loads(predict_cli("--model", job, "--json"))["forecast"]
+    assert [row["timestamp"] for row in on_jax] == [row["timestamp"] for row in on_tensorflow]
+    for jax_row, tensorflow_row in zip(on_jax, on_tensorflow):
+        numbers = {key for key, value in tensorflow_row.items() if isinstance(value, float)}
+        assert numbers and {key: jax_row[key] for key in numbers} == pytest.approx(
+            {key: tensorflow_row[key] for key in numbers}, rel=1e-4)

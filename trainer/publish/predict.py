@@ -24,7 +24,6 @@ from ..errors import JobError, UserError
 from ..evaluation.baselines import Baseline
 from ..evaluation.evaluate import COMBINED, blend
 from ..evaluation.results import CandleScores
-from ..model.device import setup
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
 from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
 from ..run.rundir import CONFIG
@@ -134,7 +133,12 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
     x, last = prep.make_inputs(frame)
     har = job.har_tod()
     inputs = prep.model_inputs(x, prep.forecast_inputs(None if har is None else har.inputs(candles)))
-    setup(config.train)  # before TensorFlow touches a GPU: memory growth, threads
+    import keras  # here: status and report, which import this module's types, never load Keras
+
+    if keras.backend.backend() == "tensorflow":  # before TensorFlow touches a GPU: memory growth, threads
+        from ..model.device import setup
+
+        setup(config.train)
     model = job.model()
     outputs = {name: np.asarray(value) for name, value in model(inputs, training=False).items()}
     prices = prep.to_prices(prep.point(outputs), last)
