@@ -34,13 +34,13 @@ def test_tensorboard_missing_is_one_line_before_any_job(forked, tiny_config, tmp
 
 
 @pytest.mark.parametrize("command, hidden", [(["run", "--config", "quickstart"], ("tensorflow", "jax")),
-                                             (["plan", "--config", "quickstart"], ("tensorflow",)),
+                                             (["plan", "--config", "quickstart"], ("tensorflow", "jax")),
                                              (["doctor"], ("tensorflow",)),
                                              (["predict", "--model", "runs/quickstart/jobs/BTCUSDT_15m"],
                                               ("tensorflow", "jax"))])
 def test_without_tensorflow_every_command_that_needs_it_says_how_to_install_it(command, hidden, tmp_path):
-    """`run` and `predict` run on Keras's JAX backend where TensorFlow is not installed (tests/run/test_pack.py):
-    without either, they say how to install them."""
+    """`run`, `plan` and `predict` run on Keras's JAX backend where TensorFlow is not installed
+    (tests/run/test_pack.py): without either, they say how to install them."""
     result = _cryptotrain_without(hidden, *command, cwd=tmp_path)
     assert result.returncode == 2, result.stderr[-3000:]
     tensorflow = ("error: TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it "

@@ -118,7 +118,7 @@ def plan(config_path, overrides, only, timeframes):
       cryptotrain plan --config v8_stable
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
-    _import_tensorflow()
+    _keras_for_a_model()
     from .report.console import print_plan
     from .run.planning import make_plan
 
@@ -309,6 +309,15 @@ def _import_tensorflow() -> None:
         raise UserError(TENSORFLOW_MISSING) from exc
 
 
+def _keras_for_a_model() -> None:
+    """Keras for a command that builds or runs a model without training it (plan, predict): on TensorFlow where it
+    is installed, else on JAX (_engine's choice for a job alone)."""
+    if _engine(1) == "jax":
+        _keras_on_jax()
+    else:
+        _import_tensorflow()
+
+
 def _engine(pack: int | str) -> str:
     """What a run trains on, decided here: "jax" (Keras on JAX, jobs packed: run.packing) for a K > 1, for auto
     where JAX sees an accelerator, and wherever TensorFlow is not installed (a job alone is a pack of one);
@@ -455,10 +464,7 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model runs/quickstart/jobs/BTCUSDT_15m
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
-    if _engine(1) == "jax":  # TensorFlow is not installed: the model runs on Keras's JAX backend
-        _keras_on_jax()
-    else:
-        _import_tensorflow()
+    _keras_for_a_model()
     from .publish.predict import predict_job
     from .report.console import print_prediction
 

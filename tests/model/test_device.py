@@ -20,7 +20,7 @@ from tests.conftest import tiny_config_dict
 from trainer.cli import main
 from trainer.config import RunConfig, TrainConfig
 from trainer.errors import UserError
-from trainer.model import device
+from trainer.model import cudnn, device
 from trainer.model.models import build_model
 from trainer.report import console as reporting
 
@@ -132,7 +132,7 @@ def test_cgroup_cpu_quota(tmp_path, cpu_max, v1_quota, expected):
 
 # ----------------------------------------------------------------------------- cuDNN eligibility
 def test_default_recurrent_layers_are_eligible(tmp_path):
-    report = device.cudnn_report(tiny(tmp_path).model)
+    report = cudnn.cudnn_report(tiny(tmp_path).model)
     assert [(r.index, r.kind) for r in report] == [(0, "lstm"), (3, "lstm")]  # layernorm, repeat_vector skipped
     assert all(r.eligible and r.blockers == [] for r in report)
 
@@ -148,8 +148,8 @@ def test_default_recurrent_layers_are_eligible(tmp_path):
 def test_each_blocking_setting_is_named(tmp_path, kind, setting, value, blocker):
     layers = [{"kind": kind, "units": 4, "return_sequences": True, "dropout": 0.3, setting: value},
               {"kind": "lstm", "units": 4}]
-    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
-    assert report[0] == device.LayerEligibility(0, kind, False, [blocker])
+    report = cudnn.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
+    assert report[0] == cudnn.LayerEligibility(0, kind, False, [blocker])
     assert report[1].eligible  # input dropout alone does not block the fused kernel
 
 
@@ -169,13 +169,13 @@ def test_report_agrees_with_keras_own_rule(tmp_path, kind, setting, value):
                 use_bias=cell.use_bias)
     keras_rule = (_do_lstm_arguments_support_cudnn(**args) if kind == "lstm"
                   else _do_gru_arguments_support_cudnn(**args, reset_after=cell.reset_after))
-    [report] = device.cudnn_report(cfg.model)
+    [report] = cudnn.cudnn_report(cfg.model)
     assert report.eligible == (keras_rule and not cell.recurrent_dropout)
 
 
 def test_all_blockers_of_a_layer_are_listed(tmp_path):
     layers = [{"kind": "lstm", "units": 4, "recurrent_dropout": 0.1, "unroll": True}]
-    report = device.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
+    report = cudnn.cudnn_report(tiny(tmp_path, model={"layers": layers}, window={"lookback": 8, "horizon": 1}).model)
     assert report[0].blockers == ["recurrent_dropout=0.1 (needs 0)", "unroll=True (needs False)"]
 
 

@@ -192,6 +192,8 @@ def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compi
     run("second")
     assert sorted(path.name for path in cache.iterdir()) == compiled
 
+    # `plan` without TensorFlow builds the model on Keras's JAX backend to count its parameters
+    assert "parameters" in without_tensorflow("plan", "--config", str(config)).stdout
     # `predict` without TensorFlow: the job's model on Keras's JAX backend forecasts what TensorFlow's does
     job = str(tmp_path / "first" / "jobs" / "BTCUSDT_1h")
     on_jax = json.loads(without_tensorflow("predict", "--model", job, "--json").stdout)["forecast"]

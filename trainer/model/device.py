@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -32,7 +31,7 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import UserError
 from ..files import native_stderr_silenced
-from .settings import ModelConfig, TrainConfig
+from .settings import TrainConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
 MIXED_FLOAT16_MIN_CAPABILITY = (7, 0)  # tensor cores: float16 is faster from Volta on
@@ -173,33 +172,6 @@ def _compute_capability(gpu) -> tuple[int, int]:
 
 def gpu_name(gpu) -> str:
     return tf.config.experimental.get_device_details(gpu).get("device_name", gpu.name)
-
-
-# ----------------------------------------------------------------------------- cuDNN eligibility
-@dataclass(frozen=True)
-class LayerEligibility:
-    index: int  # position in the config's model.layers
-    kind: str
-    eligible: bool
-    blockers: list[str]  # each setting that keeps it off the fused kernel: "recurrent_dropout=0.2 (needs 0)"
-
-
-# Keras's conditions for the fused cuDNN LSTM/GRU kernel (keras.src.backend.tensorflow.rnn.cudnn_ok,
-# plus no recurrent dropout): setting -> the value it needs.
-_CUDNN_NEEDS = {"activation": "tanh", "recurrent_activation": "sigmoid", "recurrent_dropout": 0,
-                "unroll": False, "use_bias": True}
-
-
-def cudnn_report(model: ModelConfig) -> list[LayerEligibility]:
-    """For every recurrent layer of the config, whether a GPU can run it on the fused cuDNN kernel."""
-    report = []
-    for index, layer in enumerate(model.layers):
-        if not layer.recurrent:
-            continue
-        blockers = [f"{setting}={getattr(layer, setting)} (needs {needed})"
-                    for setting, needed in _CUDNN_NEEDS.items() if getattr(layer, setting) != needed]
-        report.append(LayerEligibility(index, layer.kind, not blockers, blockers))
-    return report
 
 
 # ----------------------------------------------------------------------------- doctor

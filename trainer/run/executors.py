@@ -89,7 +89,8 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
     else:
         if cfg.train.pack == "auto":
             note("--pack auto: one job at a time, with TensorFlow (packing is for an accelerator JAX sees)")
-        from ..model.device import cudnn_report, setup
+        from ..model.cudnn import cudnn_report
+        from ..model.device import setup
 
         setup(cfg.train)  # TensorFlow, for this process (and a Ray run's driver), before any model is built
         for layer in cudnn_report(cfg.model):

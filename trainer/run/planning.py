@@ -8,7 +8,7 @@ from ..config import RunConfig
 from .jobs import Job
 
 if TYPE_CHECKING:
-    from ..model.device import LayerEligibility
+    from ..model.cudnn import LayerEligibility
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Plan:
 
 def make_plan(cfg: RunConfig, jobs: list[Job]) -> Plan:
     """The plan of a run, without training (builds the model once, to count its parameters)."""
-    from ..model.device import cudnn_report
+    from ..model.cudnn import cudnn_report
     from ..model.flops import flops_per_sample
     from ..model.models import count_params
 
