@@ -488,8 +488,9 @@ def doctor(as_json):
     _import_tensorflow()
     from .model.device import diagnose
     from .report.console import print_doctor
+    from .run.probe import pack_report
 
-    diagnosis = diagnose()
+    diagnosis = diagnose(pack_report())
     print_doctor(diagnosis, as_json=as_json)
     sys.exit(1 if diagnosis.problems else 0)  # no GPU is a notice, not a problem
 

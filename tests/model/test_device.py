@@ -23,6 +23,7 @@ from trainer.errors import UserError
 from trainer.model import cudnn, device
 from trainer.model.models import build_model
 from trainer.report import console as reporting
+from trainer.run import probe
 
 
 @pytest.fixture
@@ -232,7 +233,7 @@ CUDA_12_BUILD = {"is_cuda_build": True, "cuda_version": "12.5.1", "cudnn_version
 def test_doctor_fails_when_the_driver_has_a_gpu_tensorflow_cannot_use(monkeypatch, build, driver, message, fix):
     monkeypatch.setattr(device, "nvidia_driver", lambda: driver)
     monkeypatch.setattr(tf.sysconfig, "get_build_info", lambda: build)
-    monkeypatch.setattr(device, "pack_report", lambda: {"available": False, "why": "not asked"})  # tested above
+    monkeypatch.setattr(probe, "pack_report", lambda: {"available": False, "why": "not asked"})  # tested above
     result = CliRunner().invoke(main, ["doctor", "--json"])
     assert result.exit_code == 1
     [finding] = json.loads(result.output)["findings"]
@@ -294,7 +295,7 @@ def test_doctor_says_packing_is_not_available_where_jax_is_not_installed(tmp_pat
     stub.mkdir(parents=True)  # ahead of site-packages on the probe's path: `import jax` fails as if not installed
     (stub / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jax'\", name='jax')\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(stub.parent), os.environ.get("PYTHONPATH", "")]))
-    packing = device.pack_report()
+    packing = probe.pack_report()
     assert packing == {"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}
 
     report = {"versions": {"python": "3.11", "tensorflow": "2.21.0", "keras": "3.15.1", "cuda_build": False},

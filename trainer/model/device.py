@@ -12,14 +12,12 @@ Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throu
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
 import platform
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Literal
@@ -195,7 +193,7 @@ class Diagnosis(BaseModel):
     driver: dict  # nvidia_driver()
     precision_auto: str
     train_steps: list[dict]  # time_train_step() on the CPU, then on each GPU
-    packing: dict  # pack_report(): run --pack's device and the K auto chooses, or why it is not available
+    packing: dict  # run.probe.pack_report(): run --pack's device and the K auto chooses, or why it is not available
     findings: list[Finding]
     verdict: str
 
@@ -205,9 +203,10 @@ class Diagnosis(BaseModel):
         return sum(f.severity == "problem" for f in self.findings)
 
 
-def diagnose() -> Diagnosis:
-    """`cryptotrain doctor`: what TensorFlow uses and how well. No GPU is a notice, not a problem: the CPU path is
-    still checked. Printing it (and the exit code) is the command line's (report.console.print_doctor)."""
+def diagnose(packing: dict) -> Diagnosis:
+    """`cryptotrain doctor`: what TensorFlow uses and how well, beside `packing` (run.probe.pack_report's: what
+    `run --pack` would do here). No GPU is a notice, not a problem: the CPU path is still checked. Printing it (and
+    the exit code) is the command line's (report.console.print_doctor)."""
     configured = setup(TrainConfig(precision="auto"))
     build = tf.sysconfig.get_build_info()
     driver = nvidia_driver()
@@ -222,7 +221,6 @@ def diagnose() -> Diagnosis:
     steps += [time_train_step(f"GPU:{i}", configured["precision"]) for i in range(len(gpus))]
     findings = _findings(build, gpus, driver, configured, steps)
     problems = sum(f.severity == "problem" for f in findings)
-    packing = pack_report()
     return Diagnosis(
         versions={"python": platform.python_version(), "tensorflow": tf.__version__, "keras": keras.__version__,
                   "cuda_build": bool(build.get("is_cuda_build")), "cuda": build.get("cuda_version"),
@@ -278,38 +276,6 @@ def _op_types(graph: tf.Graph) -> set[str]:
     for function in graph_def.library.function:  # ops inside while loops and other nested functions
         types.update(node.op for node in function.node_def)
     return types
-
-
-# Asked in a process of its own: packing runs on Keras's JAX backend, and a process's Keras has one backend (this
-# one's is TensorFlow); JAX there takes device memory as it needs it, not most of it at once, as it would by default.
-PACK_PROBE = """
-import json, os
-os.environ["KERAS_BACKEND"] = "jax"
-os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-try:
-    import jax
-except ImportError:
-    print(json.dumps({"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}))
-    raise SystemExit
-from trainer.config import load_config
-from trainer.run.jobs import make_jobs
-from trainer.run.packing import plan_pack
-cfg = load_config("v7")
-plan = plan_pack("auto", len(make_jobs(cfg)), cfg.network, cfg.train, cfg.data.max_rows)
-print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version__, "auto_k_v7": plan.k,
-                  "why": plan.why}))
-"""
-
-
-def pack_report() -> dict:
-    """Whether `run --pack` can run here, on what device, and the K `--pack auto` chooses for the V7 family's 40
-    jobs: {"available", "device", "jax", "auto_k_v7", "why"}, or {"available": False, "why"}."""
-    result = subprocess.run([sys.executable, "-c", PACK_PROBE], capture_output=True, text=True, timeout=300,
-                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    if result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or [f"exit {result.returncode}"])[-1]
-        return {"available": False, "why": f"JAX failed to start: {last}"}
-    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def nvidia_driver() -> dict:
