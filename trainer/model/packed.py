@@ -130,6 +130,10 @@ class Pack:
         self.state = {group: [jnp.stack([v.value] * len(self.jobs)) for v in variables]
                       for group, variables in (("trainable", self._trainable), ("non_trainable", self._non_trainable))}
         self.state["optimizer"] = [jnp.asarray(np.stack([v.numpy()] * len(self.jobs))) for v in self._optimizer]
+        # The state as the host last fetched it, in one transfer (Pack.train, at an epoch's end), which the jobs'
+        # callbacks read instead of each variable of each job crossing on its own (and their assignments keep in
+        # step); None while an epoch trains
+        self._host: dict | None = None
         for k, job in enumerate(self.jobs):
             job.view = JobView(self, k)
         # Every job's windows, each padded to the longest job's, on the device once
@@ -241,6 +245,7 @@ class Pack:
         jobs, n_train, n_val = self.jobs, self._n_train, self._n_val
         (x, y), (x_val, y_val) = self._train_data, self._val_data
         ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
+        self._host = jax.device_get(self.state)  # what the callbacks read before the first epoch
         for job, end in zip(jobs, ends, strict=True):
             for callback in job.callbacks:
                 callback.set_model(job.view)
@@ -249,11 +254,12 @@ class Pack:
         while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
             active = np.isin(np.arange(len(jobs)), running)
             orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
+            self._host = None
             self.state, train_sum = self._train_epoch(self.state, x, y, *_batches(orders, self.batch_size, active))
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum, self.state["non_trainable"] = self._val_epoch(weights, x_val, y_val, *val_batches)
-            train_sum, val_sum = jax.tree.map(np.asarray, (train_sum, val_sum))
+            train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
             for k in running:
                 job, epoch = jobs[k], jobs[k].epoch
                 # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
@@ -396,6 +402,8 @@ class JobVariable:
         return tuple(self.pack.state[self.group][self.i].shape[1:])
 
     def numpy(self) -> np.ndarray:
+        if self.pack._host is not None:
+            return np.asarray(self.pack._host[self.group][self.i][self.k])  # an array, a scalar's too
         return np.asarray(self.pack.state[self.group][self.i][self.k])
 
     def __array__(self, dtype=None, copy=None):
@@ -404,3 +412,7 @@ class JobVariable:
     def assign(self, value) -> None:
         stacked = self.pack.state[self.group][self.i]
         self.pack.state[self.group][self.i] = stacked.at[self.k].set(jnp.asarray(value, stacked.dtype))
+        if (host := self.pack._host) is not None:  # the host's copy kept in step, with no transfer back
+            changed = np.array(host[self.group][self.i])
+            changed[self.k] = value
+            host[self.group][self.i] = changed
