@@ -1,0 +1,201 @@
+"""A packed run's executor (trainer.run.packing.PackExecutor) on Keras's JAX backend, on the CPU: a pack the device
+cannot hold trains in halves, a job's epoch is reported after its own callbacks, jobs pack a timeframe at a time, and
+a pack gives its device memory back. In a process of their own, beside tests/jax/test_packed.py's (tests/test_jax.py
+starts one per file: the two run in parallel)."""
+from __future__ import annotations
+
+import keras
+import pytest
+
+pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="on Keras's JAX backend: tests/test_jax.py")
+
+
+@pytest.mark.parametrize("fits", [1, 0], ids=["a job alone fits", "nothing fits"])
+def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_that_fit(fits, tmp_path, monkeypatch):
+    """XLA's RESOURCE_EXHAUSTED while a pack trains (more jobs than the device holds: auto's estimate fell short, or
+    --pack K asked for them): its jobs train in halves, one after the other, each ending as in the same pack on a
+    device with room for it; a job that does not fit alone fails, in one line saying to lower the batch."""
+    import json
+
+    import yaml
+    from click.testing import CliRunner
+    from conftest import tiny_config_dict
+
+    from trainer.cli import main
+    from trainer.model.packed import Pack
+
+    jax = pytest.importorskip("jax")
+    exhausted = "RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes."
+    train = Pack.train
+
+    def on_a_small_device(self, epochs):  # XLA's error, as it raises it when an allocation fails
+        if len(self.jobs) > fits:
+            raise jax.errors.JaxRuntimeError(exhausted)
+        return train(self, epochs)
+
+    def run(name: str, pack: int) -> tuple[object, dict]:
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(yaml.safe_dump(tiny_config_dict(tmp_path, output_dir=str(tmp_path / name)),
+                                         sort_keys=False))
+        result = CliRunner().invoke(main, ["run", "--config", str(config), "--pack", str(pack), "--retries", "0"])
+        jobs = tmp_path / name / "jobs"
+        return result, {job.name: json.loads((job / "metrics.json").read_text())
+                        for job in jobs.iterdir()} if jobs.is_dir() else {}
+
+    with monkeypatch.context() as small:
+        small.setattr(Pack, "train", on_a_small_device)
+        halved, metrics = run("halved", 2)
+    lines = halved.output.splitlines()
+    assert lines.count(f"a pack of 2 jobs ran out of memory on cpu ({exhausted}): training them 1 and 1 at a "
+                       "time") == 1, halved.output
+    assert "Traceback" not in halved.output
+    if fits:
+        assert halved.exit_code == 0, halved.output
+        roomy, packed = run("roomy", 2)  # the same pack on a device with room for it
+        assert roomy.exit_code == 0 and "ran out of memory" not in roomy.output, roomy.output
+        assert metrics.keys() == packed.keys() == {"BTCUSDT_1h", "ETHUSDT_1h"}
+        for job, scores in metrics.items():
+            assert scores["best_val_loss"] == pytest.approx(packed[job]["best_val_loss"], rel=1e-5), job
+    else:
+        assert halved.exit_code == 1 and not metrics, halved.output
+        for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
+            said = [line for line in lines if line.startswith(f"{job} failed: JaxRuntimeError: {exhausted}; out of "
+                                                              "memory: lower train.batch_size")]
+            assert len(said) == 1, halved.output
+
+
+def test_a_packed_jobs_epoch_is_reported_after_its_own_callbacks_have_seen_it(tmp_path):
+    """A Ray worker's callback sends each epoch's checkpoint to the driver: the epoch is shown only after it (as
+    for a job trained alone), so an epoch the driver shows is one it holds, and a worker killed between the two
+    never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker saw that, now and then)."""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import Job
+    from trainer.run.packing import PackExecutor
+    from trainer.run.pipeline import prepare
+
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))  # 2 epochs: the halving test's, compiled once
+    seen: list[tuple[str, str, int]] = []
+
+    class Shipped(keras.callbacks.Callback):
+        def __init__(self, job: str):
+            super().__init__()
+            self.job = job
+
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(("checkpoint sent", self.job, epoch + 1))
+
+    class Shown:
+        def training_started(self, job, epochs, done):
+            pass
+
+        def epoch_ended(self, job, epoch, logs):
+            seen.append(("shown", job, epoch + 1))
+
+    packer = PackExecutor(cfg, 2)
+    jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    for job in jobs:
+        (tmp_path / job.name).mkdir()
+        packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name),))
+    outcomes = packer.wait(Shown())
+    assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+    for job in jobs:
+        assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \
+            [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen
+
+
+def test_a_packed_run_packs_a_timeframe_at_a_time_and_says_how_many_lanes_idle(tmp_path, caplog):
+    """15m and 1h candles over the same dates (a user's download since one start date), two symbols, --pack 2: the
+    15m jobs pack together, and the 1h jobs (a 15m job has four times a 1h job's steps an epoch: packed with one,
+    the 1h job's lane would idle three quarters of each epoch); each pack says how many of its lanes idle."""
+    import logging
+    import re
+
+    import pandas as pd
+
+    from tests.conftest import CANDLES_DIR, tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.run.jobs import make_jobs
+    from trainer.run.runner import run_config
+
+    data = tmp_path / "candles"
+    data.mkdir()
+    for symbol in ("BTCUSDT", "ETHUSDT"):
+        quarterly = pd.read_csv(CANDLES_DIR / f"{symbol}_15m.csv.gz").head(1200)  # 12.5 days
+        hourly = pd.read_csv(CANDLES_DIR / f"{symbol}_1h.csv.gz")
+        hourly = hourly[hourly["timestamp"].between(*quarterly["timestamp"].iloc[[0, -1]])]  # ISO strings, in order
+        hourly.to_csv(data / f"{symbol}_1h.csv.gz", index=False)
+        quarterly.to_csv(data / f"{symbol}_15m.csv.gz", index=False)
+    raw = tiny_config_dict(tmp_path)
+    raw["data"] |= {"local": {"path": str(data), "pattern": "{symbol}_{timeframe}.csv.gz"},
+                    "timeframes": ["15m", "1h"], "max_rows": None}
+    raw["train"] |= {"epochs": 1, "pack": 2, "batch_size": 8}
+    cfg = RunConfig.model_validate(raw)
+    with caplog.at_level(logging.INFO, logger="trainer.run.packing"):
+        outcome = run_config(cfg, make_jobs(cfg))
+    assert [record.status for record in outcome.records] == ["done"] * 4
+    packs = [re.fullmatch(r"training packed, 2 jobs in one step: (\w+), (\w+); (\d+) % of its lanes idle \((\d+) "
+                          r"steps an epoch\)", record.getMessage())
+             for record in caplog.records if record.getMessage().startswith("training packed")]
+    assert [pack.group(1, 2, 3) if pack else None for pack in packs] == [
+        ("BTCUSDT_15m", "ETHUSDT_15m", "0"), ("BTCUSDT_1h", "ETHUSDT_1h", "0")]
+    assert int(packs[0].group(4)) > 3 * int(packs[1].group(4))
+
+
+def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_train(tmp_path, monkeypatch):
+    """After a pack's jobs are evaluated, the device holds what it held before the pack, but for what JAX keeps of
+    its compiled step; a pack that ran out of memory has freed its buffers before its halves train (each half then
+    holds less than the failed pack did), and after them the same holds."""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import Job
+    from trainer.model.packed import Pack
+    from trainer.run.packing import PackExecutor
+    from trainer.run.pipeline import prepare
+
+    jax = pytest.importorskip("jax")
+    raw = tiny_config_dict(tmp_path)
+    raw["train"]["epochs"] = 1
+    cfg = RunConfig.model_validate(raw)
+    jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    prepared = {job.name: prepare(cfg, job) for job in jobs}
+
+    class Quiet:
+        def training_started(self, job, epochs, done):
+            pass
+
+        def epoch_ended(self, job, epoch, logs):
+            pass
+
+    def on_device() -> int:
+        return sum(array.nbytes for array in jax.live_arrays())
+
+    def trained(packer: PackExecutor, run: str) -> None:
+        for job in jobs:
+            (tmp_path / run / job.name).mkdir(parents=True)
+            packer.submit(job, prepared[job.name], tmp_path / run / job.name)
+        outcomes = packer.wait(Quiet())
+        assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+
+    packer = PackExecutor(cfg, 2)
+    # JAX keeps a little of each pack's compiled step (measured: about the size of one job's optimizer state)
+    kept = sum(variable.value.nbytes for variable in [*packer.model.variables, *packer.model.optimizer.variables])
+    before = on_device()
+    trained(packer, "roomy")
+    assert on_device() - before <= kept
+
+    at_train, train = [], Pack.train
+
+    def on_a_small_device(self, epochs):
+        at_train.append((len(self.jobs), on_device()))
+        if len(self.jobs) > 1:
+            raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory allocating 68719476736 bytes.")
+        return train(self, epochs)
+
+    monkeypatch.setattr(Pack, "train", on_a_small_device)
+    trained(packer, "halved")
+    assert [size for size, _ in at_train] == [2, 1, 1]
+    (_, failed), (_, first_half), (_, second_half) = at_train
+    assert first_half < failed and second_half < failed, at_train
+    assert failed - before > 10 * kept  # what a pack holds (its jobs' windows and state), freed
+    assert on_device() - before <= 3 * kept  # three packs' steps compiled
