@@ -322,7 +322,7 @@ def _engine(pack: int | str) -> str:
     """What a run trains on, decided here: "jax" (Keras on JAX, jobs packed: run.packing) for a K > 1, for auto
     where JAX sees an accelerator, and wherever TensorFlow is not installed (a job alone is a pack of one);
     "tensorflow" (Keras on TensorFlow, one job at a time) otherwise. UserError where neither can run it."""
-    jax_missing = ("'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')")
+    jax_missing = "'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"
     if pack not in (1, "auto"):
         if not _installed("jax"):
             raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "

@@ -155,8 +155,9 @@ class Pack:
         self._val_epoch = jax.jit(self._val_scan)
 
     def states(self) -> list[JobState]:
-        """Each job's state on the host, from one transfer of the pack's state off the device."""
-        state = jax.device_get(self.state)
+        """Each job's state on the host: the copy its last epoch brought over (kept in step with the callbacks'
+        assignments, a restore of the best weights too), else one transfer of the pack's state off the device."""
+        state = self._host if self._host is not None else jax.device_get(self.state)
         return [JobState([state[group][i][k] for group, i in self._variables],
                          [values[k] for values in state["optimizer"]], len(self.jobs)) for k in range(len(self.jobs))]
 
