@@ -1,7 +1,7 @@
 """A packed run's executor (trainer.run.packing.PackExecutor) on Keras's JAX backend, on the CPU: a pack the device
 cannot hold trains in halves, a job's epoch is reported after its own callbacks, jobs pack a timeframe at a time, and
-a pack gives its device memory back. In a process of their own, beside tests/jax/test_packed.py's (tests/test_jax.py
-starts one per file: the two run in parallel)."""
+a pack gives its device memory back. On Keras's JAX backend, with the rest of tests/jax (tests/test_jax.py starts
+the process)."""
 from __future__ import annotations
 
 import keras

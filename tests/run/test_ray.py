@@ -31,7 +31,7 @@ from tests.forkserver import ForkServer
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
 pytestmark = pytest.mark.processes  # a real Ray cluster and `cryptotrain run` processes, killed
 
-JOBS = ["BTCUSDT_15m", "BTCUSDT_1h"]  # one for each of the two workers
+JOBS = ["BTCUSDT_15m", "BTCUSDT_1h"]
 # Ray >= 2.59 authenticates every client of a cluster with a token: the cluster and its drivers share this one.
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TF_CPP_MIN_LOG_LEVEL": "2", "RAY_USAGE_STATS_ENABLED": "0",
        "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(16)}
@@ -209,8 +209,10 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     raw = yaml.safe_load(config.read_text())
     raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
-    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address,
-            *(["--workers", "1", "--pack", str(pack)] if pack else ["--workers", "2"]), "--cpus-per-worker", "1",
+    # one worker, taking the jobs in turn (packed: both at once): each worker a process more that imports TensorFlow
+    # and builds the model (10-15 s of CPU), and test_jobs_on_two_ray_workers_end_as_they_do_locally has two
+    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address, "--workers", "1",
+            *(["--pack", str(pack)] if pack else []), "--cpus-per-worker", "1",
             "--set", "executor.gcs_patience_s=0.5"]  # noticed well before the jobs end: their last three epochs
     # take ~2 s on a fast CPU (2026-11-28: with 2 s, a run finished both jobs before its GCS was missed)
     backups = tmp_path / "run" / ".backup"

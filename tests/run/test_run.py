@@ -313,7 +313,7 @@ from trainer.model import device
 from trainer.cli import main
 if sys.argv[1] == "unspent":
     device._spend_onednn_notice = lambda: None
-main(["run", "--config", sys.argv[2], "--only", "BTC*", "--set", "train.epochs=1"])
+main(["run", "--config", sys.argv[2], "--only", "BTCUSDT_1h", "--set", "train.epochs=1"])
 """
 
 
