@@ -17,7 +17,7 @@ from trainer.evaluation.results import JobSummary
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Each pytest-xdist worker's TensorFlow, and the processes it starts, size their thread pools to its share of the
-# CPUs, not to all of them (trainer.model.device.CPUS_ENV): with two workers a core, pools as wide as the machine in
+# CPUs, not to all of them (trainer.model.machine.CPUS_ENV): with two workers a core, pools as wide as the machine in
 # every one oversubscribe it (2026-11-27, tests/run/test_resume.py and test_training.py: 381 s -> 345 s).
 os.environ.setdefault("CRYPTOTRAIN_CPUS", str(max(1, len(os.sched_getaffinity(0))
                                                   // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))

@@ -476,21 +476,30 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def doctor(as_json):
-    """Check that TensorFlow really uses the hardware: devices, cuDNN, memory, precision.
+    """Check that training really uses the hardware: devices, cuDNN, memory, precision, packing.
 
-    Runs a timed small LSTM training step on each device and ends with a verdict and the fix for
-    each problem found. Without a GPU it says so and still checks the CPU path.
+    Runs a timed small LSTM training step on each device (TensorFlow's, and Keras's JAX backend's, which
+    packed runs use), says what `run --pack auto` would choose, and ends with a verdict and the fix for each
+    problem found. Without a GPU it says so and still checks the CPU path; without TensorFlow, the JAX path.
 
     \b
     Example:
       cryptotrain doctor
     """
-    _import_tensorflow()
-    from .model.device import diagnose
-    from .report.console import print_doctor
     from .run.probe import pack_report
 
-    diagnosis = diagnose(pack_report())
+    if _engine(1) == "jax":  # TensorFlow is not installed: every command runs on Keras's JAX backend
+        _keras_on_jax()
+        from .model.machine import diagnose_on_jax
+
+        diagnosis = diagnose_on_jax(pack_report(), TENSORFLOW_MISSING.partition(": ")[2])
+    else:
+        _import_tensorflow()
+        from .model.device import diagnose
+
+        diagnosis = diagnose(pack_report())
+    from .report.console import print_doctor
+
     print_doctor(diagnosis, as_json=as_json)
     sys.exit(1 if diagnosis.problems else 0)  # no GPU is a notice, not a problem
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -20,7 +21,7 @@ from tests.conftest import tiny_config_dict
 from trainer.cli import main
 from trainer.config import RunConfig, TrainConfig
 from trainer.errors import UserError
-from trainer.model import cudnn, device
+from trainer.model import cudnn, device, machine
 from trainer.model.models import build_model
 from trainer.report import console as reporting
 from trainer.run import probe
@@ -45,7 +46,7 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
     assert first["precision"] == "float32"
     assert first["gpus"] == [] and any("CPU" in d for d in first["devices"])
     assert first["jit_compile"] is False
-    assert 1 <= first["threads"]["usable_cpus"] == device.usable_cpus()
+    assert 1 <= first["threads"]["usable_cpus"] == machine.usable_cpus()
 
     again = device.setup(TrainConfig(precision="mixed_bfloat16"))
     assert again["precision"] == "mixed_bfloat16"
@@ -56,29 +57,29 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
 @pytest.mark.processes
 def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them(monkeypatch):
     # in a fresh process: TensorFlow's thread pools can be sized only before its first op; every CPU it may run on
-    monkeypatch.delenv(device.CPUS_ENV, raising=False)  # (the suite gives each of its workers a share)
+    monkeypatch.delenv(machine.CPUS_ENV, raising=False)  # (the suite gives each of its workers a share)
     script = ("import json; import tensorflow as tf; from trainer.model import device; "
               "from trainer.config import TrainConfig; threads = device.setup(TrainConfig())['threads']; "
               "print(json.dumps([threads, tf.config.threading.get_intra_op_parallelism_threads(), "
               "tf.config.threading.get_inter_op_parallelism_threads()]))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True).stdout
     threads, intra_op, inter_op = json.loads(out.splitlines()[-1])
-    cpus = device.usable_cpus()
+    cpus = machine.usable_cpus()
     assert (intra_op, inter_op) == (max(1, cpus // 2), cpus)
     assert threads == {"usable_cpus": cpus, "intra_op": intra_op, "inter_op": inter_op}
 
 
 def test_cryptotrain_cpus_gives_a_process_fewer_cpus_than_it_may_run_on(monkeypatch):
     """Several processes sharing a machine (one per GPU, a suite's workers) each take a share of its CPUs."""
-    monkeypatch.delenv(device.CPUS_ENV, raising=False)
-    every = device.usable_cpus()
-    monkeypatch.setenv(device.CPUS_ENV, "1")
-    assert device.usable_cpus() == 1
-    monkeypatch.setenv(device.CPUS_ENV, "999")
-    assert device.usable_cpus() == every  # never more than it may run on
-    monkeypatch.setenv(device.CPUS_ENV, "two")
+    monkeypatch.delenv(machine.CPUS_ENV, raising=False)
+    every = machine.usable_cpus()
+    monkeypatch.setenv(machine.CPUS_ENV, "1")
+    assert machine.usable_cpus() == 1
+    monkeypatch.setenv(machine.CPUS_ENV, "999")
+    assert machine.usable_cpus() == every  # never more than it may run on
+    monkeypatch.setenv(machine.CPUS_ENV, "two")
     with pytest.raises(UserError, match=r"^CRYPTOTRAIN_CPUS='two': expected a whole number of CPUs, at least 1"):
-        device.usable_cpus()
+        machine.usable_cpus()
 
 
 def test_unknown_precision_is_a_user_error():
@@ -128,7 +129,7 @@ def test_cgroup_cpu_quota(tmp_path, cpu_max, v1_quota, expected):
         (tmp_path / "cpu").mkdir()
         (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text(v1_quota[0])
         (tmp_path / "cpu" / "cpu.cfs_period_us").write_text(v1_quota[1])
-    assert device._cgroup_cpu_quota(tmp_path) == expected
+    assert machine._cgroup_cpu_quota(tmp_path) == expected
 
 
 # ----------------------------------------------------------------------------- cuDNN eligibility
@@ -189,7 +190,7 @@ def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
     assert result.exit_code == 0, result.output
     assert "no GPU visible" in result.output
     assert "make install TF_EXTRA=gpu" in result.output
-    assert "n/a (CPU)" in result.output
+    assert re.search(r"CPU:0\W+float32", result.output) and re.search(r"JAX cpu\W+float32", result.output)
     assert "packing (run --pack, JAX " in result.output and "on cpu; --pack auto for V7's 40 jobs: auto: one job " \
         "at a time on a CPU" in result.output
     assert "verdict: no problems found" in result.output

@@ -160,12 +160,13 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
 
 @pytest.mark.train
 @pytest.mark.processes
-def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compiles_nothing_anew(tmp_path):
-    """`run` with no --pack where TensorFlow is not installed: each job trains alone on Keras's JAX backend (a pack
-    of one), said when the run starts and in its metrics.json; `predict` forecasts from it on JAX what TensorFlow
-    forecasts. What JAX compiles is kept in its persistent
-    compilation cache under the run's cache_dir (xla/, named when the run starts): the process after the first (a
-    resumed run, the next family of the same model) compiles nothing anew."""
+def test_without_tensorflow_every_command_works_and_a_second_process_compiles_nothing_anew(tmp_path, monkeypatch):
+    """Where TensorFlow is not installed: `run` with no --pack trains each job alone on Keras's JAX backend (a pack
+    of one), said when the run starts and in its metrics.json; `--pack 1` is the same (--pack 2: the kill test
+    above). What JAX compiles is kept in its persistent compilation cache under the run's cache_dir (xla/, named when
+    the run starts): the process after the first (a resumed run, the next family of the same model) compiles nothing
+    anew. `plan`, `status`, `report`, `doctor` and `push` (to the local Hub) work; `predict` forecasts from it on JAX
+    what TensorFlow forecasts."""
     pytest.importorskip("jax")
     config = _config(tmp_path, epochs=1)
     cache = tmp_path / "cache" / "xla"  # conftest: each test's CRYPTOTRAIN_CACHE is tmp_path/cache
@@ -178,9 +179,9 @@ def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compi
         assert result.returncode == 0, result.stderr[-3000:]
         return result
 
-    def run(output: str) -> str:
+    def run(output: str, *args: str) -> str:
         return " ".join(without_tensorflow("run", "--config", str(config), "--only", "BTCUSDT", "--set",
-                                           f"output_dir={tmp_path / output}").stderr.split())
+                                           f"output_dir={tmp_path / output}", *args).stderr.split())
 
     said = run("first")
     assert "TensorFlow is not installed: training on Keras's JAX backend" in said
@@ -189,11 +190,26 @@ def test_without_tensorflow_a_job_alone_trains_on_jax_and_a_second_process_compi
     assert metrics["engine"] == {"name": "jax", "jobs": 1, "precision": "float32", "device": "cpu"}
     compiled = sorted(path.name for path in cache.iterdir())
     assert compiled
-    run("second")
+    run("second", "--pack", "1")
     assert sorted(path.name for path in cache.iterdir()) == compiled
+    assert json.loads((tmp_path / "second" / "jobs" / "BTCUSDT_1h" / "metrics.json").read_text())["engine"] == \
+        metrics["engine"]
 
     # `plan` without TensorFlow builds the model on Keras's JAX backend to count its parameters
     assert "parameters" in without_tensorflow("plan", "--config", str(config)).stdout
+    assert "1 done" in without_tensorflow("status", str(tmp_path / "first")).stdout
+    assert without_tensorflow("report", str(tmp_path / "first")).stdout.strip().endswith("report.html")
+    # `doctor`: the machine, and what Keras on JAX does with it (a step timed there, packing)
+    doctor = " ".join(without_tensorflow("doctor").stdout.split())
+    assert "TensorFlow not installed, JAX " in doctor and re.search(r"JAX cpu\W+float32", doctor)
+    assert "notice: TensorFlow is not installed: every command runs on Keras's JAX backend" in doctor
+    assert "on cpu; --pack auto for V7's 40 jobs: auto: one job at a time" in doctor
+    assert "verdict: no problems found" in doctor
+    with serve_hub(monkeypatch, TOKEN, tmp_path / "hf-cache") as hub:
+        env.update(HF_ENDPOINT=hub.url, HF_TOKEN=TOKEN, HF_HUB_OFFLINE="0", HF_HUB_DISABLE_XET="1",
+                   HF_HUB_CACHE=str(tmp_path / "hf-cache"))
+        without_tensorflow("push", str(tmp_path / "first"), "--repo-id", "tester/no-tensorflow")
+        assert "BTCUSDT/1h/model.keras" in hub.files("tester/no-tensorflow")
     # `predict` without TensorFlow: the job's model on Keras's JAX backend forecasts what TensorFlow's does
     job = str(tmp_path / "first" / "jobs" / "BTCUSDT_1h")
     on_jax = json.loads(without_tensorflow("predict", "--model", job, "--json").stdout)["forecast"]

@@ -13,22 +13,29 @@ Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throu
 from __future__ import annotations
 
 import logging
-import math
 import os
 import platform
-import shutil
-import subprocess
 import time
-from pathlib import Path
-from typing import Literal
 
 import keras
 import numpy as np
 import tensorflow as tf
-from pydantic import BaseModel, ConfigDict
 
 from ..errors import UserError
 from ..files import native_stderr_silenced
+from .machine import (
+    CHECK_BATCH,
+    CHECK_FEATURES,
+    CHECK_MODEL,
+    CHECK_REPEATS,
+    CHECK_STEPS,
+    CHECK_UNITS,
+    Diagnosis,
+    Finding,
+    cpu_model,
+    nvidia_driver,
+    usable_cpus,
+)
 from .settings import TrainConfig
 
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16", "auto")
@@ -114,26 +121,6 @@ def resolve_precision(precision: str) -> str:
     return "mixed_float16" if fast_float16 else "float32"
 
 
-# CPUs this process's TensorFlow may use, at most those it may run on: for several processes sharing a machine (one
-# `cryptotrain run` per GPU, a test suite's workers), which would otherwise each size its thread pools to all of them
-CPUS_ENV = "CRYPTOTRAIN_CPUS"
-
-
-def usable_cpus() -> int:
-    """CPUs this process may use: its affinity mask, lowered by a cgroup CPU quota (docker --cpus,
-    Kubernetes limits), which TensorFlow does not see, and by CRYPTOTRAIN_CPUS."""
-    cpus = len(os.sched_getaffinity(0))
-    quota = _cgroup_cpu_quota()
-    if quota:
-        cpus = max(1, min(cpus, math.ceil(quota)))
-    given = os.environ.get(CPUS_ENV)
-    if given is None:
-        return cpus
-    if not given.isdigit() or int(given) < 1:
-        raise UserError(f"{CPUS_ENV}={given!r}: expected a whole number of CPUs, at least 1 (e.g. {CPUS_ENV}=2)")
-    return min(cpus, int(given))
-
-
 def _set_threads(cpus: int) -> dict:
     """Each op gets half the usable CPUs, the ops running side by side all of them. A recurrent step's
     matrix products are too small to gain much from more threads, while the two directions of a
@@ -151,19 +138,6 @@ def _set_threads(cpus: int) -> dict:
             "inter_op": tf.config.threading.get_inter_op_parallelism_threads() or cpus}
 
 
-def _cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
-    """CPUs' worth of time per period this cgroup may use (cgroup v2, else v1); None when unlimited."""
-    v2 = root / "cpu.max"
-    if v2.is_file():
-        quota, _, period = v2.read_text().strip().partition(" ")
-        return None if quota == "max" else int(quota) / int(period)
-    v1 = root / "cpu" / "cpu.cfs_quota_us"
-    if v1.is_file():
-        quota = int(v1.read_text())
-        return None if quota < 0 else quota / int((v1.parent / "cpu.cfs_period_us").read_text())
-    return None
-
-
 def _compute_capability(gpu) -> tuple[int, int]:
     return tuple(tf.config.experimental.get_device_details(gpu).get("compute_capability", (0, 0)))
 
@@ -173,34 +147,6 @@ def gpu_name(gpu) -> str:
 
 
 # ----------------------------------------------------------------------------- doctor
-# The timed check: one small LSTM model's training step, per device.
-CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8, 64, 10
-
-
-class Finding(BaseModel):
-    """One thing doctor found: a problem (doctor exits 1) or a notice, and its fix."""
-    model_config = ConfigDict(frozen=True)
-    severity: Literal["problem", "notice"]
-    message: str
-    fix: str
-
-
-class Diagnosis(BaseModel):
-    """What `cryptotrain doctor` found; `--json` prints its model_dump."""
-    model_config = ConfigDict(frozen=True)
-    versions: dict  # python, tensorflow, keras, cuda_build, cuda, cudnn
-    devices: list[dict]  # the CPU (kind, memory_bytes, threads), then each GPU (kind, compute_capability, ...)
-    driver: dict  # nvidia_driver()
-    precision_auto: str
-    train_steps: list[dict]  # time_train_step() on the CPU, then on each GPU
-    packing: dict  # run.probe.pack_report(): run --pack's device and the K auto chooses, or why it is not available
-    findings: list[Finding]
-    verdict: str
-
-    @property
-    def problems(self) -> int:
-        """How many findings are problems (notices are not)."""
-        return sum(f.severity == "problem" for f in self.findings)
 
 
 def diagnose(packing: dict) -> Diagnosis:
@@ -263,7 +209,7 @@ def time_train_step(device: str, precision: str) -> dict:
     keras.backend.clear_session()
     return {
         "device": device, "precision": precision,
-        "model": f"LSTM {CHECK_UNITS}, batch {CHECK_BATCH} x {CHECK_STEPS} steps x {CHECK_FEATURES} features",
+        "model": CHECK_MODEL,
         "step_ms": 1e3 * seconds, "samples_per_s": CHECK_BATCH / seconds, "loss_finite": bool(np.isfinite(loss)),
         "peak_memory_bytes": tf.config.experimental.get_memory_info(device)["peak"] if on_gpu else None,
         "fused_kernel": FUSED_KERNEL_OP in _op_types(graph) if on_gpu else None,
@@ -276,27 +222,6 @@ def _op_types(graph: tf.Graph) -> set[str]:
     for function in graph_def.library.function:  # ops inside while loops and other nested functions
         types.update(node.op for node in function.node_def)
     return types
-
-
-def nvidia_driver() -> dict:
-    """The driver's view of the GPUs, whatever TensorFlow sees: {"found", "gpus", "error"}."""
-    if shutil.which("nvidia-smi") is None:
-        return {"found": False, "gpus": [], "error": None}
-    query = ["nvidia-smi", "--query-gpu=index,name,memory.total,memory.used,driver_version",
-             "--format=csv,noheader,nounits"]
-    try:
-        result = subprocess.run(query, capture_output=True, text=True, timeout=30)
-    except subprocess.TimeoutExpired:
-        return {"found": True, "gpus": [], "error": "nvidia-smi did not answer within 30 s"}
-    if result.returncode != 0:
-        said = (result.stderr or result.stdout).strip().splitlines()
-        return {"found": True, "gpus": [], "error": said[0] if said else f"nvidia-smi exited {result.returncode}"}
-    gpus = []
-    for line in result.stdout.strip().splitlines():
-        index, name, total, used, version = (field.strip() for field in line.split(","))
-        gpus.append({"index": int(index), "name": name, "memory_total_bytes": int(total) * 2**20,
-                     "memory_used_bytes": int(used) * 2**20, "driver": version})
-    return {"found": True, "gpus": gpus, "error": None}
 
 
 def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: list[dict]) -> list[Finding]:
@@ -336,12 +261,3 @@ def _findings(build: dict, gpus: list, driver: dict, configured: dict, steps: li
                 f'"tensorflow[and-cuda]=={tf.__version__}"; the layer settings are not the cause here (the check '
                 f"uses Keras's defaults)")
     return findings
-
-
-def cpu_model() -> str:
-    """The CPU's marketing name, e.g. 'AMD EPYC 9654'."""
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("model name"):
-            return line.partition(":")[2].strip()
-    return platform.processor() or platform.machine()
-

@@ -456,10 +456,11 @@ def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool
     out = out or Console()
     v = diagnosis.versions
     cuda = f"CUDA {v['cuda']}, cuDNN {v['cudnn']}" if v["cuda_build"] else "CPU-only build"
-    out.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, TensorFlow {v['tensorflow']} ({cuda}), "
-              f"Keras {v['keras']}")
+    tensorflow = f"TensorFlow {v['tensorflow']} ({cuda})" if v["tensorflow"] else \
+        f"TensorFlow not installed, JAX {v.get('jax')}"
+    out.print(f"[bold]cryptotrain doctor[/]  Python {v['python']}, {tensorflow}, Keras {v['keras']}")
 
-    devices = Table(title="devices TensorFlow sees")
+    devices = Table(title="devices TensorFlow sees" if v["tensorflow"] else "devices")
     for column in ("device", "kind", "memory", "compute capability", "memory growth"):
         devices.add_column(column)
     for d in diagnosis.devices:
@@ -470,8 +471,9 @@ def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool
                             "on" if d["memory_growth"] else "[red]off[/]")
     out.print(devices)
     threads = diagnosis.devices[0]["threads"]
-    out.print(f"CPU threads: {threads['usable_cpus']} usable CPUs; TensorFlow intra-op {threads['intra_op']}, "
-              f"inter-op {threads['inter_op']}")
+    pools = f"; TensorFlow intra-op {threads['intra_op']}, inter-op {threads['inter_op']}" if "intra_op" in threads \
+        else ""
+    out.print(f"CPU threads: {threads['usable_cpus']} usable CPUs{pools}")
     driver = diagnosis.driver
     if driver["gpus"]:
         out.print("driver (nvidia-smi): " + "; ".join(
@@ -481,17 +483,19 @@ def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool
         why = escape(driver["error"]) if driver["error"] else "lists none" if driver["found"] else "not found"
         out.print(f"driver (nvidia-smi): [yellow]no GPU visible[/] ({why})")
 
-    steps = Table(title=f"one training step of a small model ({diagnosis.train_steps[0]['model']})")
+    packing = diagnosis.packing
+    timed = [*diagnosis.train_steps, *([packing["train_step"]] if diagnosis.versions["tensorflow"] and
+                                       packing.get("train_step") else [])]  # without TensorFlow, it is the one
+    steps = Table(title=f"one training step of a small model ({timed[0]['model']})" if timed else
+                  "one training step of a small model: not timed (JAX did not start)")
     for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):
         steps.add_column(column)
-    for s in diagnosis.train_steps:
-        on_gpu = s["device"].startswith("GPU")
+    for s in timed:  # what is not measured on a device (the CPU; JAX's): n/a
         steps.add_row(s["device"], s["precision"], f"{s['step_ms']:.1f}", f"{s['samples_per_s']:.0f}",
-                      _size(s["peak_memory_bytes"]) if on_gpu else "n/a (CPU)",
-                      ("yes" if s["fused_kernel"] else "[red]no[/]") if on_gpu else "n/a (CPU)")
+                      "n/a" if s["peak_memory_bytes"] is None else _size(s["peak_memory_bytes"]),
+                      "n/a" if s["fused_kernel"] is None else "yes" if s["fused_kernel"] else "[red]no[/]")
     out.print(steps)
     out.print(f"precision 'auto' resolves to: {diagnosis.precision_auto}")
-    packing = diagnosis.packing
     out.print(escape(f"packing (run --pack, JAX {packing['jax']}): on {packing['device']}; --pack auto for V7's 40 "
                      f"jobs: {packing['why']}") if packing["available"] else
               f"packing (run --pack): [yellow]not available[/] ({escape(packing['why'])})")

@@ -1,6 +1,7 @@
-"""What `run --pack` would do on this machine, asked of a process of its own (`doctor`'s packing line): packing runs
-on Keras's JAX backend, and a process's Keras has one backend (`doctor`'s is TensorFlow). JAX there takes device
-memory as it needs it, not most of it at once, as it would by default.
+"""What `run --pack` would do on this machine, asked of a process of its own (`doctor`'s packing line), and how fast
+Keras's JAX backend trains doctor's small model there: packing runs on that backend, and a process's Keras has one
+backend (`doctor`'s is TensorFlow where it is installed). JAX there takes device memory as it needs it, not most of
+it at once, as it would by default.
 
     python -m trainer.run.probe     (pack_report starts it; prints one JSON line)
 """
@@ -10,11 +11,15 @@ import json
 import os
 import subprocess
 import sys
+import time
+
+from ..model.machine import CHECK_BATCH, CHECK_FEATURES, CHECK_MODEL, CHECK_REPEATS, CHECK_STEPS, CHECK_UNITS
 
 
 def pack_report() -> dict:
-    """Whether `run --pack` can run here, on what device, and the K `--pack auto` chooses for the V7 family's 40
-    jobs: {"available", "device", "jax", "auto_k_v7", "why"}, or {"available": False, "why"}."""
+    """Whether `run --pack` can run here, on what device, the K `--pack auto` chooses for the V7 family's 40 jobs
+    and a step of doctor's small model on JAX: {"available", "device", "jax", "precision", "auto_k_v7", "why",
+    "train_step"}, or {"available": False, "why"}."""
     result = subprocess.run([sys.executable, "-m", __name__], capture_output=True, text=True, timeout=300,
                             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
     if result.returncode != 0:
@@ -33,12 +38,38 @@ def main() -> None:
         return
     from ..config import load_config
     from .jobs import make_jobs
-    from .packing import plan_pack
+    from .packing import pack_precision, plan_pack
 
     cfg = load_config("v7")
     plan = plan_pack("auto", len(make_jobs(cfg)), cfg.network, cfg.train, cfg.data.max_rows)
-    print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version__, "auto_k_v7": plan.k,
-                      "why": plan.why}))
+    precision = pack_precision(cfg.train.precision)
+    print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version__, "precision": precision,
+                      "auto_k_v7": plan.k, "why": plan.why, "train_step": time_jax_step(precision)}))
+
+
+def time_jax_step(precision: str) -> dict:
+    """Keras's train step of doctor's small LSTM (model.machine.CHECK_*) on JAX's first device, compiled, as
+    device.time_train_step times it on TensorFlow."""
+    import jax
+    import keras
+    import numpy as np
+
+    keras.mixed_precision.set_dtype_policy(precision)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((CHECK_STEPS, CHECK_FEATURES)), keras.layers.LSTM(CHECK_UNITS),
+                              keras.layers.Dense(1, dtype="float32")])
+    model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES), dtype=np.float32)
+    y = rng.standard_normal((CHECK_BATCH, 1), dtype=np.float32)
+    model.train_on_batch(x, y)  # compiles
+    started = time.perf_counter()
+    for _ in range(CHECK_REPEATS):
+        loss = model.train_on_batch(x, y)  # a float: each waits for the device
+    seconds = (time.perf_counter() - started) / CHECK_REPEATS
+    return {"device": f"JAX {jax.devices()[0].platform}", "precision": precision, "model": CHECK_MODEL,
+            "step_ms": 1e3 * seconds, "samples_per_s": CHECK_BATCH / seconds, "loss_finite": bool(np.isfinite(loss)),
+            "peak_memory_bytes": None, "fused_kernel": None}
 
 
 if __name__ == "__main__":
