@@ -225,6 +225,26 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.train)
     items.sort(key=lambda item: 0 if item.get_closest_marker("processes") else
                1 if item.get_closest_marker("train") else 2)
+    # The longest single tests head the workers' first runs, one each in turn: wherever xdist would put them, one
+    # that starts late is the suite's tail, and two in one worker's run follow each other while the others steal
+    # only from its end (2026-11-29: tests/test_jax.py started 9 minutes into a 14-minute suite)
+    longest = sorted((item for item in items if item.nodeid.startswith(LONGEST)),
+                     key=lambda item: next(k for k, prefix in enumerate(LONGEST) if item.nodeid.startswith(prefix)))
+    rest = [item for item in items if not item.nodeid.startswith(LONGEST)]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    run = -(-len(items) // workers)  # xdist's first run for each worker: this many consecutive tests
+    ordered = []
+    for worker in range(workers):
+        heads = longest[worker::workers]
+        taken = len(ordered) - sum(len(longest[w::workers]) for w in range(worker))  # of `rest`, so far
+        ordered += heads + rest[taken:taken + run - len(heads)] if worker < workers - 1 else heads + rest[taken:]
+    items[:] = ordered
+
+
+# The suite's longest single tests, the longest first (pytest --durations, 2026-11-29: 50-150 s each on 2 cores)
+LONGEST = ("tests/test_benchmarks.py::test_bench_ray", "tests/test_jax.py::", "tests/test_notebook.py::",
+           "tests/test_benchmarks.py::test_bench_run", "tests/run/test_pack.py::test_a_pack_killed",
+           "tests/test_benchmarks.py::test_bench_throughput")
 
 
 @pytest.fixture
