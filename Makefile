@@ -12,7 +12,7 @@ FAMILIES = v7 v8_stable v8_aligned
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install check-install test test-fast demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack lint clean
+.PHONY: help install check-install test test-fast demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack bench-family lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -58,7 +58,7 @@ train-all: $(STAMP) ## train the three model families in turn (40 jobs each); AR
 	  $(CLI) run --config configs/$$family.yaml $(ARGS) || { status=$$?; [ $$status -ne 2 ] || exit 2; }; \
 	done; exit $$status
 
-bench: bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack  ## all benchmarks
+bench: bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack bench-family  ## all benchmarks
 
 bench-features: $(STAMP) ## data preparation: old loop-based way vs ours cold vs ours cached
 	$(PY) benchmarks/bench_features.py
@@ -80,6 +80,9 @@ bench-ray: $(STAMP) ## the same 8 real-data jobs: one local process vs 2 single-
 
 bench-pack: $(STAMP) ## packed training (JAX) vs one job at a time: samples/s of a family's step, K jobs a step
 	$(PY) benchmarks/bench_pack.py $(ARGS)
+
+bench-family: $(STAMP) ## a family's `cryptotrain run` end to end, its phases (prepare, compile, train, evaluate); ARGS="--family v7 --epochs 3"
+	$(PY) benchmarks/bench_family.py $(ARGS)
 
 lint: $(STAMP)   ## ruff
 	$(VENV)/bin/ruff check trainer tests benchmarks

@@ -101,3 +101,16 @@ def test_bench_ray(tmp_path):
                                  "--json", str(out)])
     results = written(out)
     assert results["local_wall_s"] > 0 and results["ray_wall_s"] > 0 and results["ray_workers_ready_s"] > 0
+
+
+@pytest.mark.train
+def test_bench_family(tmp_path):
+    out = tmp_path / "family.json"
+    benchmark("bench_family").main(["--family", "quickstart", "--max-jobs", "1", "--epochs", "2",
+                                    "--json", str(out)])
+    results = written(out)
+    assert results["jobs"] == ["BTCUSDT_15m"] and results["engine"]["name"] == "tensorflow"
+    assert len(results["epoch_seconds"]) == 2 and results["train_seconds"] > 0 and results["prepare_seconds"] > 0
+    phases = sum(results[f"{name}_seconds"] for name in ("prepare", "compile", "train", "evaluate", "rest"))
+    assert phases == pytest.approx(results["total_seconds"], abs=0.05)
+    assert 0 < results["overhead_share"] < 1 and results["one_job_windows_per_s"] > 0

@@ -224,6 +224,16 @@ class DataInfo(_Record):
     gaps: int = 0
 
 
+class Timing(_Record):
+    """Where a job's time went (metrics.json's "timing"), in seconds, each phase where it ran: benchmarks/
+    bench_family.py adds them up over a run. Writing the job's directory comes after and is not in it."""
+    prepare: float  # candles -> features (a hit or a miss of the feature cache), in the driver
+    windows: float  # features -> windows, and the baselines fitted on the train split
+    epochs: list[float]  # each epoch trained in this process, its validation included; packed: its pack's epochs
+    train_windows: int  # the windows an epoch trains on
+    evaluate: float  # the forecasts of the validation and test splits, their scores, what is served
+
+
 class JobMetrics(_Record):
     job: str
     symbol: str
@@ -238,6 +248,7 @@ class JobMetrics(_Record):
     train_step_seconds: float | None = None
     rss_mb: float | None = None
     engine: Engine | None = None  # None in runs of an earlier cryptotrain
+    timing: Timing | None = None  # likewise
     heads: dict[str, HeadScores]
     headline: Headline
     candles: CandleScores | None = None  # a candle head's high, low and range; None without one

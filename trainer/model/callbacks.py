@@ -23,9 +23,11 @@ class FitResult:
     best_val_loss: float
     step_seconds: float  # time inside train steps in this process (for overhead accounting)
     engine: Engine  # what trained it
+    epoch_seconds: tuple[float, ...]  # each epoch's wall time in this process, validation included (packed: the pack's)
 
 
-def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float, engine: Engine) -> FitResult:
+def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float, engine: Engine,
+               epoch_seconds: tuple[float, ...]) -> FitResult:
     """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
     them, else the last."""
     history = checkpoint.history_frame()
@@ -35,7 +37,7 @@ def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: f
     epoch = last.early_stopping.best_epoch + 1 if restores_best else last.epoch
     val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
     return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds,
-                     engine=engine)
+                     engine=engine, epoch_seconds=epoch_seconds)
 
 
 class Diverged(JobError):
@@ -56,21 +58,25 @@ class StopOnNaN(keras.callbacks.Callback):
 
 class StepTimer(keras.callbacks.Callback):
     """Seconds spent in train steps (each epoch up to its validation), to tell training time from per-job
-    overhead. Timed per epoch, not per batch: a per-batch callback makes every step wait for the device."""
+    overhead, and each epoch's wall time, validation included (`epochs`). Timed per epoch, not per batch: a per-batch
+    callback makes every step wait for the device."""
 
     def __init__(self) -> None:
         super().__init__()
         self.seconds = 0.0
+        self.epochs: list[float] = []
         self._epoch_start: float | None = None
+        self._began = 0.0
 
     def on_epoch_begin(self, epoch, logs=None):
-        self._epoch_start = time.perf_counter()
+        self._epoch_start = self._began = time.perf_counter()
 
     def on_test_begin(self, logs=None):  # validation: the epoch's train steps are over
         self._stop()
 
-    def on_epoch_end(self, epoch, logs=None):  # an epoch without validation
+    def on_epoch_end(self, epoch, logs=None):  # after validation
         self._stop()
+        self.epochs.append(time.perf_counter() - self._began)
 
     def _stop(self) -> None:
         if self._epoch_start is not None:

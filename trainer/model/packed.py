@@ -29,6 +29,7 @@ Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,6 +62,7 @@ class PackedJob:
     end: int | None = None  # the epoch it trains to (None: train's `epochs`)
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
+    epoch_seconds: list[float] = field(default_factory=list)  # each epoch it trained in: the pack's wall time
     error: str | None = None  # why the job failed (a non-finite loss), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
 
@@ -253,6 +255,7 @@ class Pack:
                 callback.set_params({"epochs": end, "verbose": 0})  # as fit gives them theirs
                 callback.on_train_begin()
         while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
+            began = time.perf_counter()
             active = np.isin(np.arange(len(jobs)), running)
             orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
             self._host = None
@@ -261,8 +264,10 @@ class Pack:
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum, self.state["non_trainable"] = self._val_epoch(weights, x_val, y_val, *val_batches)
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
+            seconds = time.perf_counter() - began
             for k in running:
                 job, epoch = jobs[k], jobs[k].epoch
+                job.epoch_seconds.append(seconds)
                 # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
                 logs = {name: float(total[k]) / n_train[k] for name, total in train_sum.items()}
                 logs |= {f"val_{name}": float(total[k]) / max(n_val[k], 1) for name, total in val_sum.items()}

@@ -127,7 +127,8 @@ def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: 
                   shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
     elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
         model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
-    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds, engine=tensorflow_engine())
+    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds, engine=tensorflow_engine(),
+                      epoch_seconds=tuple(timer.epochs))
 
 
 def tensorflow_engine() -> Engine:

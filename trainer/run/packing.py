@@ -170,11 +170,14 @@ class PackExecutor:
         cfg, model = self.cfg, self.model
         outcomes: dict[str, JobOutput | BaseException] = {}
         framed = []  # (submitted, windows, fitted, packed job)
+        framing = {}  # job -> the seconds its windows took
         for item in submitted:
             try:
+                began = time.perf_counter()
                 with named_after(item.prepared):
                     windows, fitted = job_windows(cfg, item.job.timeframe, item.prepared.frame,
                                                   output_shapes(model, cfg.heads))
+                framing[item.job.name] = time.perf_counter() - began
                 framed.append((item, windows, fitted, windows_job(item.job.name, windows, cfg.train.seed)))
             except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
                 outcomes[item.job.name] = exc
@@ -193,13 +196,14 @@ class PackExecutor:
                             raise Diverged(packed.error)
                         result = fit_result(checkpoint, restores_best, step_seconds=trained,
                                             engine=Engine(name="jax", jobs=state.pack, precision=self.precision,
-                                                          device=device_name()))
+                                                          device=device_name()),
+                                            epoch_seconds=tuple(packed.epoch_seconds))
                     # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
                     # too: model.keras holds it, as a job trained alone saves its own)
                     assign(model.variables, state.variables)
                     assign(model.optimizer.variables, state.optimizer_variables)
                     outcomes[item.job.name] = evaluated(cfg, item.job, item.prepared, model, windows, fitted, result,
-                                                        started)
+                                                        started, framing[item.job.name])
                 except Exception as exc:
                     outcomes[item.job.name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]

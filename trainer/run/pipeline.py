@@ -31,7 +31,7 @@ from ..data.windows import Preprocessing, SplitWindows, Windows, make_windows
 from ..errors import JobError
 from ..evaluation.baselines import Baselines, Har, cached_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
-from ..evaluation.results import DataInfo, JobMetrics
+from ..evaluation.results import DataInfo, JobMetrics, Timing
 from ..model.callbacks import Diverged, FitResult, ReportProgress
 from ..model.models import output_shapes
 from .jobdir import JobDir
@@ -57,6 +57,7 @@ class Prepared:
     frame: pd.DataFrame
     data: DataInfo
     market: tuple[Reference, ...] = ()
+    seconds: float = 0.0  # the time it took (metrics.json's timing.prepare)
 
 
 class JobOutput(Protocol):
@@ -101,12 +102,13 @@ def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
 
 
 def prepare(cfg: RunConfig, job: Job) -> Prepared:
+    started = time.perf_counter()
     features = job_features(cfg, job.symbol, job.timeframe)
     candles = features.candles
     return Prepared(features.frame, DataInfo(
         source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
         first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(), rows=len(candles),
-        gaps=int(candles.attrs.get("gaps", 0))), features.market)
+        gaps=int(candles.attrs.get("gaps", 0))), features.market, time.perf_counter() - started)
 
 
 def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
@@ -123,17 +125,20 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
     model = cache.model_for(cfg.network, cfg.train)
     with named_after(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
         windows, fitted = job_windows(cfg, job.timeframe, prepared.frame, output_shapes(model, cfg.heads))
+        framed = time.perf_counter() - started
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir,
                      callbacks=[*callbacks, ReportProgress(events, job.name)])
-    return evaluated(cfg, job, prepared, model, windows, fitted, result, started)
+    return evaluated(cfg, job, prepared, model, windows, fitted, result, started, framed)
 
 
 def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, windows: Windows,
-              fitted: Baselines | None, result: FitResult, started: float) -> JobResult:
+              fitted: Baselines | None, result: FitResult, started: float, framed: float) -> JobResult:
     """A job whose model has trained (`result`: training.fit's, or a pack's), evaluated: its forecasts of the
     validation and test splits, their scores against the baselines (`fitted`: job_windows's), and what its
-    directory holds. `started`: when the job began (perf_counter), for its metrics' seconds."""
+    directory holds. `started`: when the job began (perf_counter), for its metrics' seconds; `framed`: the seconds
+    job_windows took."""
+    evaluating = time.perf_counter()
     with named_after(prepared):
         prep, test, val = windows.preprocessing, windows.test, windows.val
         val_raw = predict_fixed_batches(model, val.x)  # every output of the model
@@ -160,6 +165,9 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
             data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
             best_val_loss=result.best_val_loss, seconds=round(time.perf_counter() - started, 2),
             train_step_seconds=round(result.step_seconds, 3), rss_mb=current_rss_mb(), engine=result.engine,
+            timing=Timing(prepare=round(prepared.seconds, 3), windows=round(framed, 3),
+                          epochs=[round(seconds, 3) for seconds in result.epoch_seconds],
+                          train_windows=len(windows.train), evaluate=round(time.perf_counter() - evaluating, 3)),
             heads=scores.heads,
             headline=scores.headline, candles=candles, n_test=scores.n_test,
             test_range=[pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]])
