@@ -145,13 +145,14 @@ def main(argv: list[str] | None = None) -> None:
                       f"{args.pack}, candles from {data}")
         wall, metrics = timed_run(config, scratch, "family", jobs, "--pack", args.pack, *overrides)
         engine = metrics[0]["engine"]
-        # the one-job rate on the same engine: the first job alone, K = 1
-        alone = family_config(args.family, data, jobs[:1], args.epochs, scratch / "alone", scratch / "cache")
+        # the one-job rate on the same engine: the first job alone, K = 1 (the same config: its market input reads the
+        # other jobs' candles)
+        alone = family_config(args.family, data, jobs, args.epochs, scratch / "alone", scratch / "cache")
         _, [one] = timed_run(alone, scratch, "alone", jobs[:1],
                              *(["--pack", "1"] if engine["name"] == "jax" else []), *overrides)
         on_tensorflow = one if engine["name"] == "tensorflow" else None
         if on_tensorflow is None and importlib.util.find_spec("tensorflow") is not None:
-            tensorflow = family_config(args.family, data, jobs[:1], args.epochs, scratch / "tensorflow",
+            tensorflow = family_config(args.family, data, jobs, args.epochs, scratch / "tensorflow",
                                        scratch / "cache")
             _, [on_tensorflow] = timed_run(tensorflow, scratch, "tensorflow", jobs[:1], *overrides)
 
