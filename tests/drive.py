@@ -26,6 +26,7 @@ class Passthrough(fuse.Operations):
     def __init__(self, root: str, trash_log: str | None = None) -> None:
         self.root = os.path.realpath(root)  # absolute: FUSE's process leaves its working directory
         self.trash_log = trash_log and os.path.realpath(trash_log)
+        self._hidden: dict[str, str] = {}  # .fuse_hiddenN -> the path of the file deleted while open
 
     def _trashed(self, how: str, path: str) -> None:
         if self.trash_log:
@@ -65,7 +66,7 @@ class Passthrough(fuse.Operations):
 
     def unlink(self, path):
         os.unlink(self._path(path))
-        self._trashed("deleted", path)
+        self._trashed("deleted", self._hidden.pop(path, path))
 
     def symlink(self, target, source):
         os.symlink(source, self._path(target))
@@ -73,7 +74,9 @@ class Passthrough(fuse.Operations):
     def rename(self, old, new):
         replaced = os.path.isfile(self._path(new))
         os.rename(self._path(old), self._path(new))
-        if replaced:
+        if os.path.basename(new).startswith(".fuse_hidden"):  # libfuse hides a file deleted while a process has it
+            self._hidden[new] = old  # open, and deletes it once closed: logged then, by its own name
+        elif replaced:
             self._trashed("replaced", new)
 
     def link(self, target, source):

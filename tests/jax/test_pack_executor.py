@@ -1,7 +1,7 @@
 """A packed run's executor (trainer.run.packing.PackExecutor) on Keras's JAX backend, on the CPU: a pack the device
-cannot hold trains in halves, a job's epoch is reported after its own callbacks, jobs pack a timeframe at a time, and
-a pack gives its device memory back. On Keras's JAX backend, with the rest of tests/jax (tests/test_jax.py starts
-the process)."""
+cannot hold trains in halves, a job's epoch is reported after its own callbacks, jobs pack a timeframe at a time, a
+pack gives its device memory back, and a later pack of the same shapes compiles nothing. On Keras's JAX backend, with
+the rest of tests/jax (tests/test_jax.py starts the process)."""
 from __future__ import annotations
 
 import keras
@@ -199,3 +199,54 @@ def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_tra
     assert first_half < failed and second_half < failed, at_train
     assert failed - before > 10 * kept  # what a pack holds (its jobs' windows and state), freed
     assert on_device() - before <= 3 * kept  # three packs' steps compiled
+
+
+def test_a_later_pack_of_the_same_shapes_compiles_nothing_anew(tmp_path):
+    """A later pack whose jobs have the shapes of an earlier one's (the next pack of a family's timeframe, a half of a
+    pack that ran out of memory) compiles nothing anew: each compilation it asks for is answered by JAX's persistent
+    compilation cache (packing.compilation_cache), as JAX's own monitoring events count them. (It traces its steps
+    again: each pack jits its own; here ~0.4 s.)"""
+    from tests.conftest import tiny_config_dict
+    from trainer.config import RunConfig
+    from trainer.data import Job
+    from trainer.run.packing import PackExecutor
+    from trainer.run.pipeline import prepare
+
+    jax = pytest.importorskip("jax")
+    fast = jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the tiny model's steps compile fast
+    raw = tiny_config_dict(tmp_path)
+    raw["train"]["epochs"] = 2
+    cfg = RunConfig.model_validate(raw)
+    jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    prepared = {job.name: prepare(cfg, job) for job in jobs}
+
+    class Quiet:
+        def training_started(self, job, epochs, done):
+            pass
+
+        def epoch_ended(self, job, epoch, logs):
+            pass
+
+    events = []
+
+    def on_event(event: str, **metadata) -> None:
+        events.append(event)
+
+    def trained(packer: PackExecutor, run: str) -> None:
+        for job in jobs:
+            (tmp_path / run / job.name).mkdir(parents=True)
+            packer.submit(job, prepared[job.name], tmp_path / run / job.name)
+        outcomes = packer.wait(Quiet())
+        assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+
+    packer = PackExecutor(cfg, 2)
+    trained(packer, "first")
+    jax.monitoring.register_event_listener(on_event)
+    try:
+        trained(packer, "later")
+    finally:
+        jax.monitoring.unregister_event_listener(on_event)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", fast)
+    asked = events.count("/jax/compilation_cache/compile_requests_use_cache")
+    assert asked > 0 and events.count("/jax/compilation_cache/cache_hits") == asked, events
