@@ -44,7 +44,7 @@ from rich.table import Table
 
 from trainer.config import RunConfig, load_config
 from trainer.heads import HAR_INPUTS
-from trainer.model import device
+from trainer.model import device, machine
 from trainer.model.flops import TRAINING_MULTIPLIER, flops_per_sample
 from trainer.model.models import build_model
 
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     configured = device.setup(load_config("v7").train)
     tf.config.experimental.enable_tensor_float_32_execution(False)  # float32 means float32, on a GPU too
     load_before = os.getloadavg()[0]
-    cpus = device.usable_cpus()
+    cpus = machine.usable_cpus()
     peak_before = measured_peak_gflops(args.peak_repeats)
     timing = Timing(args.budget, args.repeats)
     families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> None:
     for family in families:
         add_achieved(family, peaks)
     result = {
-        "machine": {"cpu": device.cpu_model(), "gpus": configured["gpus"], "usable_cpus": cpus,
+        "machine": {"cpu": machine.cpu_model(), "gpus": configured["gpus"], "usable_cpus": cpus,
                     "tensorflow": tf.__version__,
                     "keras": keras.__version__, "measured_peak_gflops": peaks["measured"],
                     "theoretical_peak": theoretical, "load_average_before": load_before,

@@ -233,11 +233,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rest = [item for item in items if not item.nodeid.startswith(LONGEST)]
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     run = -(-len(items) // workers)  # xdist's first run for each worker: this many consecutive tests
-    ordered = []
+    ordered, start = [], 0  # start: of `rest`, the first test not placed yet
     for worker in range(workers):
         heads = longest[worker::workers]
-        taken = len(ordered) - sum(len(longest[w::workers]) for w in range(worker))  # of `rest`, so far
-        ordered += heads + rest[taken:taken + run - len(heads)] if worker < workers - 1 else heads + rest[taken:]
+        end = start + run - len(heads) if worker < workers - 1 else len(rest)
+        ordered += heads + rest[start:end]
+        start = end
     items[:] = ordered
 
 

@@ -284,8 +284,9 @@ def _ray_driver_in_a_child() -> None:
                      "resume (finished epochs are kept)")
 
 
-TENSORFLOW_MISSING = ("TensorFlow is not installed: pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it "
-                      "unless installed with --no-deps; for NVIDIA GPUs pip install 'cryptotrain[gpu]')")
+TENSORFLOW_INSTALL = ("pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it unless installed with --no-deps; "
+                      "for NVIDIA GPUs pip install 'cryptotrain[gpu]')")
+TENSORFLOW_MISSING = f"TensorFlow is not installed: {TENSORFLOW_INSTALL}"
 
 
 def _import_tensorflow() -> None:
@@ -492,7 +493,7 @@ def doctor(as_json):
         _keras_on_jax()
         from .model.machine import diagnose_on_jax
 
-        diagnosis = diagnose_on_jax(pack_report(), TENSORFLOW_MISSING.partition(": ")[2])
+        diagnosis = diagnose_on_jax(pack_report(), TENSORFLOW_INSTALL)
     else:
         _import_tensorflow()
         from .model.device import diagnose

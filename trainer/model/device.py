@@ -13,12 +13,10 @@ Measured on the 2-core CPUs this project is developed on (benchmarks/bench_throu
 from __future__ import annotations
 
 import logging
-import os
 import platform
 import time
 
 import keras
-import numpy as np
 import tensorflow as tf
 
 from ..errors import UserError
@@ -26,14 +24,14 @@ from ..files import native_stderr_silenced
 from .machine import (
     CHECK_BATCH,
     CHECK_FEATURES,
-    CHECK_MODEL,
     CHECK_REPEATS,
     CHECK_STEPS,
-    CHECK_UNITS,
     Diagnosis,
     Finding,
-    cpu_model,
+    check_model,
+    cpu_device,
     nvidia_driver,
+    step_report,
     usable_cpus,
 )
 from .settings import TrainConfig
@@ -157,9 +155,7 @@ def diagnose(packing: dict) -> Diagnosis:
     build = tf.sysconfig.get_build_info()
     driver = nvidia_driver()
     gpus = tf.config.list_physical_devices("GPU")
-    devices = [{"name": "CPU", "kind": cpu_model(),
-                "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                "threads": configured["threads"]}]
+    devices = [cpu_device(configured["threads"])]
     devices += [{"name": f"GPU:{i}", "kind": gpu_name(gpu),
                  "compute_capability": ".".join(map(str, _compute_capability(gpu))),
                  "memory_growth": tf.config.experimental.get_memory_growth(gpu)} for i, gpu in enumerate(gpus)]
@@ -187,14 +183,8 @@ def time_train_step(device: str, precision: str) -> dict:
     on_gpu = device.startswith("GPU")
     apply_precision(precision)
     with tf.device(device):
-        keras.utils.set_random_seed(0)
-        model = keras.Sequential([
-            keras.Input((CHECK_STEPS, CHECK_FEATURES)),
-            # On the CPU the fused path must be off explicitly, or a GPU would quietly run the "CPU" step.
-            keras.layers.LSTM(CHECK_UNITS, use_cudnn="auto" if on_gpu else False),
-            keras.layers.Dense(1, dtype="float32"),
-        ])
-        model.compile(optimizer="adam", loss="mse")
+        # On the CPU the fused path must be off explicitly, or a GPU would quietly run the "CPU" step.
+        model = check_model(use_cudnn="auto" if on_gpu else False)
         data = (tf.random.normal((CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES)), tf.random.normal((CHECK_BATCH, 1)))
         step = tf.function(model.train_step)
         graph = step.get_concrete_function(data).graph
@@ -207,13 +197,9 @@ def time_train_step(device: str, precision: str) -> dict:
         loss = float(logs["loss"])  # waits for the device to finish
         seconds = (time.perf_counter() - started) / CHECK_REPEATS
     keras.backend.clear_session()
-    return {
-        "device": device, "precision": precision,
-        "model": CHECK_MODEL,
-        "step_ms": 1e3 * seconds, "samples_per_s": CHECK_BATCH / seconds, "loss_finite": bool(np.isfinite(loss)),
-        "peak_memory_bytes": tf.config.experimental.get_memory_info(device)["peak"] if on_gpu else None,
-        "fused_kernel": FUSED_KERNEL_OP in _op_types(graph) if on_gpu else None,
-    }
+    return step_report(device, precision, seconds, loss,
+                       tf.config.experimental.get_memory_info(device)["peak"] if on_gpu else None,
+                       FUSED_KERNEL_OP in _op_types(graph) if on_gpu else None)
 
 
 def _op_types(graph: tf.Graph) -> set[str]:

@@ -83,6 +83,32 @@ def nvidia_driver() -> dict:
 CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES, CHECK_UNITS, CHECK_REPEATS = 64, 30, 8, 64, 10
 CHECK_MODEL = f"LSTM {CHECK_UNITS}, batch {CHECK_BATCH} x {CHECK_STEPS} steps x {CHECK_FEATURES} features"
 
+
+def check_model(use_cudnn: bool | str = "auto", **compile_options):
+    """doctor's small LSTM, compiled, on whichever backend this process's Keras runs."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((CHECK_STEPS, CHECK_FEATURES)),
+                              keras.layers.LSTM(CHECK_UNITS, use_cudnn=use_cudnn),
+                              keras.layers.Dense(1, dtype="float32")])
+    model.compile(optimizer="adam", loss="mse", **compile_options)
+    return model
+
+
+def step_report(device: str, precision: str, seconds: float, loss: float, peak_memory_bytes: int | None = None,
+                fused_kernel: bool | None = None) -> dict:
+    """One of Diagnosis.train_steps: check_model's train step timed on `device` (`seconds` a step)."""
+    return {"device": device, "precision": precision, "model": CHECK_MODEL, "step_ms": 1e3 * seconds,
+            "samples_per_s": CHECK_BATCH / seconds, "loss_finite": math.isfinite(loss),
+            "peak_memory_bytes": peak_memory_bytes, "fused_kernel": fused_kernel}
+
+
+def cpu_device(threads: dict) -> dict:
+    """The CPU's entry in Diagnosis.devices: its name, the machine's memory, the threads that train on it."""
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"name": "CPU", "kind": cpu_model(), "memory_bytes": memory, "threads": threads}
+
 class Finding(BaseModel):
     """One thing doctor found: a problem (doctor exits 1) or a notice, and its fix."""
     model_config = ConfigDict(frozen=True)
@@ -98,7 +124,7 @@ class Diagnosis(BaseModel):
     devices: list[dict]  # the CPU (kind, memory_bytes, threads), then each GPU (kind, compute_capability, ...)
     driver: dict  # nvidia_driver()
     precision_auto: str
-    train_steps: list[dict]  # device.time_train_step() on the CPU, then on each GPU; without TensorFlow, JAX's
+    train_steps: list[dict]  # device.time_train_step() on the CPU, then on each GPU (none without TensorFlow)
     packing: dict  # run.probe.pack_report(): run --pack's device, the K auto chooses and a step timed on JAX, or why
     # it is not available
     findings: list[Finding]
@@ -139,9 +165,7 @@ def diagnose_on_jax(packing: dict, tensorflow_missing: str) -> Diagnosis:
     return Diagnosis(
         versions={"python": platform.python_version(), "tensorflow": None, "keras": keras.__version__,
                   "jax": packing.get("jax"), "cuda_build": False},
-        devices=[{"name": "CPU", "kind": cpu_model(),
-                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
-                  "threads": {"usable_cpus": usable_cpus()}}],
-        driver=driver, precision_auto=packing.get("precision", "float32"), train_steps=[step] if step else [],
+        devices=[cpu_device({"usable_cpus": usable_cpus()})],
+        driver=driver, precision_auto=packing.get("precision", "float32"), train_steps=[],
         packing=packing, findings=findings,
         verdict=f"{problems} problem(s) found" if problems else "no problems found")

@@ -484,8 +484,7 @@ def print_doctor(diagnosis: Diagnosis, out: Console | None = None, as_json: bool
         out.print(f"driver (nvidia-smi): [yellow]no GPU visible[/] ({why})")
 
     packing = diagnosis.packing
-    timed = [*diagnosis.train_steps, *([packing["train_step"]] if diagnosis.versions["tensorflow"] and
-                                       packing.get("train_step") else [])]  # without TensorFlow, it is the one
+    timed = [*diagnosis.train_steps, *([packing["train_step"]] if packing.get("train_step") else [])]
     steps = Table(title=f"one training step of a small model ({timed[0]['model']})" if timed else
                   "one training step of a small model: not timed (JAX did not start)")
     for column in ("device", "precision", "ms / step", "samples/s", "peak GPU memory", "fused cuDNN kernel"):

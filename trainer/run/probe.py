@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from ..model.machine import CHECK_BATCH, CHECK_FEATURES, CHECK_MODEL, CHECK_REPEATS, CHECK_STEPS, CHECK_UNITS
+from ..model.machine import CHECK_BATCH, CHECK_FEATURES, CHECK_REPEATS, CHECK_STEPS, check_model, step_report
 
 
 def pack_report() -> dict:
@@ -48,17 +48,14 @@ def main() -> None:
 
 
 def time_jax_step(precision: str) -> dict:
-    """Keras's train step of doctor's small LSTM (model.machine.CHECK_*) on JAX's first device, compiled, as
+    """Keras's train step of doctor's small model (model.machine.check_model) on JAX's first device, compiled, as
     device.time_train_step times it on TensorFlow."""
     import jax
     import keras
     import numpy as np
 
     keras.mixed_precision.set_dtype_policy(precision)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([keras.Input((CHECK_STEPS, CHECK_FEATURES)), keras.layers.LSTM(CHECK_UNITS),
-                              keras.layers.Dense(1, dtype="float32")])
-    model.compile(optimizer="adam", loss="mse", jit_compile=True)
+    model = check_model(jit_compile=True)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((CHECK_BATCH, CHECK_STEPS, CHECK_FEATURES), dtype=np.float32)
     y = rng.standard_normal((CHECK_BATCH, 1), dtype=np.float32)
@@ -66,10 +63,8 @@ def time_jax_step(precision: str) -> dict:
     started = time.perf_counter()
     for _ in range(CHECK_REPEATS):
         loss = model.train_on_batch(x, y)  # a float: each waits for the device
-    seconds = (time.perf_counter() - started) / CHECK_REPEATS
-    return {"device": f"JAX {jax.devices()[0].platform}", "precision": precision, "model": CHECK_MODEL,
-            "step_ms": 1e3 * seconds, "samples_per_s": CHECK_BATCH / seconds, "loss_finite": bool(np.isfinite(loss)),
-            "peak_memory_bytes": None, "fused_kernel": None}
+    return step_report(f"JAX {jax.devices()[0].platform}", precision, (time.perf_counter() - started) / CHECK_REPEATS,
+                       float(loss))
 
 
 if __name__ == "__main__":
