@@ -1,7 +1,7 @@
 """A packed run's executor (trainer.run.packing.PackExecutor) on Keras's JAX backend, on the CPU: a pack the device
 cannot hold trains in halves, a job's epoch is reported after its own callbacks, jobs pack a timeframe at a time, a
-pack gives its device memory back, and a later pack of the same shapes compiles nothing. On Keras's JAX backend, with
-the rest of tests/jax (tests/test_jax.py starts the process)."""
+pack gives its device memory back, and a later pack of the same shapes traces and compiles nothing. On Keras's JAX
+backend, with the rest of tests/jax (tests/test_jax.py starts the process)."""
 from __future__ import annotations
 
 import keras
@@ -201,11 +201,12 @@ def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_tra
     assert on_device() - before <= 3 * kept  # three packs' steps compiled
 
 
-def test_a_later_pack_of_the_same_shapes_compiles_nothing_anew(tmp_path):
+def test_a_later_pack_traces_and_compiles_nothing_and_no_forward_pass_runs_eagerly(tmp_path):
     """A later pack whose jobs have the shapes of an earlier one's (the next pack of a family's timeframe, a half of a
-    pack that ran out of memory) compiles nothing anew: each compilation it asks for is answered by JAX's persistent
-    compilation cache (packing.compilation_cache), as JAX's own monitoring events count them. (It traces its steps
-    again: each pack jits its own; here ~0.4 s.)"""
+    pack that ran out of memory) reuses the model's compiled epoch (packed.PackSteps) and evaluation's compiled
+    forward pass: training and evaluating its jobs traces nothing and compiles nothing, as JAX's own monitoring
+    events count them. A forward pass run eagerly would trace its recurrent layers' scans at every call (here 10 a
+    pack, and V7's six LSTMs at each batch of each job on a GPU)."""
     from tests.conftest import tiny_config_dict
     from trainer.config import RunConfig
     from trainer.data import Job
@@ -213,8 +214,6 @@ def test_a_later_pack_of_the_same_shapes_compiles_nothing_anew(tmp_path):
     from trainer.run.pipeline import prepare
 
     jax = pytest.importorskip("jax")
-    fast = jax.config.jax_persistent_cache_min_compile_time_secs
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)  # the tiny model's steps compile fast
     raw = tiny_config_dict(tmp_path)
     raw["train"]["epochs"] = 2
     cfg = RunConfig.model_validate(raw)
@@ -228,10 +227,13 @@ def test_a_later_pack_of_the_same_shapes_compiles_nothing_anew(tmp_path):
         def epoch_ended(self, job, epoch, logs):
             pass
 
-    events = []
+    traced, compiled = [], []
 
-    def on_event(event: str, **metadata) -> None:
-        events.append(event)
+    def on_event(event: str, duration: float, **metadata) -> None:
+        if event == "/jax/core/compile/jaxpr_trace_duration":
+            traced.append(metadata.get("fun_name"))
+        elif event == "/jax/core/compile/backend_compile_duration":
+            compiled.append(metadata.get("fun_name"))
 
     def trained(packer: PackExecutor, run: str) -> None:
         for job in jobs:
@@ -241,12 +243,16 @@ def test_a_later_pack_of_the_same_shapes_compiles_nothing_anew(tmp_path):
         assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
 
     packer = PackExecutor(cfg, 2)
-    trained(packer, "first")
-    jax.monitoring.register_event_listener(on_event)
+    jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
+        trained(packer, "first")
+        first = list(traced)
+        traced.clear()
+        compiled.clear()
         trained(packer, "later")
     finally:
-        jax.monitoring.unregister_event_listener(on_event)
-        jax.config.update("jax_persistent_cache_min_compile_time_secs", fast)
-    asked = events.count("/jax/compilation_cache/compile_requests_use_cache")
-    assert asked > 0 and events.count("/jax/compilation_cache/cache_hits") == asked, events
+        jax.monitoring.unregister_event_duration_listener(on_event)
+    assert (traced, compiled) == ([], []), (traced, compiled)
+    # the listener hears what the first pack traces: its steps, and evaluation's forward pass once for both jobs
+    assert {"_train_scan", "_val_scan"} <= set(first) and first.count("predict_step") == 1, first
+    assert "scan" not in first, first  # no recurrent layer ran eagerly

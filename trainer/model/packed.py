@@ -114,7 +114,8 @@ class Pack:
     optimizer state."""
 
     def __init__(self, model: keras.Model, jobs: Sequence[PackedJob], batch_size: int,
-                 validation_batch_size: int) -> None:
+                 validation_batch_size: int, steps: PackSteps | None = None) -> None:
+        """`steps`: an earlier pack's of the same model (its `steps`), whose compiled epochs this one reuses."""
         if keras.backend.backend() != "jax":
             raise RuntimeError(f"packed training runs on Keras's JAX backend, not {keras.backend.backend()}")
         self.model, self.jobs = model, list(jobs)
@@ -145,16 +146,7 @@ class Pack:
                             _stack([j.y_train for j in self.jobs], max(self._n_train)))
         self._val_data = (_stack([j.x_val for j in self.jobs], max(self._n_val)),
                           _stack([j.y_val for j in self.jobs], max(self._n_val)))
-        # What an epoch logs besides the loss, as Keras's fit logs it: each output's loss (a model of several
-        # outputs), kept by its compiled metrics, which one evaluated batch builds
-        first = jax.tree.map(lambda a: a[:1], (self.jobs[0].x_train, self.jobs[0].y_train))
-        model.test_on_batch(*first)
-        position = {id(variable): i for i, variable in enumerate(model.metrics_variables)}
-        self._logged = [(metric.name, position[id(metric.variables[0])], position[id(metric.variables[1])])
-                        for metric in model.metrics if metric.name != "loss"]
-        # The state is donated: an epoch writes the jobs' new state over the old in place, never holding both
-        self._train_epoch = jax.jit(self._train_scan, donate_argnums=0)
-        self._val_epoch = jax.jit(self._val_scan)
+        self.steps = steps or PackSteps(model, (self.jobs[0].x_train, self.jobs[0].y_train))
 
     def states(self) -> list[JobState]:
         """Each job's state on the host: the copy its last epoch brought over (kept in step with the callbacks'
@@ -170,44 +162,6 @@ class Pack:
         for array in jax.tree.leaves((self.state, self._train_data, self._val_data)):
             array.delete()
         self.state, self._train_data, self._val_data = {}, None, None
-
-    # ------------------------------------------------------------------ one job's computation (vmapped)
-    def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
-        """compute_loss_and_updates of one job's batch, the padding weighted 0 (Keras's fit computes the same), and
-        what its epoch logs of it: the loss, and each output's (as Keras's fit logs them: unweighted)."""
-        # The metrics' variables, which compute_loss_and_updates also updates, are the model's own: what a job's
-        # epoch logs comes from its batches' losses (Pack._epoch), not from them.
-        metrics = [jnp.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
-        # Each sample's weight over the values its loss averages (a loss reduces its target's last axis first)
-        weights = jax.tree.map(
-            lambda target: jnp.broadcast_to(weight.reshape(-1, *[1] * (target.ndim - 2)), target.shape[:-1]), y)
-        loss, (unscaled, _, non_trainable, metrics) = self.model.compute_loss_and_updates(
-            trainable, non_trainable, metrics, x, y, weights, training=training, optimizer_variables=optimizer)
-        # each output's loss, as its compiled metric (a mean: total / count) holds it after this one batch
-        logs = {"loss": unscaled} | {name: metrics[total] / metrics[count] for name, total, count in self._logged}
-        return loss, (logs, non_trainable)
-
-    def _job_step(self, state, x, y, rows, weight, n, active):
-        """One job's training step on its batch `rows` of its arrays (x, y): its state after the step (as before
-        when it is not active) and its batch's logs times its n samples."""
-        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
-
-        def loss(trainable):
-            return self._loss(trainable, state["non_trainable"], batch_x, batch_y, weight, True, state["optimizer"])
-
-        (_, (logs, non_trainable)), grads = jax.value_and_grad(loss, has_aux=True)(state["trainable"])
-        trainable, optimizer = self.model.optimizer.stateless_apply(state["optimizer"], grads, state["trainable"])
-        new = {"trainable": trainable, "non_trainable": non_trainable, "optimizer": optimizer}
-        new = jax.tree.map(lambda after, before: jnp.where(active, after, before), new, state)
-        return new, jax.tree.map(lambda value: jnp.where(active, value * n, 0.0), logs)
-
-    def _job_loss(self, state, x, y, rows, weight, n):
-        """One job's validation logs on its batch `rows`, times its n samples (0 for an empty batch), and its
-        non-trainable state after the batch."""
-        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
-        _, (logs, non_trainable) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight,
-                                              False)
-        return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs), non_trainable
 
     # ------------------------------------------------------------------ epochs
     def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> EpochCheckpoint:
@@ -259,10 +213,11 @@ class Pack:
             active = np.isin(np.arange(len(jobs)), running)
             orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
             self._host = None
-            self.state, train_sum = self._train_epoch(self.state, x, y, *_batches(orders, self.batch_size, active))
+            self.state, train_sum = self.steps.train_epoch(self.state, x, y,
+                                                          *_batches(orders, self.batch_size, active))
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
-            val_sum, self.state["non_trainable"] = self._val_epoch(weights, x_val, y_val, *val_batches)
+            val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
             seconds = time.perf_counter() - began
             for k in running:
@@ -285,6 +240,62 @@ class Pack:
             if not job.view.failed:
                 for callback in job.callbacks:
                     callback.on_train_end()
+
+class PackSteps:
+    """A model's packed epoch, compiled: its training steps over the jobs' batches in one loop, and its validation
+    pass, each mapped over the jobs (jax.vmap) and jitted once per shape. Holds no job, so that a later pack of the
+    same model (the next pack of a family, each half after an out-of-memory) reuses them as they are: it traces and
+    compiles nothing anew (Pack's `steps`)."""
+
+    def __init__(self, model: keras.Model, first: tuple) -> None:
+        """`first`: a job's train inputs and targets, whose first sample builds the model's compiled metrics."""
+        self.model = model
+        # What an epoch logs besides the loss, as Keras's fit logs it: each output's loss (a model of several
+        # outputs), kept by its compiled metrics, which one evaluated batch builds
+        model.test_on_batch(*jax.tree.map(lambda a: a[:1], first))
+        position = {id(variable): i for i, variable in enumerate(model.metrics_variables)}
+        self._logged = [(metric.name, position[id(metric.variables[0])], position[id(metric.variables[1])])
+                        for metric in model.metrics if metric.name != "loss"]
+        # The state is donated: an epoch writes the jobs' new state over the old in place, never holding both
+        self.train_epoch = jax.jit(self._train_scan, donate_argnums=0)
+        self.val_epoch = jax.jit(self._val_scan)
+
+    def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
+        """compute_loss_and_updates of one job's batch, the padding weighted 0 (Keras's fit computes the same), and
+        what its epoch logs of it: the loss, and each output's (as Keras's fit logs them: unweighted)."""
+        # The metrics' variables, which compute_loss_and_updates also updates, are the model's own: what a job's
+        # epoch logs comes from its batches' losses (Pack._epoch), not from them.
+        metrics = [jnp.zeros(v.shape, v.dtype) for v in self.model.metrics_variables]
+        # Each sample's weight over the values its loss averages (a loss reduces its target's last axis first)
+        weights = jax.tree.map(
+            lambda target: jnp.broadcast_to(weight.reshape(-1, *[1] * (target.ndim - 2)), target.shape[:-1]), y)
+        loss, (unscaled, _, non_trainable, metrics) = self.model.compute_loss_and_updates(
+            trainable, non_trainable, metrics, x, y, weights, training=training, optimizer_variables=optimizer)
+        # each output's loss, as its compiled metric (a mean: total / count) holds it after this one batch
+        logs = {"loss": unscaled} | {name: metrics[total] / metrics[count] for name, total, count in self._logged}
+        return loss, (logs, non_trainable)
+
+    def _job_step(self, state, x, y, rows, weight, n, active):
+        """One job's training step on its batch `rows` of its arrays (x, y): its state after the step (as before
+        when it is not active) and its batch's logs times its n samples."""
+        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
+
+        def loss(trainable):
+            return self._loss(trainable, state["non_trainable"], batch_x, batch_y, weight, True, state["optimizer"])
+
+        (_, (logs, non_trainable)), grads = jax.value_and_grad(loss, has_aux=True)(state["trainable"])
+        trainable, optimizer = self.model.optimizer.stateless_apply(state["optimizer"], grads, state["trainable"])
+        new = {"trainable": trainable, "non_trainable": non_trainable, "optimizer": optimizer}
+        new = jax.tree.map(lambda after, before: jnp.where(active, after, before), new, state)
+        return new, jax.tree.map(lambda value: jnp.where(active, value * n, 0.0), logs)
+
+    def _job_loss(self, state, x, y, rows, weight, n):
+        """One job's validation logs on its batch `rows`, times its n samples (0 for an empty batch), and its
+        non-trainable state after the batch."""
+        batch_x, batch_y = jax.tree.map(lambda a: a[rows], (x, y))
+        _, (logs, non_trainable) = self._loss(state["trainable"], state["non_trainable"], batch_x, batch_y, weight,
+                                              False)
+        return jax.tree.map(lambda value: jnp.where(n > 0, value * n, 0.0), logs), non_trainable
 
     def _train_scan(self, state, x, y, rows, weight, n, active):
         """An epoch's training steps (rows, weight, n, active: one per step, _batches) in one compiled loop: the

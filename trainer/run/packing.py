@@ -26,7 +26,7 @@ from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
 from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
 from ..model.models import build_network, output_shapes
-from ..model.packed import JobState, Pack, PackedJob, windows_job
+from ..model.packed import JobState, Pack, PackedJob, PackSteps, windows_job
 from ..model.resume import EpochCheckpoint, assign
 from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 from .jobs import Job
@@ -97,10 +97,11 @@ def jobs_that_fit(jobs: int, per_job: int, bytes_limit: int) -> int:
 
 def compilation_cache(cache: Path) -> Path:
     """Where JAX keeps what it compiles for packs (its persistent compilation cache): JAX_COMPILATION_CACHE_DIR
-    where set, else `cache`/xla (the run's cache_dir). A later pack of the same shape, each half of a pack that ran
-    out of memory and the next process (a resumed run, the next family of the same model) load the compiled step
-    from there instead of compiling it again (~25 s for V7 on an H100). Deleting the directory clears it. Set before
-    anything is compiled: JAX reads the setting at its first compilation."""
+    where set, else `cache`/xla (the run's cache_dir). The next process (a resumed run, the next family of the same
+    model) loads the compiled step from there instead of compiling it again (~25 s for V7 on an H100); within a
+    process, a later pack and each half of a pack that ran out of memory reuse the one the executor holds
+    (packed.PackSteps). Deleting the directory clears it. Set before anything is compiled: JAX reads the setting at
+    its first compilation."""
     if not jax.config.jax_compilation_cache_dir:
         jax.config.update("jax_compilation_cache_dir", str(cache / "xla"))
     return Path(jax.config.jax_compilation_cache_dir)
@@ -155,6 +156,7 @@ class PackExecutor:
         # every job starts from them, as alone
         self.initial = [v.numpy() for v in self.model.variables]
         self.initial_optimizer = [v.numpy() for v in self.model.optimizer.variables]
+        self._steps: PackSteps | None = None  # the model's compiled packed epoch, once a pack has made it
         self._submitted: list[_Submitted] = []
 
     def submit(self, job: Job, prepared: Prepared, backup: Path,
@@ -246,7 +248,9 @@ class PackExecutor:
         model = self.model
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
-        pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE)
+        pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE,
+                    self._steps)
+        self._steps = pack.steps  # the next pack's, and each half's after an out-of-memory
         checkpoints, summaries = {}, []
         try:
             for item, packed in jobs:
