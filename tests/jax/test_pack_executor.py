@@ -64,11 +64,13 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
             assert len(said) == 1, halved.output
 
 
-def test_a_packed_jobs_epoch_is_reported_after_its_own_callbacks_have_seen_it(tmp_path):
-    """A Ray worker's callback sends each epoch's checkpoint to the driver: the epoch is shown only after it (as
-    for a job trained alone), so an epoch the driver shows is one it holds, and a worker killed between the two
-    never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker saw that, now and then)."""
+def test_a_packed_jobs_hooks_fire_as_alone_and_its_epoch_is_reported_after_its_own_callbacks_have_seen_it(tmp_path):
+    """A packed job's callbacks see the hooks a job trained alone fires, in the same order (tests/hooks.py: the
+    epoch begins before it trains). A Ray worker's callback sends each epoch's checkpoint to the driver: the epoch is
+    shown only after it (as for a job trained alone), so an epoch the driver shows is one it holds, and a worker
+    killed between the two never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker saw that)."""
     from tests.conftest import tiny_config_dict
+    from tests.hooks import Hooks, assert_fired_as_fit_fires_them
     from trainer.config import RunConfig
     from trainer.data import Job
     from trainer.run.packing import PackExecutor
@@ -94,12 +96,14 @@ def test_a_packed_jobs_epoch_is_reported_after_its_own_callbacks_have_seen_it(tm
 
     packer = PackExecutor(cfg, 2)
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
+    hooks = {job.name: Hooks() for job in jobs}
     for job in jobs:
         (tmp_path / job.name).mkdir()
-        packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name),))
+        packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name), hooks[job.name]))
     outcomes = packer.wait(Shown())
     assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
     for job in jobs:
+        assert_fired_as_fit_fires_them(hooks[job.name], cfg.train.epochs)
         assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \
             [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen
 

@@ -51,7 +51,11 @@ def series(seed: int, n: int, n_val: int, noise: bool = False):
 
 
 def callbacks():
-    return [keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, mode="min", restore_best_weights=True),
+    """Early stopping, LR reduction, and the non-finite rule both loops give a job (sequence.JobTraining)."""
+    from trainer.model.callbacks import StopOnNaN
+
+    return [StopOnNaN(),
+            keras.callbacks.EarlyStopping(monitor="val_loss", patience=2, mode="min", restore_best_weights=True),
             keras.callbacks.ReduceLROnPlateau(monitor="val_loss", patience=1, factor=0.5, mode="min")]
 
 
@@ -94,10 +98,14 @@ def alone(seed, train, val):
 
 
 def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alone():
+    """Each job as Keras's fit leaves it alone, one whose validation loss is NaN too (a job alone trains on: the
+    non-finite rule is the loss's, early stopping judges the rest); one whose loss is NaN fails alone."""
+    from trainer.model.callbacks import Diverged
     from trainer.model.packed import Pack, PackedJob
 
     sets = {"follows": series(0, 200, 50), "noise": series(1, 150, 40, noise=True),
-            "short": series(2, 90, 33), "diverges": series(3, 120, 30)}
+            "short": series(2, 90, 33), "nan_val": series(4, 100, 30), "diverges": series(3, 120, 30)}
+    sets["nan_val"][1][1]["b"][7, 0] = np.nan  # one validation target: its validation loss is NaN, its loss not
     sets["diverges"][0][0][5, 3, 1] = np.nan  # one window's input: its first epoch's loss is NaN
     jobs = [PackedJob(name, *train, *val, seed=k, callbacks=callbacks())
             for k, (name, (train, val)) in enumerate(sets.items())]
@@ -105,7 +113,7 @@ def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alo
     Pack(build(), jobs, BATCH, VALIDATION_BATCH).train(EPOCHS)
 
     ran = {}
-    for k, job in enumerate(jobs[:3]):
+    for k, job in enumerate(jobs[:4]):
         history, weights = alone(k, *sets[job.name])
         ran[job.name] = len(history["loss"])
         assert job.error is None
@@ -113,14 +121,16 @@ def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alo
         assert set(job.history[0]) == set(history)  # each output's loss too, as Keras logs them
         for key in history:
             np.testing.assert_allclose([row[key] for row in job.history], history[key], rtol=1e-5,
-                                       err_msg=f"{job.name} {key}")
+                                       err_msg=f"{job.name} {key}")  # NaN where NaN
         for packed, solo in zip(job.view.get_weights(), weights, strict=True):
             np.testing.assert_allclose(packed, solo, atol=1e-5, err_msg=job.name)
     # What the cases are: one stopped early, first; its learning rate was reduced; the others ran every epoch
-    assert ran == {"follows": EPOCHS, "noise": ran["noise"], "short": EPOCHS} and ran["noise"] < EPOCHS
+    assert ran == {"follows": EPOCHS, "noise": ran["noise"], "short": EPOCHS, "nan_val": ran["nan_val"]}
+    assert ran["noise"] < EPOCHS and ran["nan_val"] > 1 and math.isnan(jobs[3].history[0]["val_loss"])
     assert min(row["learning_rate"] for row in jobs[1].history) < 3e-3
-    diverged = jobs[3]
-    assert diverged.error == "loss became nan in epoch 1" and diverged.history == []
+    diverged = jobs[4]
+    assert isinstance(diverged.error, Diverged) and diverged.history == []
+    assert str(diverged.error) == "loss became nan in epoch 1"
 
 
 def test_packed_training_imports_no_tensorflow():
@@ -134,6 +144,7 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
     further back (its latest checkpoint lost), and every job ends as in a pack that ran through."""
     from trainer.model.packed import Pack, PackedJob
     from trainer.model.resume import CHECKPOINTS
+    from trainer.model.sequence import JobTraining
     from trainer.model.settings import TrainConfig
 
     train = TrainConfig(epochs=6, early_stopping={"patience": 2}, reduce_lr={"patience": 1})
@@ -143,8 +154,10 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
         jobs = [PackedJob(name, *train_set, *val_set, seed=k)
                 for k, (name, (train_set, val_set)) in enumerate(sets.items())]
         packed = Pack(build(), jobs, BATCH, VALIDATION_BATCH)
-        for job in jobs:
-            packed.resume(job, train, backups / job.name)
+        for job in jobs:  # each with its own sequence, as trainer.run.packing gives it
+            training = JobTraining(job.view, train, backups / job.name)
+            job.callbacks, job.epoch, job.end = training.callbacks, training.first_epoch, training.end
+            training.start(lambda: None)
         packed.train(epochs)
         return jobs
 

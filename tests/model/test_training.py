@@ -13,6 +13,7 @@ import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
+from tests.hooks import Hooks, assert_fired_as_fit_fires_them
 from tests.model.test_models import HAR_HEAD, har_windows
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
@@ -69,6 +70,14 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     fresh_result = fit(fresh, eth, cfg.train, tmp_path / "eth-fresh")
     assert fresh is not model
     pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
+
+
+def test_a_jobs_hooks_fire_as_in_a_pack(tmp_path):
+    """The order tests/jax/test_pack_executor.py checks a packed job's hooks in (tests/hooks.py)."""
+    cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
+    hooks = Hooks()
+    _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "backup", callbacks=[hooks])
+    assert_fired_as_fit_fires_them(hooks, cfg.train.epochs)
 
 
 def test_a_new_shape_builds_a_new_model(cfg):

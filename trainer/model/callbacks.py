@@ -1,6 +1,6 @@
 """What training reports, whichever way a job trains (training.fit with TensorFlow, or packed on JAX:
-packed.Pack): its outcome (FitResult), a diverged loss (Diverged), and the callbacks both give a job. Imports no
-TensorFlow."""
+packed.Pack): its outcome (FitResult), a diverged loss (Diverged), and the callbacks both give a job
+(sequence.JobTraining). Imports no TensorFlow."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 
 from ..errors import JobError
-from .resume import EpochCheckpoint
 from .settings import Engine
 
 
@@ -24,20 +23,6 @@ class FitResult:
     step_seconds: float  # time inside train steps in this process (for overhead accounting)
     engine: Engine  # what trained it
     epoch_seconds: tuple[float, ...]  # each epoch's wall time in this process, validation included (packed: the pack's)
-
-
-def fit_result(checkpoint: EpochCheckpoint, restores_best: bool, step_seconds: float, engine: Engine,
-               epoch_seconds: tuple[float, ...]) -> FitResult:
-    """The history, and the epoch whose weights the model ends with: early stopping's best when it restores
-    them, else the last."""
-    history = checkpoint.history_frame()
-    if history.empty:
-        raise JobError("training produced no epoch (no training windows?)")
-    last = checkpoint.rows[-1]
-    epoch = last.early_stopping.best_epoch + 1 if restores_best else last.epoch
-    val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
-    return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss), step_seconds=step_seconds,
-                     engine=engine, epoch_seconds=epoch_seconds)
 
 
 class Diverged(JobError):
@@ -57,9 +42,10 @@ class StopOnNaN(keras.callbacks.Callback):
 
 
 class StepTimer(keras.callbacks.Callback):
-    """Seconds spent in train steps (each epoch up to its validation), to tell training time from per-job
-    overhead, and each epoch's wall time, validation included (`epochs`). Timed per epoch, not per batch: a per-batch
-    callback makes every step wait for the device."""
+    """Seconds spent in train steps (each epoch up to its validation, where the loop says when that starts:
+    on_test_begin, which Keras's fit fires and a pack does not), to tell training time from per-job overhead, and each
+    epoch's wall time, validation included (`epochs`). Timed per epoch, not per batch: a per-batch callback makes
+    every step wait for the device."""
 
     def __init__(self) -> None:
         super().__init__()

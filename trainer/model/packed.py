@@ -17,22 +17,21 @@ Each job trains as it would alone:
   step count, clipping and learning rate, and its own dropout draws (its seed states, advanced by its own steps and
   validation passes, as Keras's fit advances them);
 - its own epoch: its training loss (the batches' mean weighted by their sizes, as Keras logs it), its validation
-  loss, then its own callbacks (early stopping, LR reduction, its checkpoint: anything that drives a model through
-  `JobView`, the job's slice of the pack seen as a model);
-- its own checkpoint and resume (Pack.resume: resume.EpochCheckpoint in its backup directory every epoch, as `fit`
-  writes it; a new pack goes on from each job's own last epoch);
-- a job that has stopped, or whose loss is no longer finite, is frozen: its weights, moments and step count stay
-  as they are (not just given zero gradients) while the others go on; a non-finite loss fails that job alone.
+  loss, and its own callbacks, fired as Keras's fit fires them (on_epoch_begin before the epoch trains,
+  on_epoch_end after its validation): anything that drives a model through `JobView`, the job's slice of the pack
+  seen as a model. A job's sequence (sequence.JobTraining: resume from its own checkpoint, early stopping, LR
+  reduction, the non-finite rule, its epoch checkpoint, its timer) gives them, as it gives a job trained alone
+  its own;
+- a job that has stopped, or that a callback failed (StopOnNaN: its loss is no longer finite), is frozen: its
+  weights, moments and step count stay as they are (not just given zero gradients) while the others go on.
 
 Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
 """
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -41,8 +40,7 @@ import numpy as np
 
 from ..data.windows import Windows, float32
 from ..heads import WarmStart
-from .resume import EpochCheckpoint, resumable_callbacks, resume
-from .settings import INFERENCE_BATCH_SIZE, TrainConfig
+from .settings import INFERENCE_BATCH_SIZE
 
 Arrays = np.ndarray | dict[str, np.ndarray]
 
@@ -58,12 +56,11 @@ class PackedJob:
     y_val: dict[str, np.ndarray]
     seed: int
     callbacks: Sequence[keras.callbacks.Callback] = ()
-    epoch: int = 0  # the epochs it has done (Pack.resume: an interrupted run's)
-    end: int | None = None  # the epoch it trains to (None: train's `epochs`)
+    epoch: int = 0  # the epochs it has done (an interrupted run's: JobTraining.first_epoch)
+    end: int | None = None  # the epoch it trains to (None: Pack.train's `epochs`)
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
-    epoch_seconds: list[float] = field(default_factory=list)  # each epoch it trained in: the pack's wall time
-    error: str | None = None  # why the job failed (a non-finite loss), else None
+    error: Exception | None = None  # what failed the job (a callback's: StopOnNaN's Diverged), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
 
 
@@ -110,8 +107,8 @@ def _stack(items: list, length: int):
 
 class Pack:
     """K jobs of one model signature, trained together (train). `model` is the family's compiled Keras model (on the
-    JAX backend); every job starts from its weights as they are (then Pack.warm_start, Pack.resume), and from a fresh
-    optimizer state."""
+    JAX backend); every job starts from its weights as they are, and from a fresh optimizer state (then its
+    JobView's assignments: a checkpoint's, Pack.warm_start)."""
 
     def __init__(self, model: keras.Model, jobs: Sequence[PackedJob], batch_size: int,
                  validation_batch_size: int, steps: PackSteps | None = None) -> None:
@@ -164,21 +161,6 @@ class Pack:
         self.state, self._train_data, self._val_data = {}, None, None
 
     # ------------------------------------------------------------------ epochs
-    def resume(self, job: PackedJob, train: TrainConfig, backup_dir: Path) -> EpochCheckpoint:
-        """Give the job its own early stopping, LR reduction and epoch checkpoint in `backup_dir`, as `fit` gives a
-        job trained alone, going on from the checkpoint an interrupted run of it left there (resume.resume): its
-        weights, optimizer state, counters and the epochs it has done. Its checkpoint callback, whose rows are the
-        job's history (callbacks.fit_result)."""
-        resumed = resume(backup_dir, job.view)
-        early_stopping, reduce_lr = resumable_callbacks(train, resumed)
-        checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
-        job.callbacks = [*job.callbacks, *(c for c in (early_stopping, reduce_lr) if c), checkpoint]
-        job.epoch, job.end = resumed.epochs, resumed.end(train)
-        if job.epoch >= job.end and early_stopping and early_stopping.restore_best_weights \
-                and resumed.best_weights is not None:  # it had ended training: its best weights, as fit does
-            job.view.set_weights(resumed.best_weights)
-        return checkpoint
-
     def warm_start(self, job: PackedJob, warm_starts: Sequence[WarmStart]) -> None:
         """The heads' warm starts (models.build_network's, each holding the layer of the pack's model it sets) on
         the job's train split, from the job's weights: its weights after them. What training.WindowTrainer's
@@ -209,7 +191,9 @@ class Pack:
                 callback.set_params({"epochs": end, "verbose": 0})  # as fit gives them theirs
                 callback.on_train_begin()
         while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
-            began = time.perf_counter()
+            for k in running:  # before the epoch trains, as fit fires it (the callbacks read the weights it starts at)
+                for callback in jobs[k].callbacks:
+                    callback.on_epoch_begin(jobs[k].epoch)
             active = np.isin(np.arange(len(jobs)), running)
             orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
             self._host = None
@@ -219,22 +203,18 @@ class Pack:
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
-            seconds = time.perf_counter() - began
             for k in running:
                 job, epoch = jobs[k], jobs[k].epoch
-                job.epoch_seconds.append(seconds)
                 # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
                 logs = {name: float(total[k]) / n_train[k] for name, total in train_sum.items()}
                 logs |= {f"val_{name}": float(total[k]) / max(n_val[k], 1) for name, total in val_sum.items()}
-                if not all(math.isfinite(v) for v in logs.values()):
-                    job.error = f"loss became {logs['loss']} in epoch {epoch + 1}"
-                    job.view.failed = True
+                try:
+                    for callback in job.callbacks:
+                        callback.on_epoch_end(epoch, logs)
+                except Exception as exc:  # as it ends fit: this job alone (StopOnNaN's Diverged, say), frozen
+                    job.error, job.view.failed = exc, True
                     continue
-                for callback in job.callbacks:
-                    callback.on_epoch_begin(epoch)
                 job.history.append(logs)
-                for callback in job.callbacks:
-                    callback.on_epoch_end(epoch, logs)
                 job.epoch += 1
         for job in jobs:
             if not job.view.failed:

@@ -17,10 +17,11 @@ import tensorflow as tf
 from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
 from ..heads import WarmStart
-from .callbacks import FitResult, StepTimer, StopOnNaN, fit_result
+from .callbacks import FitResult
 from .device import apply_precision, gpu_name
 from .models import build_network, compile_settings
-from .resume import EpochCheckpoint, assign, resumable_callbacks, resume
+from .resume import assign
+from .sequence import JobTraining
 from .settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 
 log = logging.getLogger(__name__)
@@ -102,33 +103,23 @@ def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:
 # ----------------------------------------------------------------------------- fitting
 def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: Path,
         callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
-    """Train with early stopping (best weights restored), LR reduction and per-epoch backups.
+    """Train with early stopping (best weights restored), LR reduction and per-epoch backups: the job's sequence
+    (sequence.JobTraining), its epochs run by Keras's fit.
 
     If `backup_dir` holds the checkpoint of an interrupted run of this job, training resumes after its last
     finished epoch (see resume); if that run had ended training, none is trained. The backup is left in place:
     the caller deletes it once the job's artifacts are safe (trainer.model.resume has how).
     """
-    restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
-    resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
-    early_stopping, reduce_lr = resumable_callbacks(train, resumed)
-    checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
-    timer = StepTimer()
-    end = resumed.end(train)  # a job that early stopping had ended when it was killed trains no further epoch
-    if resumed.epochs < end:
+    job = JobTraining(model, train, backup_dir, callbacks)
+    if job.trains:
         model.feed_for(windows)
-        if resumed.epochs == 0:  # a resumed job's weights are its checkpoint's
-            model.warm_start(windows.train)
-        train_data = DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed)
-        val_data = DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE)
-        # The checkpoint last, once everything the epoch changed is in the state it records: a job killed at any
-        # moment resumes from a checkpointed epoch with its rows and best weights.
-        standard = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), checkpoint]
-        model.fit(train_data, validation_data=val_data, initial_epoch=resumed.epochs, epochs=end, verbose=0,
-                  shuffle=False, callbacks=[*standard, timer, *callbacks])  # shuffled above
-    elif restores_best and resumed.best_weights is not None:  # killed after training, before the artifacts were
-        model.set_weights(resumed.best_weights)  # safe: the model ends as training did, restoring the best
-    return fit_result(checkpoint, restores_best, step_seconds=timer.seconds, engine=tensorflow_engine(),
-                      epoch_seconds=tuple(timer.epochs))
+    job.start(lambda: model.warm_start(windows.train))
+    if job.trains:
+        model.fit(DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed),
+                  validation_data=DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE),
+                  initial_epoch=job.first_epoch, epochs=job.end, verbose=0, shuffle=False,  # shuffled by the feed
+                  callbacks=job.callbacks)
+    return job.result(tensorflow_engine())
 
 
 def tensorflow_engine() -> Engine:

@@ -17,6 +17,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -24,10 +25,11 @@ import keras
 
 from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
-from ..model.callbacks import Diverged, EpochSummaries, ReportProgress, fit_result
+from ..model.callbacks import EpochSummaries, ReportProgress
 from ..model.models import build_network, output_shapes
 from ..model.packed import JobState, Pack, PackedJob, PackSteps, windows_job
-from ..model.resume import EpochCheckpoint, assign
+from ..model.resume import assign
+from ..model.sequence import JobTraining
 from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 from .jobs import Job
 from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after, tensorboard_dir
@@ -125,8 +127,8 @@ def pack_precision(precision: str) -> str:
     return precision
 
 
-# A job as its pack left it, its checkpoint callback, and its state on the host (its pack is released)
-Trained = tuple[PackedJob, EpochCheckpoint, JobState]
+# A job as its pack left it, its training sequence, and its state on the host (its pack is released)
+Trained = tuple[PackedJob, JobTraining, JobState]
 
 
 @dataclass
@@ -185,21 +187,17 @@ class PackExecutor:
                 outcomes[item.job.name] = exc
         if framed:
             trained_jobs = self._train_fitting(framed, events)
-            trained = time.perf_counter() - started
-            restores_best = bool(cfg.train.early_stopping and cfg.train.early_stopping.restore_best_weights)
             for item, windows, fitted, _ in framed:
                 if isinstance(trained_job := trained_jobs[item.job.name], BaseException):
                     outcomes[item.job.name] = trained_job  # its pack could not train
                     continue
-                packed, checkpoint, state = trained_job
+                packed, training, state = trained_job
                 try:
                     with named_after(item.prepared):
-                        if packed.error is not None:
-                            raise Diverged(packed.error)
-                        result = fit_result(checkpoint, restores_best, step_seconds=trained,
-                                            engine=Engine(name="jax", jobs=state.pack, precision=self.precision,
-                                                          device=device_name()),
-                                            epoch_seconds=tuple(packed.epoch_seconds))
+                        if packed.error is not None:  # a callback failed it: StopOnNaN's Diverged, say
+                            raise packed.error
+                        result = training.result(Engine(name="jax", jobs=state.pack, precision=self.precision,
+                                                        device=device_name()))
                     # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
                     # too: model.keras holds it, as a job trained alone saves its own)
                     assign(model.variables, state.variables)
@@ -214,7 +212,7 @@ class PackExecutor:
         """The framed jobs (submitted, windows, fitted, packed job) trained in one pack; should the device not hold
         them (more than auto's estimate allowed for, or --pack K), in two halves, one after the other, and theirs
         likewise. Each job goes on from its own last checkpoint, so it ends as in a pack that ran through. Per job:
-        its trained PackedJob and its checkpoint callback, or what failed it (a job alone the device cannot hold:
+        its trained PackedJob and its training sequence, or what failed it (a job alone the device cannot hold:
         the run's line says to lower train.batch_size)."""
         if len(framed) > 1:  # what the progress display shows as jobs training at once
             steps = [math.ceil(len(windows.train) / self.cfg.train.batch_size) for _, windows, *_ in framed]
@@ -223,13 +221,13 @@ class PackExecutor:
                      f"{min(steps)}-{max(steps)}" if min(steps) < max(steps) else max(steps))
         jobs = [(item, packed) for item, *_, packed in framed]
         try:
-            checkpoints, states = self._train(jobs, events)
+            trainings, states = self._train(jobs, events)
         except Exception as exc:  # the pack could not train (and has released its buffers)
             if len(framed) == 1 or not out_of_memory(exc):
                 return {item.job.name: exc for item, _ in jobs}  # each job fails with it
             why = first_line(exc)
         else:
-            return {item.job.name: (packed, checkpoints[packed.name], states[packed.name]) for item, packed in jobs}
+            return {item.job.name: (packed, trainings[packed.name], states[packed.name]) for item, packed in jobs}
         # Out of memory: the halves train once the failed pack, its exception and what they held are gone
         half = len(framed) // 2
         log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
@@ -240,34 +238,33 @@ class PackExecutor:
         return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
 
     def _train(self, jobs: list[tuple[_Submitted, PackedJob]],
-               events: Events) -> tuple[dict[str, EpochCheckpoint], dict[str, JobState]]:
-        """The jobs trained in one pack, each going on from its backup directory's checkpoint (a fresh job from the
-        heads' warm start); each job's checkpoint callback and its state on the host, by name. The pack's device
-        buffers are released before it returns (or raises): the next pack, or a half of this one, trains in their
-        room."""
+               events: Events) -> tuple[dict[str, JobTraining], dict[str, JobState]]:
+        """The jobs trained in one pack, each with its own sequence (sequence.JobTraining, as a job trained alone):
+        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence and its
+        state on the host, by name. The pack's device buffers are released before it returns (or raises): the next
+        pack, or a half of this one, trains in their room."""
         model = self.model
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
         pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE,
                     self._steps)
         self._steps = pack.steps  # the next pack's, and each half's after an out-of-memory
-        checkpoints, summaries = {}, []
+        trainings, summaries = {}, []
         try:
             for item, packed in jobs:
-                checkpoints[packed.name] = pack.resume(packed, self.cfg.train, item.backup)
-                if packed.epoch == 0:  # a resumed job's weights are its checkpoint's
-                    pack.warm_start(packed, self.warm_starts)
                 # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have
                 # seen it, as pipeline.train_one does: an epoch shown is one the driver holds.
-                packed.callbacks = [*packed.callbacks, *item.callbacks, ReportProgress(events, packed.name)]
+                callbacks = [*item.callbacks, ReportProgress(events, packed.name)]
                 if self.cfg.train.tensorboard:
                     summaries.append(EpochSummaries(item.tensorboard))
-                    packed.callbacks.append(summaries[-1])
+                    callbacks.append(summaries[-1])
+                training = trainings[packed.name] = JobTraining(packed.view, self.cfg.train, item.backup, callbacks)
+                packed.callbacks, packed.epoch, packed.end = training.callbacks, training.first_epoch, training.end
+                training.start(partial(pack.warm_start, packed, self.warm_starts))
             pack.train(self.cfg.train.epochs)
             states = dict(zip((packed.name for _, packed in jobs), pack.states(), strict=True))
         finally:  # a job that failed ends without on_train_end
             pack.release()  # now, not when the collector reaches it (what raised holds it until its traceback goes)
             for summary in summaries:
                 summary.close()
-        return checkpoints, states
-
+        return trainings, states

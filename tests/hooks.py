@@ -1,0 +1,43 @@
+"""The hooks a job's training fires, whichever loop trains it (trainer.model.sequence.JobTraining): recorded by a
+callback given to a job trained alone (tests/model/test_training.py, Keras's fit on TensorFlow) and to a packed one
+(tests/jax/test_pack_executor.py), and checked against the one order both must fire them in."""
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+
+class Hooks(keras.callbacks.Callback):
+    """Each hook fired, (name, epoch), and the weights the job's model has at it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fired: list[tuple[str, int | None]] = []
+        self.weights: list[list[np.ndarray]] = []
+
+    def _saw(self, hook: str, epoch: int | None = None) -> None:
+        self.fired.append((hook, epoch))
+        self.weights.append([np.array(w) for w in self.model.get_weights()])
+
+    def on_train_begin(self, logs=None):
+        self._saw("train_begin")
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._saw("epoch_begin", epoch)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._saw("epoch_end", epoch)
+
+    def on_train_end(self, logs=None):
+        self._saw("train_end")
+
+
+def assert_fired_as_fit_fires_them(hooks: Hooks, epochs: int) -> None:
+    """on_train_begin; each epoch's on_epoch_begin before it trains (the weights the previous epoch, or the start,
+    left) and on_epoch_end after (weights it changed); on_train_end."""
+    assert hooks.fired == [("train_begin", None),
+                           *((hook, epoch) for epoch in range(epochs) for hook in ("epoch_begin", "epoch_end")),
+                           ("train_end", None)], hooks.fired
+    for i, (hook, epoch) in enumerate(hooks.fired[1:-1], start=1):
+        same = all(np.array_equal(a, b) for a, b in zip(hooks.weights[i], hooks.weights[i - 1], strict=True))
+        assert same == (hook == "epoch_begin"), (hook, epoch)

@@ -1,0 +1,74 @@
+"""One job's training sequence, whichever loop runs its epochs: Keras's `fit` on TensorFlow (training.fit) or a pack
+on JAX (packed.Pack, driven by trainer.run.packing). Imports no TensorFlow."""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import keras
+
+from ..errors import JobError
+from .callbacks import FitResult, StepTimer, StopOnNaN
+from .resume import EpochCheckpoint, resumable_callbacks, resume
+from .settings import Engine, TrainConfig
+
+
+class JobTraining:
+    """A job's training from its backup directory to its FitResult: where an interrupted run of it left off (resume),
+    its callbacks (the non-finite rule, early stopping, LR reduction, its epoch checkpoint, its timer, then the
+    caller's), its warm start or its best weights, and its result.
+
+    The loop that trains it, given `model` (the job's model, or its view in a pack: packed.JobView), does, in order:
+    - start(warm_start), once;
+    - if `trains`: the epochs first_epoch .. end - 1, firing `callbacks` as Keras's fit fires them: on_train_begin;
+      each epoch's on_epoch_begin before it trains and on_epoch_end after its validation, with its logs; then
+      on_train_end. A callback that raises ends the job with that exception (StopOnNaN's Diverged: a loss no longer
+      finite; a non-finite val_loss alone is early stopping's to judge, as in Keras);
+    - result(engine).
+    Batch-level hooks are not part of it: the pack runs an epoch's steps in one compiled loop, and a per-batch hook
+    would make every step of a job alone wait for the device."""
+
+    def __init__(self, model: keras.Model, train: TrainConfig, backup_dir: Path,
+                 callbacks: Sequence[keras.callbacks.Callback] = ()) -> None:
+        self.model = model
+        self.restores_best = bool(train.early_stopping and train.early_stopping.restore_best_weights)
+        resumed = resume(backup_dir, model)  # weights, optimizer state: the epoch to go on at
+        early_stopping, reduce_lr = resumable_callbacks(train, resumed)
+        self.checkpoint = EpochCheckpoint(backup_dir, resumed, early_stopping, reduce_lr)
+        self.timer = StepTimer()
+        # a job that early stopping had ended when it was killed trains no further epoch
+        self.first_epoch, self.end = resumed.epochs, resumed.end(train)
+        self._best_weights = resumed.best_weights
+        # A diverged epoch is never checkpointed; the checkpoint comes once everything the epoch changed is in the
+        # state it records (a job killed at any moment resumes from a checkpointed epoch with its rows and best
+        # weights); the caller's (progress, a Ray worker's, TensorBoard) after it: an epoch they see is one the
+        # checkpoint holds.
+        self.callbacks = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), self.checkpoint, self.timer,
+                          *callbacks]
+
+    @property
+    def trains(self) -> bool:
+        """Whether an epoch is left to train (not: killed after training ended, before the artifacts were safe)."""
+        return self.first_epoch < self.end
+
+    def start(self, warm_start: Callable[[], None]) -> None:
+        """Before the first epoch: a fresh job's warm start (a resumed job's weights are its checkpoint's); a job
+        whose training had ended ends as training did, restoring early stopping's best weights."""
+        if self.trains:
+            if self.first_epoch == 0:
+                warm_start()
+        elif self.restores_best and self._best_weights is not None:
+            self.model.set_weights(self._best_weights)
+
+    def result(self, engine: Engine) -> FitResult:
+        """The history (the checkpoint's rows, earlier processes' epochs included), the epoch whose weights the model
+        ends with (early stopping's best when it restores them, else the last), and this process's time in its
+        epochs (a pack's: the pack's epochs, validation included)."""
+        history = self.checkpoint.history_frame()
+        if history.empty:
+            raise JobError("training produced no epoch (no training windows?)")
+        last = self.checkpoint.rows[-1]
+        epoch = last.early_stopping.best_epoch + 1 if self.restores_best else last.epoch
+        val_loss = history.loc[history["epoch"] == epoch, "val_loss"].item()
+        return FitResult(history=history, best_epoch=epoch, best_val_loss=float(val_loss),
+                         step_seconds=self.timer.seconds, engine=engine, epoch_seconds=tuple(self.timer.epochs))
