@@ -4,8 +4,6 @@ Heavy modules (TensorFlow) are imported inside the commands, so `--help` answers
 """
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import logging
 import os
 import shlex
@@ -21,6 +19,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
 from .errors import RAY_MISSING, Interrupted, JobError, RunStopped, Terminated, UserError
+from .run.engine import TENSORFLOW_INSTALL, engine_for, import_tensorflow, installed, keras_for_a_model, keras_on_jax
+from .run.supervisor import ray_driver_in_a_child
 
 
 class _Cli(click.Group):
@@ -118,7 +118,7 @@ def plan(config_path, overrides, only, timeframes):
       cryptotrain plan --config v8_stable
     """
     cfg, jobs = _load(config_path, overrides, only, timeframes)
-    _keras_for_a_model()
+    keras_for_a_model()
     from .report.console import print_plan
     from .run.planning import make_plan
 
@@ -183,20 +183,20 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
              "gpus_per_worker": gpus_per_worker}
     on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
     if on.kind == "ray":
-        if not _installed("ray"):  # said now, not after seconds of importing TensorFlow
+        if not installed("ray"):  # said now, not after seconds of importing TensorFlow
             raise UserError(RAY_MISSING)
         from .run.reachable import check_cluster
 
         check_cluster(on.address)  # likewise
-        _ray_driver_in_a_child()
+        ray_driver_in_a_child(click.get_current_context().find_root().call_on_close)
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
-    if _engine(cfg.train.pack) == "jax":
-        if cfg.train.pack in (1, "auto") and not _installed("tensorflow"):
+    if engine_for(cfg.train.pack) == "jax":
+        if cfg.train.pack in (1, "auto") and not installed("tensorflow"):
             click.echo("TensorFlow is not installed: training on Keras's JAX backend", err=True)
-        _keras_on_jax()
+        keras_on_jax()
     else:
-        _import_tensorflow()
+        import_tensorflow()
     from .report.console import JobProgress, print_resume_hint, print_run_end
     from .run.runner import run_config
 
@@ -232,143 +232,9 @@ def _terminated(signum, frame):
     raise Terminated()
 
 
-def _ray_driver_in_a_child() -> None:
-    """A run on Ray, from a terminal or a script on Linux: this process forks, the child goes on as the run (it
-    drives Ray) and this one waits for it. Ray ends a driver whose node's raylet is gone, at any moment, with a
-    bare exit 1 from its C++ core ("Exiting because the Raylet IPC connection failed" in Ray's log; no Python
-    handler runs), which the executor forestalls at the reads it makes but cannot everywhere: this process,
-    outliving the child, says it in one line. The child dies with this process (kill -9 of the command kills the
-    run); SIGTERM and SIGHUP are passed on to it, and SIGINT unless the terminal sent it (Ctrl-C reaches both).
-    Not under click's CliRunner (no real stdout to share) nor off Linux, where the run stays in this process."""
-    try:
-        sys.stdout.fileno(), sys.stderr.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    if not sys.platform.startswith("linux"):
-        return
-    import ctypes
-
-    sys.stdout.flush(), sys.stderr.flush()
-    parent, (said, say) = os.getpid(), os.pipe()
-    # held until each side handles them: a signal in the instant after the fork is neither lost nor taken by the
-    # interpreter's at-fork handlers
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM, signal.SIGHUP})
-    child = os.fork()
-    if child == 0:
-        os.close(said)
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
-        if os.getppid() != parent:  # it died before that
-            os._exit(1)
-        # when the command's last line is out (the root context closes after _Cli.invoke): the parent adds none
-        click.get_current_context().find_root().call_on_close(lambda: os.write(say, b"."))
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-        return
-    os.close(say)
-
-    def pass_on(signum, frame):
-        with contextlib.suppress(OSError, AttributeError, ValueError):  # no terminal
-            if signum == signal.SIGINT and os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp():
-                return  # Ctrl-C: the terminal sent it to the child as well
-        with contextlib.suppress(ProcessLookupError):  # it has ended
-            os.kill(child, signum)
-
-    for passed in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(passed, pass_on)
-    signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-    code = os.waitstatus_to_exitcode(os.waitpid(child, 0)[1])
-    if os.read(said, 1):
-        sys.exit(code if code >= 0 else 128 - code)
-    how = f"was killed ({signal.Signals(-code).name})" if code < 0 else \
-        f"ended with exit {code} (Ray's way when the Ray node of this run is gone: its log says why)"
-    raise RunStopped(f"stopped: the run's Ray driver (process {child}) {how}; run the same command again to "
-                     "resume (finished epochs are kept)")
-
-
-TENSORFLOW_INSTALL = ("pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it unless installed with --no-deps; "
-                      "for NVIDIA GPUs pip install 'cryptotrain[gpu]')")
-TENSORFLOW_MISSING = f"TensorFlow is not installed: {TENSORFLOW_INSTALL}"
-
-
-def _import_tensorflow() -> None:
-    """Import TensorFlow, and let it look for GPUs, with its native start-up lines (absl's "All log messages before
-    absl::InitializeLog()", the oneDNN notice, "failed call to cuInit" on a machine without a GPU) kept off the
-    terminal: C++ writes them before any log level applies, and they would tear the live progress display (a GPU
-    that is there but unusable is `doctor`'s to explain). A failed import still raises, and says why, after
-    stderr is back."""
-    if "tensorflow" in sys.modules:
-        return
-    from .files import native_stderr_silenced
-
-    try:
-        with native_stderr_silenced():
-            import tensorflow
-
-            tensorflow.config.list_physical_devices()
-    except ModuleNotFoundError as exc:
-        if exc.name != "tensorflow":
-            raise
-        raise UserError(TENSORFLOW_MISSING) from exc
-
-
-def _keras_for_a_model() -> None:
-    """Keras for a command that builds or runs a model without training it (plan, predict): on TensorFlow where it
-    is installed, else on JAX (_engine's choice for a job alone)."""
-    if _engine(1) == "jax":
-        _keras_on_jax()
-    else:
-        _import_tensorflow()
-
-
-def _engine(pack: int | str) -> str:
-    """What a run trains on, decided here: "jax" (Keras on JAX, jobs packed: run.packing) for a K > 1, for auto
-    where JAX sees an accelerator, and wherever TensorFlow is not installed (a job alone is a pack of one);
-    "tensorflow" (Keras on TensorFlow, one job at a time) otherwise. UserError where neither can run it."""
-    jax_missing = "'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"
-    if pack not in (1, "auto"):
-        if not _installed("jax"):
-            raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "
-                            f"pip install {jax_missing}")
-        return "jax"
-    if not _installed("tensorflow"):
-        if not _installed("jax"):
-            raise UserError(f"{TENSORFLOW_MISSING}; or train on Keras's JAX backend: pip install {jax_missing}")
-        return "jax"
-    if pack == "auto" and _installed("jax"):
-        import jax
-
-        return "jax" if jax.default_backend() != "cpu" else "tensorflow"
-    return "tensorflow"
-
-
-def _keras_on_jax() -> None:
-    """Keras's backend for this process, chosen before Keras is imported: JAX (a packed run imports no TensorFlow)."""
-    if "keras" in sys.modules:  # this process's Keras (a notebook's, a test's) has its backend already
-        import keras
-
-        if keras.backend.backend() != "jax":
-            raise UserError(f"--pack trains on Keras's JAX backend, and this process's Keras runs on "
-                            f"{keras.backend.backend()}: run it in a new process, or with KERAS_BACKEND=jax")
-        return
-    os.environ["KERAS_BACKEND"] = "jax"
-    # Keras imports an installed TensorFlow (to recognise its types when it serialises layers): its native start-up
-    # lines kept off the terminal, as _import_tensorflow keeps them. Nothing trains with it.
-    from .files import native_stderr_silenced
-
-    with contextlib.suppress(ImportError), native_stderr_silenced():
-        import tensorflow  # noqa: F401
-
-
-def _installed(module: str) -> bool:
-    """Whether `module` can be imported, without importing it."""
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # a finder that refuses it; ValueError: sys.modules[module] is None
-        return False
-
-
 def _require(module: str, option: str, install: str) -> None:
     """An option whose package is missing is refused when the command starts, before any work."""
-    if not _installed(module):
+    if not installed(module):
         raise UserError(f"{option} needs the {module} package, which is not installed: {install}")
 
 
@@ -465,7 +331,7 @@ def predict(model_ref, symbol, timeframe, data_path, config_path, as_json):
       cryptotrain predict --model runs/quickstart/jobs/BTCUSDT_15m
       cryptotrain predict --model hf://you/cpb-v8-aligned/BTCUSDT/15m --data btc_15m.csv --json
     """
-    _keras_for_a_model()
+    keras_for_a_model()
     from .publish.predict import predict_job
     from .report.console import print_prediction
 
@@ -489,13 +355,13 @@ def doctor(as_json):
     """
     from .run.probe import pack_report
 
-    if _engine(1) == "jax":  # TensorFlow is not installed: every command runs on Keras's JAX backend
-        _keras_on_jax()
+    if engine_for(1) == "jax":  # TensorFlow is not installed: every command runs on Keras's JAX backend
+        keras_on_jax()
         from .model.machine import diagnose_on_jax
 
         diagnosis = diagnose_on_jax(pack_report(), TENSORFLOW_INSTALL)
     else:
-        _import_tensorflow()
+        import_tensorflow()
         from .model.device import diagnose
 
         diagnosis = diagnose(pack_report())

@@ -140,7 +140,7 @@ def diagnose_on_jax(packing: dict, tensorflow_missing: str) -> Diagnosis:
     """`cryptotrain doctor` where TensorFlow is not installed: the machine, and what Keras on JAX does with it
     (`packing`: run.probe.pack_report's, which times a step of doctor's small model there). Every command trains on
     that backend, a job alone as a pack of one; `tensorflow_missing` says how to install TensorFlow's path."""
-    import keras  # on JAX: the command line chose the backend before (cli._keras_on_jax)
+    import keras  # on JAX: the command line chose the backend before (run.engine.keras_on_jax)
 
     driver = nvidia_driver()
     findings = [Finding(severity="notice", message="TensorFlow is not installed: every command runs on Keras's JAX "

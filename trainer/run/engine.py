@@ -1,0 +1,92 @@
+"""Which engine a command's Keras runs on, chosen in this one place before Keras is imported: Keras on TensorFlow
+(one job at a time), or on JAX (jobs packed: run.packing; a job alone is a pack of one). Imports neither at import
+time: `--help` answers at once."""
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import os
+import sys
+
+from ..errors import UserError
+
+TENSORFLOW_INSTALL = ("pip install 'tensorflow>=2.18,<2.22' (cryptotrain installs it unless installed with --no-deps; "
+                      "for NVIDIA GPUs pip install 'cryptotrain[gpu]')")
+TENSORFLOW_MISSING = f"TensorFlow is not installed: {TENSORFLOW_INSTALL}"
+
+
+def import_tensorflow() -> None:
+    """Import TensorFlow, and let it look for GPUs, with its native start-up lines (absl's "All log messages before
+    absl::InitializeLog()", the oneDNN notice, "failed call to cuInit" on a machine without a GPU) kept off the
+    terminal: C++ writes them before any log level applies, and they would tear the live progress display (a GPU
+    that is there but unusable is `doctor`'s to explain). A failed import still raises, and says why, after
+    stderr is back."""
+    if "tensorflow" in sys.modules:
+        return
+    from ..files import native_stderr_silenced
+
+    try:
+        with native_stderr_silenced():
+            import tensorflow
+
+            tensorflow.config.list_physical_devices()
+    except ModuleNotFoundError as exc:
+        if exc.name != "tensorflow":
+            raise
+        raise UserError(TENSORFLOW_MISSING) from exc
+
+
+def keras_for_a_model() -> None:
+    """Keras for a command that builds or runs a model without training it (plan, predict): on TensorFlow where it
+    is installed, else on JAX (engine_for's choice for a job alone)."""
+    if engine_for(1) == "jax":
+        keras_on_jax()
+    else:
+        import_tensorflow()
+
+
+def engine_for(pack: int | str) -> str:
+    """What a run trains on, decided here: "jax" (Keras on JAX, jobs packed: run.packing) for a K > 1, for auto
+    where JAX sees an accelerator, and wherever TensorFlow is not installed (a job alone is a pack of one);
+    "tensorflow" (Keras on TensorFlow, one job at a time) otherwise. UserError where neither can run it."""
+    jax_missing = "'cryptotrain[jax]' (JAX with CUDA for NVIDIA GPUs: pip install 'jax[cuda12]')"
+    if pack not in (1, "auto"):
+        if not installed("jax"):
+            raise UserError(f"--pack {pack} (train.pack) trains on Keras's JAX backend, and JAX is not installed: "
+                            f"pip install {jax_missing}")
+        return "jax"
+    if not installed("tensorflow"):
+        if not installed("jax"):
+            raise UserError(f"{TENSORFLOW_MISSING}; or train on Keras's JAX backend: pip install {jax_missing}")
+        return "jax"
+    if pack == "auto" and installed("jax"):
+        import jax
+
+        return "jax" if jax.default_backend() != "cpu" else "tensorflow"
+    return "tensorflow"
+
+
+def keras_on_jax() -> None:
+    """Keras's backend for this process, chosen before Keras is imported: JAX (a packed run imports no TensorFlow)."""
+    if "keras" in sys.modules:  # this process's Keras (a notebook's, a test's) has its backend already
+        import keras
+
+        if keras.backend.backend() != "jax":
+            raise UserError(f"--pack trains on Keras's JAX backend, and this process's Keras runs on "
+                            f"{keras.backend.backend()}: run it in a new process, or with KERAS_BACKEND=jax")
+        return
+    os.environ["KERAS_BACKEND"] = "jax"
+    # Keras imports an installed TensorFlow (to recognise its types when it serialises layers): its native start-up
+    # lines kept off the terminal, as import_tensorflow keeps them. Nothing trains with it.
+    from ..files import native_stderr_silenced
+
+    with contextlib.suppress(ImportError), native_stderr_silenced():
+        import tensorflow  # noqa: F401
+
+
+def installed(module: str) -> bool:
+    """Whether `module` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; ValueError: sys.modules[module] is None
+        return False
