@@ -22,8 +22,8 @@ staging directory it commits. Faults:
   errors.RunStopped (one line, exit 1), its jobs left to resume with the same command. Ray itself ends a driver
   whose raylet is gone at its next use of it (exit 1, no line: "Exiting because the Raylet IPC connection failed"
   in Ray's log), so the driver waits for a reply without reading it, checks the raylet, then reads; where Ray
-  ends the driver anyway, `cryptotrain run` (the driver's parent process, run.supervisor.ray_driver_in_a_child) says so in
-  one line. Either way the same command resumes.
+  ends the driver anyway, `cryptotrain run` (the driver's parent process: supervisor.ray_driver_in_a_child) says so
+  in one line. Either way the same command resumes.
 A job that fails for its own reasons (bad data, a non-finite loss) fails as it does locally.
 """
 from __future__ import annotations

@@ -145,6 +145,10 @@ class PackExecutor:
 
     def __init__(self, cfg: RunConfig, capacity: int) -> None:
         self.cfg, self.capacity = cfg, capacity
+        if not jax.config.jax_threefry_partitionable:
+            raise UserError("packed training needs JAX's partitionable random bits (jax_threefry_partitionable, its "
+                            "default from JAX 0.5): without them a packed job draws other dropout bits than alone; "
+                            "unset JAX_THREEFRY_PARTITIONABLE, or pip install 'cryptotrain[jax]' (JAX >= 0.5)")
         self.compilation_cache = compilation_cache(cfg.cache_path)  # before the model compiles anything
         self.precision = pack_precision(cfg.train.precision)
         keras.mixed_precision.set_dtype_policy(self.precision)
