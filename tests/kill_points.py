@@ -21,7 +21,7 @@ from pathlib import Path
 
 from trainer import files
 from trainer.cli import main
-from trainer.model import resume, training
+from trainer.model import callbacks, resume
 from trainer.run import artifacts, executors, pipeline
 
 
@@ -51,7 +51,7 @@ def pause_once(original, marker: Path, when=lambda *a, **k: True, after: bool = 
 def log_epochs(epoch_log: Path, patch=setattr) -> None:
     """Append "JOB EPOCH" to epoch_log for every epoch begun; `patch` (monkeypatch.setattr in a test's own
     process) puts the hooks in place."""
-    train_one, on_epoch_begin = executors.train_one, training.StepTimer.on_epoch_begin
+    train_one, on_epoch_begin = executors.train_one, callbacks.StepTimer.on_epoch_begin
     training_now = {}  # the job whose epochs begin
 
     def train_one_named(cfg, job, *args, **kwargs):
@@ -64,7 +64,7 @@ def log_epochs(epoch_log: Path, patch=setattr) -> None:
         on_epoch_begin(self, epoch, logs)
 
     patch(executors, "train_one", train_one_named)
-    patch(training.StepTimer, "on_epoch_begin", on_epoch_begin_logged)
+    patch(callbacks.StepTimer, "on_epoch_begin", on_epoch_begin_logged)
 
 
 def install(point: str, marker: Path) -> None:
@@ -73,13 +73,13 @@ def install(point: str, marker: Path) -> None:
     elif point == "mid-epoch":
         def in_second_epoch(self, batch, logs=None):
             return self._epoch_start is not None and self.model._kill_points_epoch >= 1 and batch >= 1
-        on_epoch_begin = training.StepTimer.on_epoch_begin
+        on_epoch_begin = callbacks.StepTimer.on_epoch_begin
 
         def on_epoch_begin_noted(self, epoch, logs=None):
             self.model._kill_points_epoch = epoch
             on_epoch_begin(self, epoch, logs)
-        training.StepTimer.on_epoch_begin = on_epoch_begin_noted
-        training.StepTimer.on_train_batch_begin = pause_once(lambda self, batch, logs=None: None, marker,
+        callbacks.StepTimer.on_epoch_begin = on_epoch_begin_noted
+        callbacks.StepTimer.on_train_batch_begin = pause_once(lambda self, batch, logs=None: None, marker,
                                                              when=in_second_epoch)
     elif point == "checkpoint":
         write = resume.EpochCheckpoint._write
