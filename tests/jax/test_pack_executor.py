@@ -64,15 +64,17 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
             assert len(said) == 1, halved.output
 
 
-def test_a_packed_jobs_hooks_fire_as_alone_and_its_epoch_is_reported_after_its_own_callbacks_have_seen_it(tmp_path):
+def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_order(tmp_path, monkeypatch):
     """A packed job's callbacks see the hooks a job trained alone fires, in the same order (tests/hooks.py: the
-    epoch begins before it trains). A Ray worker's callback sends each epoch's checkpoint to the driver: the epoch is
-    shown only after it (as for a job trained alone), so an epoch the driver shows is one it holds, and a worker
-    killed between the two never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker saw that)."""
+    epoch begins before it trains). Its checkpoint is written once the next epoch is on its way to the device (the
+    device does not wait for the disk). A Ray worker's callback sends each epoch's checkpoint to the driver: the
+    epoch is shown only after it (as for a job trained alone), so an epoch the driver shows is one it holds, and a
+    worker killed between the two never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker)."""
     from tests.conftest import tiny_config_dict
     from tests.hooks import Hooks, assert_fired_as_fit_fires_them
     from trainer.config import RunConfig
     from trainer.data import Job
+    from trainer.model import packed, resume
     from trainer.run.packing import PackExecutor
     from trainer.run.pipeline import prepare
 
@@ -94,6 +96,11 @@ def test_a_packed_jobs_hooks_fire_as_alone_and_its_epoch_is_reported_after_its_o
         def epoch_ended(self, job, epoch, logs):
             seen.append(("shown", job, epoch + 1))
 
+    order, write, batch_order = [], resume.EpochCheckpoint._write, packed.batch_order
+    monkeypatch.setattr(packed, "batch_order", lambda n, seed, epoch: (order.append(("dispatched", epoch + 1)),
+                                                                       batch_order(n, seed, epoch))[1])
+    monkeypatch.setattr(resume.EpochCheckpoint, "_write", staticmethod(
+        lambda tmp, arrays: (order.append(("written", int(arrays["epoch"]))), write(tmp, arrays))[1]))
     packer = PackExecutor(cfg, 2)
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
     hooks = {job.name: Hooks() for job in jobs}
@@ -102,6 +109,8 @@ def test_a_packed_jobs_hooks_fire_as_alone_and_its_epoch_is_reported_after_its_o
         packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name), hooks[job.name]))
     outcomes = packer.wait(Shown())
     assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
+    # each epoch's batches drawn once a job (both of the pack's), each checkpoint written once a job
+    assert list(dict.fromkeys(order)) == [("dispatched", 1), ("dispatched", 2), ("written", 1), ("written", 2)], order
     for job in jobs:
         assert_fired_as_fit_fires_them(hooks[job.name], cfg.train.epochs)
         assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \

@@ -167,14 +167,15 @@ class EpochsBegun(keras.callbacks.Callback):
 
 def _interrupted(cfg, backup, monkeypatch, after_epoch: int) -> None:
     """A fit stopped right after the checkpoint of `after_epoch` (1-based) was written, before the next epoch."""
-    save = EpochCheckpoint.on_epoch_end
+    write = EpochCheckpoint.write
 
-    def stopped_after_its_checkpoint(self, epoch, logs=None):
-        save(self, epoch, logs)
-        if epoch + 1 == after_epoch:
+    def stopped_after_its_checkpoint(self):
+        epoch = len(self.rows)
+        write(self)
+        if epoch == after_epoch:
             raise KeyboardInterrupt
     with monkeypatch.context() as patch:
-        patch.setattr(EpochCheckpoint, "on_epoch_end", stopped_after_its_checkpoint)
+        patch.setattr(EpochCheckpoint, "write", stopped_after_its_checkpoint)
         with pytest.raises(KeyboardInterrupt):
             _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), backup)
 

@@ -21,7 +21,10 @@ Each job trains as it would alone:
   on_epoch_end after its validation): anything that drives a model through `JobView`, the job's slice of the pack
   seen as a model. A job's sequence (sequence.JobTraining: resume from its own checkpoint, early stopping, LR
   reduction, the non-finite rule, its epoch checkpoint, its timer) gives them, as it gives a job trained alone
-  its own;
+  its own. The pack's state crosses to the host in one transfer an epoch; the callbacks that decide the next
+  epoch (early stopping, LR reduction, the checkpoint taking the state) run then, and its observers (the
+  checkpoint's writer, the timer, progress) once the next epoch is on its way: the device does not wait for the
+  disk;
 - a job that has stopped, or that a callback failed (StopOnNaN: its loss is no longer finite), is frozen: its
   weights, moments and step count stay as they are (not just given zero gradients) while the others go on.
 
@@ -56,6 +59,9 @@ class PackedJob:
     y_val: dict[str, np.ndarray]
     seed: int
     callbacks: Sequence[keras.callbacks.Callback] = ()
+    # fired after `callbacks`, each its hooks in order, while the next epoch trains: callbacks that change nothing of
+    # the job's state (its checkpoint's writer, its timer, progress: sequence.JobTraining's observers)
+    observers: Sequence[keras.callbacks.Callback] = ()
     epoch: int = 0  # the epochs it has done (an interrupted run's: JobTraining.first_epoch)
     end: int | None = None  # the epoch it trains to (None: Pack.train's `epochs`)
     # filled in by training
@@ -132,7 +138,8 @@ class Pack:
         self.state["optimizer"] = [jnp.asarray(np.stack([v.numpy()] * len(self.jobs))) for v in self._optimizer]
         # The state as the host last fetched it, in one transfer (Pack.train, at an epoch's end), which the jobs'
         # callbacks read instead of each variable of each job crossing on its own (and their assignments keep in
-        # step); None while an epoch trains
+        # step); while an epoch trains, the state it started from (what the observers read meanwhile); None before
+        # training
         self._host: dict | None = None
         for k, job in enumerate(self.jobs):
             job.view = JobView(self, k)
@@ -186,40 +193,47 @@ class Pack:
         ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
         self._host = jax.device_get(self.state)  # what the callbacks read before the first epoch
         for job, end in zip(jobs, ends, strict=True):
-            for callback in job.callbacks:
+            for callback in (*job.callbacks, *job.observers):
                 callback.set_model(job.view)
                 callback.set_params({"epochs": end, "verbose": 0})  # as fit gives them theirs
                 callback.on_train_begin()
-        while running := [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]]:
-            for k in running:  # before the epoch trains, as fit fires it (the callbacks read the weights it starts at)
-                for callback in jobs[k].callbacks:
-                    callback.on_epoch_begin(jobs[k].epoch)
-            active = np.isin(np.arange(len(jobs)), running)
-            orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
-            self._host = None
-            self.state, train_sum = self.steps.train_epoch(self.state, x, y,
-                                                          *_batches(orders, self.batch_size, active))
-            weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
-            val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
-            val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
-            train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
+        ended: list[tuple[int, int, dict]] = []  # (job, epoch, logs) whose observers have not seen that epoch end
+        while True:
+            # each job's epoch begins before it trains, as fit fires it (its callbacks read the weights it starts at)
+            running = [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]
+                       and _fire(job, job.callbacks, "on_epoch_begin", job.epoch)]
+            if running:  # the epoch, dispatched: the device trains it while the host goes on below
+                active = np.isin(np.arange(len(jobs)), running)
+                orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
+                self.state, train_sum = self.steps.train_epoch(self.state, x, y,
+                                                              *_batches(orders, self.batch_size, active))
+                weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
+                val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
+                val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
+            # Meanwhile the observers see the last epoch end (its checkpoint written, then the timer and progress)
+            # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
+            for k, epoch, logs in ended:
+                _fire(jobs[k], jobs[k].observers, "on_epoch_end", epoch, logs)
             for k in running:
+                _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
+            if not running:
+                break
+            train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
+            ended = []
+            for k in running:  # not one that an observer failed while the epoch trained: the epoch is not its
                 job, epoch = jobs[k], jobs[k].epoch
                 # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
                 logs = {name: float(total[k]) / n_train[k] for name, total in train_sum.items()}
                 logs |= {f"val_{name}": float(total[k]) / max(n_val[k], 1) for name, total in val_sum.items()}
-                try:
-                    for callback in job.callbacks:
-                        callback.on_epoch_end(epoch, logs)
-                except Exception as exc:  # as it ends fit: this job alone (StopOnNaN's Diverged, say), frozen
-                    job.error, job.view.failed = exc, True
-                    continue
-                job.history.append(logs)
-                job.epoch += 1
+                if _fire(job, job.callbacks, "on_epoch_end", epoch, logs):
+                    job.history.append(logs)
+                    job.epoch += 1
+                    ended.append((k, epoch, logs))
         for job in jobs:
             if not job.view.failed:
-                for callback in job.callbacks:
+                for callback in (*job.callbacks, *job.observers):
                     callback.on_train_end()
+
 
 class PackSteps:
     """A model's packed epoch, compiled: its training steps over the jobs' batches in one loop, and its validation
@@ -309,6 +323,20 @@ class PackSteps:
 
     def _zero_logs(self, jobs: int) -> dict:
         return {name: jnp.zeros(jobs) for name in ("loss", *(name for name, _, _ in self._logged))}
+
+
+def _fire(job: PackedJob, callbacks: Sequence[keras.callbacks.Callback], hook: str, *args) -> bool:
+    """Each of the job's `callbacks`' `hook`, in turn, unless the job has failed. False where it has, or one raised:
+    as that ends fit, it fails this job alone (StopOnNaN's Diverged, say), which is frozen from then on."""
+    if job.view.failed:
+        return False
+    try:
+        for callback in callbacks:
+            getattr(callback, hook)(*args)
+    except Exception as exc:
+        job.error, job.view.failed = exc, True
+        return False
+    return True
 
 
 def _per_job(flags, like):

@@ -228,6 +228,10 @@ class EpochCheckpoint(keras.callbacks.Callback):
     atomically and read back before it counts; the previous epoch's file is kept beside it, for resume() to fall
     back on. Must come after the callbacks whose state it records.
 
+    In two steps: its on_epoch_end takes the epoch's state (on the host: its arrays, its row), and its `writer`, a
+    callback of its own that comes right after it, writes what it took. Keras's fit fires them one after the other;
+    a pack fires the writer, and the callbacks after it, while the next epoch trains (packed.Pack).
+
     Declared safe to run in the background: it does nothing per batch, so the device never waits for a batch's
     loss to reach Python."""
     async_safe = True
@@ -238,6 +242,8 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.latest, self.previous = checkpoint_paths(backup_dir)
         self.early_stopping, self.reduce_lr = early_stopping, reduce_lr
         self.rows: list[EpochRow] = list(resumed.rows)
+        self.writer = CheckpointWriter(self)
+        self._taken: Checkpoint | None = None  # the epoch's, until the writer writes it
 
     def on_epoch_end(self, epoch, logs=None):
         model, early_stopping = self.model, self.early_stopping
@@ -246,9 +252,15 @@ class EpochCheckpoint(keras.callbacks.Callback):
         self.rows.append(EpochRow(epoch=epoch + 1, logs=history, stopped=bool(model.stop_training),
                                   early_stopping=early_stopping.state() if early_stopping else None,
                                   reduce_lr=self.reduce_lr.state() if self.reduce_lr else None))
-        checkpoint = Checkpoint(epoch + 1, self.rows, [keras.ops.convert_to_numpy(v) for v in model.variables],
-                                [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables],
-                                early_stopping.best_weights if early_stopping else None, keras.backend.backend())
+        self._taken = Checkpoint(epoch + 1, list(self.rows), [keras.ops.convert_to_numpy(v) for v in model.variables],
+                                 [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables],
+                                 early_stopping.best_weights if early_stopping else None, keras.backend.backend())
+
+    def write(self) -> None:
+        """Write the checkpoint the last epoch's end took (nothing if written already)."""
+        checkpoint, self._taken = self._taken, None
+        if checkpoint is None:
+            return
         if self.latest.exists():
             # The one before the previous is written over in place, never deleted: on a cloud drive (Google Drive in
             # Colab) a deleted or replaced file goes to the trash, which counts against the quota for 30 days.
@@ -256,7 +268,7 @@ class EpochCheckpoint(keras.callbacks.Callback):
                 os.replace(self.previous, temp_path(self.latest))  # killed now: the latest is still there
             os.replace(self.latest, self.previous)  # killed now: the previous one is still there
         atomic_write(self.latest, lambda tmp: self._write(tmp, checkpoint.arrays()))
-        Checkpoint.read(self.latest, model)  # a checkpoint that does not read back is an error now, not at resume
+        Checkpoint.read(self.latest, self.model)  # a checkpoint that does not read back is an error now, not at resume
 
     @staticmethod
     def _write(tmp: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -265,6 +277,19 @@ class EpochCheckpoint(keras.callbacks.Callback):
     def history_frame(self) -> pd.DataFrame:
         """Per epoch: the losses, metrics and learning rate (not the callbacks' bookkeeping)."""
         return pd.DataFrame([{"epoch": row.epoch, **row.logs} for row in self.rows])
+
+
+class CheckpointWriter(keras.callbacks.Callback):
+    """Writes what its EpochCheckpoint took at the epoch's end (EpochCheckpoint.writer): the callbacks after it see
+    an epoch whose checkpoint is on disk."""
+    async_safe = True
+
+    def __init__(self, checkpoint: EpochCheckpoint) -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.checkpoint.write()
 
 
 # ----------------------------------------------------------------------------- callbacks that go on

@@ -23,7 +23,9 @@ class JobTraining:
     - if `trains`: the epochs first_epoch .. end - 1, firing `callbacks` as Keras's fit fires them: on_train_begin;
       each epoch's on_epoch_begin before it trains and on_epoch_end after its validation, with its logs; then
       on_train_end. A callback that raises ends the job with that exception (StopOnNaN's Diverged: a loss no longer
-      finite; a non-finite val_loss alone is early stopping's to judge, as in Keras);
+      finite; a non-finite val_loss alone is early stopping's to judge, as in Keras). Each callback sees its hooks
+      in that order; a loop may fire the `observers`' (which change nothing of the job's state: they write the
+      checkpoint, time, report) later than the `deciding` ones', while the next epoch trains: a pack does;
     - result(engine).
     Batch-level hooks are not part of it: the pack runs an epoch's steps in one compiled loop, and a per-batch hook
     would make every step of a job alone wait for the device."""
@@ -39,12 +41,17 @@ class JobTraining:
         # a job that early stopping had ended when it was killed trains no further epoch
         self.first_epoch, self.end = resumed.epochs, resumed.end(train)
         self._best_weights = resumed.best_weights
-        # A diverged epoch is never checkpointed; the checkpoint comes once everything the epoch changed is in the
-        # state it records (a job killed at any moment resumes from a checkpointed epoch with its rows and best
-        # weights); the caller's (progress, a Ray worker's, TensorBoard) after it: an epoch they see is one the
-        # checkpoint holds.
-        self.callbacks = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), self.checkpoint, self.timer,
-                          *callbacks]
+        # A diverged epoch is never checkpointed; the checkpoint takes the epoch's state once everything the epoch
+        # changed is in it (a job killed at any moment resumes from a checkpointed epoch with its rows and best
+        # weights). Those decide the next epoch. After them, the observers: the checkpoint's writer, then the timer
+        # and the caller's (progress, a Ray worker's, TensorBoard): an epoch they see is one the checkpoint holds.
+        self.deciding = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), self.checkpoint]
+        self.observers = [self.checkpoint.writer, self.timer, *callbacks]
+
+    @property
+    def callbacks(self) -> list[keras.callbacks.Callback]:
+        """Every callback of the job, in the order Keras's fit fires each hook."""
+        return [*self.deciding, *self.observers]
 
     @property
     def trains(self) -> bool:
