@@ -8,8 +8,8 @@ single-threaded workers, measured side by side in one run on this machine.
   (b) ray    `cryptotrain run --executor ray --workers 2 --cpus-per-worker 1`: the same process drives 2 Ray
              workers (one TensorFlow context each, one thread-pool CPU each), Ray started for the run on this
              machine (127.0.0.1) and stopped at its end: the wall time includes that.
-  (c) start  Ray's start-up cost alone: ray.init on this machine, then 2 cryptotrain workers up (TensorFlow
-             imported and configured in each), as (b) pays it before its first job.
+  (c) start  Ray's start-up cost within (b), as its run says it: ray.init on this machine, then 2 cryptotrain workers
+             up (TensorFlow imported and configured in each), before its first job.
 
 The jobs: the bundled real candles (data/ohlcv: BTC, ETH, SOL, DOGE x 15m, 1h), a V7-shaped model with small
 layers, no market input. Prints the wall times, the ratio and the start-up cost; writes JSON to
@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import sqlite3
 import subprocess
 import sys
@@ -37,18 +38,9 @@ REPO = BENCH_DIR.parent
 RESULTS = BENCH_DIR / "results" / "ray.json"
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
 
-STARTUP = """
-import time
-from trainer.config import ExecutorConfig, load_config
-from trainer.run.distributed import RayExecutor
-executor = RayExecutor(load_config(%r), ExecutorConfig(kind="ray", workers=%d, cpus_per_worker=1))
-started = time.perf_counter()
-with executor:  # a Ray of its own on this machine, its workers asked for
-    initialised = time.perf_counter()
-    executor.started()
-    ready = time.perf_counter()
-print(initialised - started, ready - started)
-"""
+# What the Ray run says once its workers answer (trainer.run.distributed: RayExecutor)
+STARTED = re.compile(r"Ray: (\d+) workers ready ([\d.]+) s after the run asked for Ray \(a Ray of its own on this "
+                     r"machine in ([\d.]+) s\)")
 
 
 SERIES = {"symbols": ["BTCUSDT", "ETHUSDT", "SOLUSDT", "DOGEUSDT"], "timeframes": ["15m", "1h"]}
@@ -73,13 +65,14 @@ def bench_config(run_dir: Path, cache_dir: Path, epochs: int, rows: int) -> dict
     }
 
 
-def timed_run(config: Path, *extra: str) -> float:
+def timed_run(config: Path, *extra: str) -> tuple[float, str]:
+    """The run's wall time, and what it wrote to stderr (its notes)."""
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "trainer", "run", "--config", str(config), *extra], cwd=REPO,
                             capture_output=True, text=True, env=ENV)
     if result.returncode != 0:
         raise SystemExit(f"cryptotrain run {' '.join(extra)} failed:\n{result.stderr[-3000:]}")
-    return time.perf_counter() - started
+    return time.perf_counter() - started, result.stderr
 
 
 def job_seconds(run_dir: Path) -> float:
@@ -112,12 +105,12 @@ def main(argv: list[str] | None = None) -> None:
                         args.only], cwd=REPO, capture_output=True, env=ENV, check=True)  # both start cached
         console.print(f"jobs {args.only}, {args.epochs} epochs, the last {args.rows} candles each; "
                       f"{os.cpu_count()} CPUs ({platform.processor() or platform.machine()})")
-        local = timed_run(configs["local"], "--only", args.only)
-        on_ray = timed_run(configs["ray"], "--only", args.only, "--executor", "ray", "--workers", str(args.workers),
-                           "--cpus-per-worker", "1")
-        out = subprocess.run([sys.executable, "-c", STARTUP % (str(configs["local"]), args.workers)], cwd=REPO,
-                             capture_output=True, text=True, env=ENV, check=True).stdout.split()
-        ray_init, workers_ready = float(out[0]), float(out[1])
+        local, _ = timed_run(configs["local"], "--only", args.only)
+        on_ray, said = timed_run(configs["ray"], "--only", args.only, "--executor", "ray", "--workers",
+                                 str(args.workers), "--cpus-per-worker", "1")
+        if not (started := STARTED.search(said)):
+            raise SystemExit(f"the Ray run did not say when its workers were ready:\n{said[-3000:]}")
+        workers_ready, ray_init = float(started[2]), float(started[3])
         local_jobs, ray_jobs = job_seconds(tmp / "local"), job_seconds(tmp / "ray")
 
     table = Table(title=f"the same real-data jobs ({args.only}): one local process vs "

@@ -113,9 +113,12 @@ class RayExecutor:
         self._tokens = itertools.count()
         self._take = None  # the mailbox's answer, while it has not come
         self._gcs_silent_since: float | None = None
+        self._starting: tuple | None = None  # the workers' first replies, when asked, what connecting took
 
     def __enter__(self) -> RayExecutor:
+        began = time.perf_counter()
         self._connect()
+        connected = time.perf_counter() - began
         self._raylet, self._gcs = _watched_addresses()
         self.mailbox = _Mailbox.remote()
         resources = {"num_cpus": self.options.cpus_per_worker, "num_gpus": self.options.gpus_per_worker}
@@ -125,6 +128,10 @@ class RayExecutor:
                          .remote(self.cfg, self.options.cpus_per_worker, self.pack)
                          for _ in range(self.options.workers)]
         self._free = list(self._workers)
+        # Said once every worker answers (its TensorFlow or JAX imported and set up): what Ray costs before a job
+        self._starting = ([worker.pid.remote() for worker in self._workers], began,
+                          f"{'a Ray of its own on this machine' if self._connected_here else 'connected to Ray'} in "
+                          f"{connected:.1f} s")
         return self
 
     def __exit__(self, *exc) -> None:
@@ -153,9 +160,16 @@ class RayExecutor:
         self._connected_here = True
         _show_ray_notices(False)
 
-    def started(self) -> list[int]:
-        """Wait until every worker is up (its TensorFlow imported and set up); their process ids."""
-        return ray.get([worker.pid.remote() for worker in self._workers])
+    def _say_when_started(self) -> None:
+        """Once every worker has answered: "Ray: N workers ready S s after the run asked for Ray (...)". A worker
+        that failed to start says nothing here: its job's outcome says why."""
+        if self._starting is None:
+            return
+        replies, began, connected = self._starting
+        if len(ray.wait(replies, num_returns=len(replies), timeout=0, fetch_local=False)[0]) == len(replies):
+            self._starting = None
+            log.info("Ray: %d workers ready %.1f s after the run asked for Ray (%s)", len(replies),
+                     time.perf_counter() - began, connected)
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
         self._submitted.append(_Task(job, prepared, backup))
@@ -175,6 +189,7 @@ class RayExecutor:
                 tasks, self._submitted = self._submitted[:self.per_worker], self._submitted[self.per_worker:]
                 self._dispatch(self._free.pop(), tasks)
             self._drain(events)
+            self._say_when_started()
             waiting = [*self._running, *self._restarting]
             ready, _ = ray.wait(waiting, num_returns=1, timeout=0.2, fetch_local=False)
             if not ready:
