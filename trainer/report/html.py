@@ -194,7 +194,14 @@ def _header(run_dir: Path, config: RunConfig | None, config_note: str | None, jo
                                   f"{', '.join(h.name for h in config.heads)}; up to {config.train.epochs} epochs")))
     shown = [s for s in ("done", "failed", "pending", "running") if counts[s] or s != "running"]
     facts.append(("jobs", _e(f"{len(jobs)}: " + ", ".join(f"{counts[s]} {s}" for s in shown))))
-    facts.append(("wall time", _e(f"{_duration(seconds)} (the sum of the jobs' seconds)")))
+    spans = [(job.record.started_at, job.record.finished_at) for job in jobs
+             if job.record.started_at is not None and job.record.finished_at is not None]
+    if spans:
+        facts.append(("wall time", _e(f"{_duration(max(end for _, end in spans) - min(start for start, _ in spans))} "
+                                      "from the first job's start to the last one's end (any pause between "
+                                      "processes included)")))
+    facts.append(("job time", _e(f"{_duration(seconds)}, the sum of the jobs' seconds (jobs trained at once, "
+                                 "packed or on Ray workers, each count the time they shared)")))
     facts.append(("report", _e(f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by cryptotrain "
                                f"{__version__}")))
     out = []
