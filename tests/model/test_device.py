@@ -184,21 +184,8 @@ def test_all_blockers_of_a_layer_are_listed(tmp_path):
 # ----------------------------------------------------------------------------- doctor
 @pytest.mark.train
 @pytest.mark.usefixtures("float32_after")
-def test_doctor_without_gpu_says_so_and_exits_0(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal width
-    result = CliRunner().invoke(main, ["doctor"])
-    assert result.exit_code == 0, result.output
-    assert "no GPU visible" in result.output
-    assert "make install TF_EXTRA=gpu" in result.output
-    assert re.search(r"CPU:0\W+float32", result.output) and re.search(r"JAX cpu\W+float32", result.output)
-    assert "packing (run --pack, JAX " in result.output and "on cpu; --pack auto for V7's 40 jobs: auto: one job " \
-        "at a time on a CPU" in result.output
-    assert "verdict: no problems found" in result.output
-
-
-@pytest.mark.train
-@pytest.mark.usefixtures("float32_after")
-def test_doctor_json_times_the_cpu_step():
+def test_doctor_without_gpu_says_so_times_the_cpu_step_and_exits_0(monkeypatch):
+    """`doctor --json`, then `doctor` (its probe's packing report, a process of its own, taken once for both)."""
     result = CliRunner().invoke(main, ["doctor", "--json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
@@ -211,6 +198,17 @@ def test_doctor_json_times_the_cpu_step():
     assert cpu_step["step_ms"] > 0 and cpu_step["fused_kernel"] is None
     assert [f["severity"] for f in report["findings"]] == ["notice"]
     assert report["packing"]["available"] and report["packing"]["auto_k_v7"] == 1
+
+    monkeypatch.setattr(probe, "pack_report", lambda: report["packing"])
+    monkeypatch.setenv("COLUMNS", "200")  # rich wraps at the terminal width
+    result = CliRunner().invoke(main, ["doctor"])
+    assert result.exit_code == 0, result.output
+    assert "no GPU visible" in result.output
+    assert "make install TF_EXTRA=gpu" in result.output
+    assert re.search(r"CPU:0\W+float32", result.output) and re.search(r"JAX cpu\W+float32", result.output)
+    assert "packing (run --pack, JAX " in result.output and "on cpu; --pack auto for V7's 40 jobs: auto: one job " \
+        "at a time on a CPU" in result.output
+    assert "verdict: no problems found" in result.output
 
 
 H100 = {"index": 0, "name": "NVIDIA H100", "memory_total_bytes": 80 * 2**30, "memory_used_bytes": 0,
