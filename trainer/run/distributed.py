@@ -129,9 +129,8 @@ class RayExecutor:
                          for _ in range(self.options.workers)]
         self._free = list(self._workers)
         # Said once every worker answers (its TensorFlow or JAX imported and set up): what Ray costs before a job
-        self._starting = ([worker.pid.remote() for worker in self._workers], began,
-                          f"{'a Ray of its own on this machine' if self._connected_here else 'connected to Ray'} in "
-                          f"{connected:.1f} s")
+        how = "a Ray of its own on this machine" if self.options.address is None else "connected to Ray"
+        self._starting = ([worker.pid.remote() for worker in self._workers], began, f"{how} in {connected:.1f} s")
         return self
 
     def __exit__(self, *exc) -> None:
