@@ -20,7 +20,10 @@ their parameters chosen on validation, scored on the test split:
     of the EWMA volatility; static (train) quantiles; split conformal around "no change" normalised by the
     HAR volatility and by the geometric mean of HAR's and the EWMA's (intervals.SplitConformal), overall and by
     tercile of that volatility; adaptive conformal inference (intervals.AdaptiveConformal, gamma 0.005) with the
-    same normalisers, and how much wider its intervals are than split conformal's on average.
+    same normalisers, and how much wider its intervals are than split conformal's on average;
+  - on validation alone, the choice of the interval's normaliser: split and adaptive conformal around "no change",
+    calibrated on the validation split's first half and scored on its second, normalised by the EWMA's, HAR's or
+    their geometric mean's volatility (VALIDATION_COLUMNS: printed after the table, in the JSON per series).
 Prints each series and the median [min, max] over series, for coverage how many series are inside 77-83 % and how
 many have every tercile within 5 points of 80 %; writes benchmarks/results/baselines.json.
 ../shared/docs/forecasting.md gives the figures to expect.
@@ -104,6 +107,33 @@ COLUMNS = {
 }
 
 
+# The interval's normaliser checked on validation alone (docs/model-quality.md, "Which split chose what"): each
+# method calibrated on the validation split's first half, its coverage scored on the second half, per normaliser
+VALIDATION_NORMALISERS = ("ewma", "har", "har_ewma")
+VALIDATION_COLUMNS = {f"val_cover_{method}_{normaliser}{tercile}": None
+                      for method in ("conformal", "adaptive") for normaliser in VALIDATION_NORMALISERS
+                      for tercile in ("", "_t1", "_t2", "_t3")}
+
+
+def _validation_coverage(fitted: bl.Baselines, val: np.ndarray) -> dict[str, float]:
+    """VALIDATION_COLUMNS' figures: an interval around "no change" for the next candle's return, calibrated on the
+    first half of the validation samples and scored on the second, by each normaliser; the test split unused."""
+    first, second = val[:len(val) // 2], val[len(val) // 2:]
+    returns = {half: fitted.actual(rows)["return"][:, :1] for half, rows in (("first", first), ("second", second))}
+    scales = {half: fitted.volatility(rows) for half, rows in (("first", first), ("second", second))}
+    figures = {}
+    for normaliser in VALIDATION_NORMALISERS:
+        calibrate, score = ((Forecasts(*[np.zeros_like(returns[half])] * 2, returns[half],
+                                       scales[half][normaliser][:, :1], rows))
+                            for half, rows in (("first", first), ("second", second)))
+        for method, conformal in (("conformal", SplitConformal()), ("adaptive", AdaptiveConformal())):
+            made = conformal.intervals(calibrate, score)
+            covered = coverage(made.lower[:, 0], made.upper[:, 0], returns["second"][:, 0], score.scale[:, 0])
+            figures[f"val_cover_{method}_{normaliser}"] = covered.overall
+            figures |= {f"val_cover_{method}_{normaliser}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
+    return figures
+
+
 def series_figures(path: Path) -> dict:
     """The figures of one series (see COLUMNS) and the fitted parameters worth seeing."""
     timeframe = path.name.removesuffix(".csv.gz").split("_")[1]
@@ -162,6 +192,7 @@ def series_figures(path: Path) -> dict:
         figures[f"cover_{name}"] = covered.overall
         if name != "static":
             figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
+    figures |= _validation_coverage(fitted, val)
     parameters = {"ewma_alpha_next": {q: float(a[0]) for q, a in fitted.ewma_alphas.items()},
                   "har_next": dict(zip(bl.HAR_TERMS, fitted.har_coefficients[0].tolist())),
                   "excursion_shares_next": {q: float(s[0]) for q, s in fitted.excursion_shares.items()},
@@ -196,14 +227,15 @@ def summary(rows: dict[str, dict]) -> dict:
     """Per figure: median, min, max over series, and how many series are above 0 (skills and widths) or 77-83 %
     (coverage; where it has terciles, how many series have each of them within 5 points of 80 % too)."""
     out = {}
-    for column in COLUMNS:
+    columns = {**COLUMNS, **VALIDATION_COLUMNS}
+    for column in columns:
         values = [r["figures"][column] for r in rows.values() if r["figures"].get(column) is not None]
         if not values:
             continue
         out[column] = {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
-        out[column] |= {"in_77_83": sum(0.77 <= v <= 0.83 for v in values)} if column.startswith("cover") \
+        out[column] |= {"in_77_83": sum(0.77 <= v <= 0.83 for v in values)} if "cover" in column \
             else {"above_0": sum(v > 0 for v in values)}
-        if column.startswith("cover") and f"{column}_t1" in COLUMNS:
+        if "cover" in column and f"{column}_t1" in columns:
             out[column]["terciles_within_5"] = sum(
                 all(abs(r["figures"][f"{column}_t{i}"] - 0.8) <= 0.05 for i in (1, 2, 3)) for r in rows.values())
     return out
@@ -248,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
                 count += f", every tercile within 5 points on {s['terciles_within_5']}/{s['n']}"
             console.print(f"{column:<36} median {_fmt(s['median'], spec):>7} [{_fmt(s['min'], spec)}, "
                           f"{_fmt(s['max'], spec)}]  {count}")
+    console.print("the interval's normaliser on validation alone (calibrated on its first half, scored on its "
+                  "second; around no change, the next candle):")
+    for column in VALIDATION_COLUMNS:
+        if column in overall and "terciles_within_5" in overall[column]:
+            s = overall[column]
+            console.print(f"{column:<36} median {_fmt(s['median'], '.1%'):>7}  {s['in_77_83']}/{s['n']} in 77-83 %, "
+                          f"every tercile within 5 points on {s['terciles_within_5']}/{s['n']}")
     console.print(f"{len(rows)} series in {seconds:.1f} s, {cpu_seconds:.1f} s of CPU ({cpu_seconds / len(rows):.2f} s "
                   f"a series: read, split, fit, score); load average {os.getloadavg()[0]:.1f}")
     results = {

@@ -50,7 +50,12 @@ def test_bench_baselines(tmp_path):
     out = tmp_path / "baselines.json"
     assert benchmark("bench_baselines").main(["--data", str(CANDLES_DIR), "--only", "BTCUSDT_1h",
                                               "--json", str(out)]) == 0
-    assert written(out)["per_series"]["BTCUSDT_1h"]["figures"]["range_har_vs_persistence"] > 0
+    results = written(out)
+    figures = results["per_series"]["BTCUSDT_1h"]["figures"]
+    assert figures["range_har_vs_persistence"] > 0
+    # the normaliser's check on validation alone: a coverage per method and normaliser, summarised over the series
+    assert 0.5 < figures["val_cover_adaptive_har_ewma"] < 1 and "terciles_within_5" in \
+        results["overall"]["val_cover_conformal_ewma"]
 
 
 @pytest.mark.train
