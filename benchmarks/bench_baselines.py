@@ -23,7 +23,8 @@ their parameters chosen on validation, scored on the test split:
     same normalisers, and how much wider its intervals are than split conformal's on average;
   - on validation alone, the choice of the interval's normaliser: split and adaptive conformal around "no change",
     calibrated on the validation split's first half and scored on its second, normalised by the EWMA's, HAR's or
-    their geometric mean's volatility (VALIDATION_COLUMNS: printed after the table, in the JSON per series).
+    their geometric mean's volatility, and the EWMA's alpha in it (0.03, 0.06, 0.12) (VALIDATION_COLUMNS: printed
+    after the table, in the JSON per series).
 Prints each series and the median [min, max] over series, for coverage how many series are inside 77-83 % and how
 many have every tercile within 5 points of 80 %; writes benchmarks/results/baselines.json.
 ../shared/docs/forecasting.md gives the figures to expect.
@@ -110,27 +111,34 @@ COLUMNS = {
 # The interval's normaliser checked on validation alone (docs/model-quality.md, "Which split chose what"): each
 # method calibrated on the validation split's first half, its coverage scored on the second half, per normaliser
 VALIDATION_NORMALISERS = ("ewma", "har", "har_ewma")
+# and the EWMA's alpha in its volatility (RiskMetrics' 0.06, what jobs use, and half and twice it), by the adaptive
+# interval normalised by HAR's x the EWMA's (jobs' default)
+VALIDATION_ALPHAS = (0.03, 0.06, 0.12)
 VALIDATION_COLUMNS = {f"val_cover_{method}_{normaliser}{tercile}": None
                       for method in ("conformal", "adaptive") for normaliser in VALIDATION_NORMALISERS
                       for tercile in ("", "_t1", "_t2", "_t3")}
+VALIDATION_COLUMNS |= {f"val_cover_adaptive_har_ewma_alpha{alpha}{tercile}": None
+                       for alpha in VALIDATION_ALPHAS for tercile in ("", "_t1", "_t2", "_t3")}
 
 
-def _validation_coverage(fitted: bl.Baselines, val: np.ndarray) -> dict[str, float]:
+def _validation_coverage(fitted: bl.Baselines, val: np.ndarray, normalisers=VALIDATION_NORMALISERS,
+                         methods=("conformal", "adaptive"), suffix: str = "") -> dict[str, float]:
     """VALIDATION_COLUMNS' figures: an interval around "no change" for the next candle's return, calibrated on the
     first half of the validation samples and scored on the second, by each normaliser; the test split unused."""
     first, second = val[:len(val) // 2], val[len(val) // 2:]
     returns = {half: fitted.actual(rows)["return"][:, :1] for half, rows in (("first", first), ("second", second))}
     scales = {half: fitted.volatility(rows) for half, rows in (("first", first), ("second", second))}
     figures = {}
-    for normaliser in VALIDATION_NORMALISERS:
+    for normaliser in normalisers:
         calibrate, score = ((Forecasts(*[np.zeros_like(returns[half])] * 2, returns[half],
                                        scales[half][normaliser][:, :1], rows))
                             for half, rows in (("first", first), ("second", second)))
-        for method, conformal in (("conformal", SplitConformal()), ("adaptive", AdaptiveConformal())):
-            made = conformal.intervals(calibrate, score)
+        for method in methods:
+            made = {"conformal": SplitConformal(), "adaptive": AdaptiveConformal()}[method].intervals(calibrate, score)
             covered = coverage(made.lower[:, 0], made.upper[:, 0], returns["second"][:, 0], score.scale[:, 0])
-            figures[f"val_cover_{method}_{normaliser}"] = covered.overall
-            figures |= {f"val_cover_{method}_{normaliser}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
+            name = f"val_cover_{method}_{normaliser}{suffix}"
+            figures[name] = covered.overall
+            figures |= {f"{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
     return figures
 
 
@@ -193,6 +201,10 @@ def series_figures(path: Path) -> dict:
         if name != "static":
             figures |= {f"cover_{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
     figures |= _validation_coverage(fitted, val)
+    for alpha in VALIDATION_ALPHAS:
+        refitted = bl.fit_baselines(candles, timeframe, WINDOW.horizon, windows.train.first_target_rows, val, LEVELS,
+                                    volatility_alpha=alpha)
+        figures |= _validation_coverage(refitted, val, ("har_ewma",), ("adaptive",), f"_alpha{alpha}")
     parameters = {"ewma_alpha_next": {q: float(a[0]) for q, a in fitted.ewma_alphas.items()},
                   "har_next": dict(zip(bl.HAR_TERMS, fitted.har_coefficients[0].tolist())),
                   "excursion_shares_next": {q: float(s[0]) for q, s in fitted.excursion_shares.items()},

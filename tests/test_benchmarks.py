@@ -56,6 +56,7 @@ def test_bench_baselines(tmp_path):
     # the normaliser's check on validation alone: a coverage per method and normaliser, summarised over the series
     assert 0.5 < figures["val_cover_adaptive_har_ewma"] < 1 and "terciles_within_5" in \
         results["overall"]["val_cover_conformal_ewma"]
+    assert figures["val_cover_adaptive_har_ewma_alpha0.06"] == figures["val_cover_adaptive_har_ewma"]  # jobs' alpha
 
 
 @pytest.mark.train

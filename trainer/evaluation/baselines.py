@@ -263,10 +263,12 @@ def cached_baselines(cache: Path, frame: pd.DataFrame, timeframe: str, horizon: 
 
 
 def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows: np.ndarray, val_rows: np.ndarray,
-                  levels: Sequence[float] = LEVELS) -> Baselines:
+                  levels: Sequence[float] = LEVELS, volatility_alpha: float = RISKMETRICS_ALPHA) -> Baselines:
     """Fit every baseline on a job's rows. `frame`: the rows the windows were cut from (candles or the feature
     frame: high, low, close; a UTC DatetimeIndex or a timestamp column); `train_rows`, `val_rows`: the first
-    target rows of the train and validation samples (SplitWindows.first_target_rows)."""
+    target rows of the train and validation samples (SplitWindows.first_target_rows); `volatility_alpha`: the EWMA's
+    of squared returns, in the volatility forecasts (jobs use RiskMetrics'; bench-baselines checks others on
+    validation)."""
     times, high, low, close = _candles(frame)
     train, val = np.asarray(train_rows) - 1, np.asarray(val_rows) - 1  # origins
     if len(train) == 0 or len(val) == 0 or train[0] < 0:
@@ -298,7 +300,7 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
                 Baseline.HARX_LEVEL_RMS: {"range": harx_rms * qlike_factor(harx_rms[val], values["range"][val],
                                                                            floor)}}
     levels = tuple(levels)
-    variance = _ewma(values["return"][:, :1] ** 2, RISKMETRICS_ALPHA)  # (T, 1) of the one-candle return
+    variance = _ewma(values["return"][:, :1] ** 2, volatility_alpha)  # (T, 1) of the one-candle return
     volatilities = _volatilities(variance, har_range, floor)
     return Baselines(
         horizon=horizon, levels=levels, floor=floor, values=values,
