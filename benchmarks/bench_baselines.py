@@ -121,21 +121,28 @@ VALIDATION_COLUMNS |= {f"val_cover_adaptive_har_ewma_alpha{alpha}{tercile}": Non
                        for alpha in VALIDATION_ALPHAS for tercile in ("", "_t1", "_t2", "_t3")}
 
 
+METHODS = {"conformal": SplitConformal, "adaptive": AdaptiveConformal}
+
+
+def _no_change(fitted: bl.Baselines, rows: np.ndarray, normaliser: str) -> Forecasts:
+    """"No change" for the next candle's return at the samples `rows`, its residuals normalised by `normaliser`'s
+    volatility forecast."""
+    returns = fitted.actual(rows)["return"][:, :1]
+    return Forecasts(np.zeros_like(returns), np.zeros_like(returns), returns,
+                     fitted.volatility(rows)[normaliser][:, :1], rows)
+
+
 def _validation_coverage(fitted: bl.Baselines, val: np.ndarray, normalisers=VALIDATION_NORMALISERS,
-                         methods=("conformal", "adaptive"), suffix: str = "") -> dict[str, float]:
+                         methods=tuple(METHODS), suffix: str = "") -> dict[str, float]:
     """VALIDATION_COLUMNS' figures: an interval around "no change" for the next candle's return, calibrated on the
     first half of the validation samples and scored on the second, by each normaliser; the test split unused."""
     first, second = val[:len(val) // 2], val[len(val) // 2:]
-    returns = {half: fitted.actual(rows)["return"][:, :1] for half, rows in (("first", first), ("second", second))}
-    scales = {half: fitted.volatility(rows) for half, rows in (("first", first), ("second", second))}
     figures = {}
     for normaliser in normalisers:
-        calibrate, score = ((Forecasts(*[np.zeros_like(returns[half])] * 2, returns[half],
-                                       scales[half][normaliser][:, :1], rows))
-                            for half, rows in (("first", first), ("second", second)))
+        calibrate, score = _no_change(fitted, first, normaliser), _no_change(fitted, second, normaliser)
         for method in methods:
-            made = {"conformal": SplitConformal(), "adaptive": AdaptiveConformal()}[method].intervals(calibrate, score)
-            covered = coverage(made.lower[:, 0], made.upper[:, 0], returns["second"][:, 0], score.scale[:, 0])
+            made = METHODS[method]().intervals(calibrate, score)
+            covered = coverage(made.lower[:, 0], made.upper[:, 0], score.actual[:, 0], score.scale[:, 0])
             name = f"val_cover_{method}_{normaliser}{suffix}"
             figures[name] = covered.overall
             figures |= {f"{name}_t{i + 1}": share for i, share in enumerate(covered.terciles)}
@@ -179,18 +186,15 @@ def series_figures(path: Path) -> dict:
     figures |= {f"{q}_oracle_vs_har": skill for q, skill in _ceiling(candles, fitted, windows).items()}
     returns = actual["return"][:, 0]
     quantiles = fitted.quantile_forecasts(test)
-    vol_test, vol_val = fitted.volatility(test), fitted.volatility(val)
+    vol_test = fitted.volatility(test)
     intervals = {
         "ewma_scaled": (quantiles["ewma_scaled"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
         "static": (quantiles["static"]["return"][[0, 2], :, 0], vol_test["ewma"][:, 0]),
     }
     for normaliser in ("har", "har_ewma"):
-        scale, val_scale = vol_test[normaliser][:, :1], vol_val[normaliser][:, :1]  # the next candle's: (N, 1)
-        val_returns = fitted.actual(val)["return"][:, :1]
-        no_change = Forecasts(*[np.zeros_like(val_returns)] * 2, val_returns, val_scale, val), \
-            Forecasts(*[np.zeros_like(scale)] * 2, actual["return"][:, :1], scale, test)
-        made = {"conformal": SplitConformal().intervals(*no_change),
-                "adaptive": AdaptiveConformal().intervals(*no_change)}
+        no_change = _no_change(fitted, val, normaliser), _no_change(fitted, test, normaliser)
+        scale = no_change[1].scale  # the next candle's: (N, 1)
+        made = {name: method().intervals(*no_change) for name, method in METHODS.items()}
         for name, calibrated in made.items():
             intervals[f"{name}_{normaliser}"] = ((calibrated.lower[:, 0], calibrated.upper[:, 0]), scale[:, 0])
         figures[f"width_adaptive_{normaliser}"] = float(np.mean(made["adaptive"].margin * scale)

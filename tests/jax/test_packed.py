@@ -189,8 +189,7 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
         packed = Pack(build(), jobs, BATCH, VALIDATION_BATCH)
         for job in jobs:  # each with its own sequence, as trainer.run.packing gives it
             training = JobTraining(job.view, train, backups / job.name)
-            job.callbacks, job.observers = training.deciding, training.observers
-            job.epoch, job.end = training.first_epoch, training.end
+            job.follow(training)
             training.start(lambda: None)
         packed.train(epochs)
         return jobs

@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,9 @@ import numpy as np
 from ..data.windows import Windows, float32
 from ..heads import WarmStart
 from .settings import INFERENCE_BATCH_SIZE
+
+if TYPE_CHECKING:
+    from .sequence import JobTraining
 
 Arrays = np.ndarray | dict[str, np.ndarray]
 
@@ -68,6 +72,12 @@ class PackedJob:
     history: list[dict[str, float]] = field(default_factory=list)
     error: Exception | None = None  # what failed the job (a callback's: StopOnNaN's Diverged), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
+
+    def follow(self, training: JobTraining) -> None:
+        """Train as the job's sequence says (sequence.JobTraining, made on its view): its deciding callbacks, its
+        observers, the epochs it has done and the one it ends at."""
+        self.callbacks, self.observers = training.deciding, training.observers
+        self.epoch, self.end = training.first_epoch, training.end
 
 
 @dataclass(frozen=True)

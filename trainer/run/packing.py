@@ -263,8 +263,7 @@ class PackExecutor:
                     summaries.append(EpochSummaries(item.tensorboard))
                     callbacks.append(summaries[-1])
                 training = trainings[packed.name] = JobTraining(packed.view, self.cfg.train, item.backup, callbacks)
-                packed.callbacks, packed.observers = training.deciding, training.observers
-                packed.epoch, packed.end = training.first_epoch, training.end
+                packed.follow(training)
                 training.start(partial(pack.warm_start, packed, self.warm_starts))
             pack.train(self.cfg.train.epochs)
             states = dict(zip((packed.name for _, packed in jobs), pack.states(), strict=True))
