@@ -22,8 +22,8 @@ Each job trains as it would alone:
   seen as a model. A job's sequence (sequence.JobTraining: resume from its own checkpoint, early stopping, LR
   reduction, the non-finite rule, its epoch checkpoint, its timer) gives them, as it gives a job trained alone
   its own. The pack's state crosses to the host in one transfer an epoch; the callbacks that decide the next
-  epoch (early stopping, LR reduction, the checkpoint taking the state) run then, and its observers (the
-  checkpoint's writer, the timer, progress) once the next epoch is on its way: the device does not wait for the
+  epoch (early stopping, LR reduction, the checkpoint taking the state; the timer) run then, and its observers (the
+  checkpoint's writer, progress) once the next epoch is on its way: the device does not wait for the
   disk;
 - a job that has stopped, or that a callback failed (StopOnNaN: its loss is no longer finite), is frozen: its
   weights, moments and step count stay as they are (not just given zero gradients) while the others go on.
@@ -64,7 +64,7 @@ class PackedJob:
     seed: int
     callbacks: Sequence[keras.callbacks.Callback] = ()
     # fired after `callbacks`, each its hooks in order, while the next epoch trains: callbacks that change nothing of
-    # the job's state (its checkpoint's writer, its timer, progress: sequence.JobTraining's observers)
+    # the job's state (its checkpoint's writer, progress: sequence.JobTraining's observers)
     observers: Sequence[keras.callbacks.Callback] = ()
     epoch: int = 0  # the epochs it has done (an interrupted run's: JobTraining.first_epoch)
     end: int | None = None  # the epoch it trains to (None: Pack.train's `epochs`)
@@ -220,7 +220,7 @@ class Pack:
                 weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
                 val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
                 val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
-            # Meanwhile the observers see the last epoch end (its checkpoint written, then the timer and progress)
+            # Meanwhile the observers see the last epoch end (its checkpoint written, then progress)
             # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
             for k, epoch, logs in ended:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_end", epoch, logs)

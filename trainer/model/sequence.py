@@ -25,7 +25,7 @@ class JobTraining:
       on_train_end. A callback that raises ends the job with that exception (StopOnNaN's Diverged: a loss no longer
       finite; a non-finite val_loss alone is early stopping's to judge, as in Keras). Each callback sees its hooks
       in that order; a loop may fire the `observers`' (which change nothing of the job's state: they write the
-      checkpoint, time, report) later than the `deciding` ones', while the next epoch trains: a pack does;
+      checkpoint, report) later than the `deciding` ones', while the next epoch trains: a pack does;
     - result(engine).
     Batch-level hooks are not part of it: the pack runs an epoch's steps in one compiled loop, and a per-batch hook
     would make every step of a job alone wait for the device."""
@@ -43,10 +43,12 @@ class JobTraining:
         self._best_weights = resumed.best_weights
         # A diverged epoch is never checkpointed; the checkpoint takes the epoch's state once everything the epoch
         # changed is in it (a job killed at any moment resumes from a checkpointed epoch with its rows and best
-        # weights). Those decide the next epoch. After them, the observers: the checkpoint's writer, then the timer
-        # and the caller's (progress, a Ray worker's, TensorBoard): an epoch they see is one the checkpoint holds.
-        self.deciding = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), self.checkpoint]
-        self.observers = [self.checkpoint.writer, self.timer, *callbacks]
+        # weights). Those decide the next epoch; the timer is fired with them, at the epoch's own moments (its begin
+        # before the epoch is dispatched: a pack's compilation is its first epoch's). After them, the observers: the
+        # checkpoint's writer, then the caller's (progress, a Ray worker's, TensorBoard): an epoch they see is one
+        # the checkpoint holds.
+        self.deciding = [StopOnNaN(), *(c for c in (early_stopping, reduce_lr) if c), self.checkpoint, self.timer]
+        self.observers = [self.checkpoint.writer, *callbacks]
 
     @property
     def callbacks(self) -> list[keras.callbacks.Callback]:
