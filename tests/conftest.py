@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from trainer.evaluation.results import JobSummary
+from trainer.run.engine import keras_on_jax
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Each pytest-xdist worker's TensorFlow, and the processes it starts, size their thread pools to its share of the
@@ -21,6 +22,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # every one oversubscribe it (2026-11-27, tests/run/test_resume.py and test_training.py: 381 s -> 345 s).
 os.environ.setdefault("CRYPTOTRAIN_CPUS", str(max(1, len(os.sched_getaffinity(0))
                                                   // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
+
+if os.environ.get("KERAS_BACKEND") == "jax":  # tests/jax's process (tests/test_jax.py), set up as a JAX run's is:
+    keras_on_jax()  # without TensorFlow
 
 REPO = Path(__file__).resolve().parents[1]
 CANDLES_DIR = REPO / "data" / "ohlcv"  # real Binance candles, the last 3,000 rows of 8 series (its SOURCES.md)

@@ -10,7 +10,9 @@ run the same operations on the same values; only batched products may sum in ano
 dozen steps: measured 2.4e-7 at most over 12 epochs of 4 jobs (2026-11-27)."""
 from __future__ import annotations
 
+import importlib.machinery
 import math
+import os
 import subprocess
 import sys
 
@@ -166,9 +168,27 @@ def packed_and_alone(sets: dict, epochs: int) -> list:
     return [(job, alone(k, *sets[job.name], epochs=epochs)) for k, job in enumerate(jobs)]
 
 
-def test_packed_training_imports_no_tensorflow():
-    code = "import sys, trainer.model.packed; print('tensorflow' in sys.modules)"
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
+def test_a_process_on_jax_never_imports_tensorflow_though_it_is_installed(tmp_path):
+    """As a `run --pack` process sets itself up (run.engine.keras_on_jax): seeding, building, training and saving a
+    model import no TensorFlow, which Keras would otherwise import to seed tf.random and when it saves a model (3-5 s
+    of CPU, and TensorFlow's CUDA set-up, in each process)."""
+    if importlib.machinery.PathFinder.find_spec("tensorflow") is None:  # this process has it marked absent
+        pytest.skip("what is checked is that an installed TensorFlow stays unimported")
+    code = """if True:
+        import sys
+        from trainer.run.engine import keras_on_jax
+        keras_on_jax()
+        import keras, numpy as np, trainer.model.packed
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((4, 2)), keras.layers.LSTM(3), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+        model.fit(np.ones((8, 4, 2)), np.ones((8, 1)), epochs=1, verbose=0)
+        model.save(sys.argv[1])
+        print(keras.backend.backend(), sys.modules.get("tensorflow"))
+    """
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "model.keras")], capture_output=True,
+                          text=True, env={key: value for key, value in os.environ.items() if key != "KERAS_BACKEND"})
+    assert done.returncode == 0 and done.stdout == "jax None\n", done.stderr[-2000:]
 
 
 def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_one_that_was_not(tmp_path):

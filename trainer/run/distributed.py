@@ -411,6 +411,9 @@ if ray is not None:
         def __init__(self, cfg: RunConfig, cpus: float, pack: int | None) -> None:
             self.cfg = cfg
             if pack is not None:
+                from .engine import keras_on_jax
+
+                keras_on_jax()  # before packing imports Keras
                 from .packing import PackExecutor
 
                 self.packer = PackExecutor(cfg, pack)

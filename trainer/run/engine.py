@@ -3,7 +3,6 @@
 time: `--help` answers at once."""
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
 import sys
@@ -67,8 +66,12 @@ def engine_for(pack: int | str) -> str:
 
 
 def keras_on_jax() -> None:
-    """Keras's backend for this process, chosen before Keras is imported: JAX (a packed run imports no TensorFlow)."""
-    if "keras" in sys.modules:  # this process's Keras (a notebook's, a test's) has its backend already
+    """Keras's backend for this process, chosen before Keras is imported: JAX. An installed TensorFlow is then marked
+    absent for the process (None in sys.modules, as Python's import system provides): Keras would otherwise import
+    it to seed tf.random and to recognise its types when it saves a model, 3-5 s of CPU (and TensorFlow's CUDA
+    set-up) in every process that trains nothing with it. A process whose Keras was imported already (a notebook's,
+    a test's) is left as it is."""
+    if "keras" in sys.modules:
         import keras
 
         if keras.backend.backend() != "jax":
@@ -76,12 +79,7 @@ def keras_on_jax() -> None:
                             f"{keras.backend.backend()}: run it in a new process, or with KERAS_BACKEND=jax")
         return
     os.environ["KERAS_BACKEND"] = "jax"
-    # Keras imports an installed TensorFlow (to recognise its types when it serialises layers): its native start-up
-    # lines kept off the terminal, as import_tensorflow keeps them. Nothing trains with it.
-    from ..files import native_stderr_silenced
-
-    with contextlib.suppress(ImportError), native_stderr_silenced():
-        import tensorflow  # noqa: F401
+    sys.modules.setdefault("tensorflow", None)
 
 
 def installed(module: str) -> bool:

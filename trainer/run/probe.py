@@ -14,6 +14,7 @@ import sys
 import time
 
 from ..model.machine import CHECK_BATCH, CHECK_FEATURES, CHECK_REPEATS, CHECK_STEPS, check_model, step_report
+from .engine import keras_on_jax
 
 
 def pack_report() -> dict:
@@ -29,7 +30,7 @@ def pack_report() -> dict:
 
 
 def main() -> None:
-    os.environ["KERAS_BACKEND"] = "jax"
+    keras_on_jax()
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     try:
         import jax
