@@ -261,30 +261,31 @@ def _card_snippet(card: str) -> str:
 
 
 @pytest.mark.train
-@pytest.mark.parametrize("layout", ["a folder per job", "a repo per job"])
-def test_the_cards_load_one_liner_works_as_written(hub, run_dir, tmp_path, layout):
-    """The card's own snippet, run as it is by a reader whose client points at the Hub, gives the job's model
-    with its trained weights."""
-    if layout == "a folder per job":
-        push_run_at(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=())
-        card = hub.files(REPO)["ETHUSDT/1h/README.md"].decode()
-    else:
-        push_jobs_at(run_dir, ["ETHUSDT_1h"], HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
-        card = hub.files("tester/cpb-ETHUSDT-1h")["README.md"].decode()
-    snippet = _card_snippet(card)
-    assert ("hf_hub_download(" in snippet) is (layout == "a folder per job")
+def test_the_cards_load_one_liner_works_as_written(hub, run_dir, tmp_path):
+    """The card's own snippet, run as it is by a reader whose client points at the Hub, gives the job's model with
+    its trained weights: pushed as a folder per job (the snippet downloads it) and as a repo per job (it loads the
+    repo). Both snippets run in one reader's process, one after the other (each process imports Keras and its
+    backend: seconds of CPU)."""
+    push_run_at(run_dir, repo_id=REPO, private=False, overwrite_cards=False, only=())
+    push_jobs_at(run_dir, ["ETHUSDT_1h"], HubConfig(repo_id="tester/cpb-{symbol}-{timeframe}", path_template=""))
+    cards = {"a folder per job": hub.files(REPO)["ETHUSDT/1h/README.md"].decode(),
+             "a repo per job": hub.files("tester/cpb-ETHUSDT-1h")["README.md"].decode()}
+    snippets = {layout: _card_snippet(card) for layout, card in cards.items()}
+    assert ["hf_hub_download(" in snippet for snippet in snippets.values()] == [True, False]
 
-    weights = tmp_path / "loaded.npz"
+    weights = {layout: tmp_path / f"loaded-{i}.npz" for i, layout in enumerate(snippets)}
     reader = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_OFFLINE": "0",
               "HF_HUB_DISABLE_XET": "1", "HF_HUB_CACHE": str(tmp_path / "reader-cache"), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    script = f"{snippet}\nimport numpy\nnumpy.savez({str(weights)!r}, *model.get_weights())\n"
+    script = "".join(f"{snippet}\nimport numpy\nnumpy.savez({str(weights[layout])!r}, *model.get_weights())\n"
+                     for layout, snippet in snippets.items())
     result = subprocess.run([sys.executable, "-c", script], env=reader, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     local = keras.saving.load_model(jobs_dir(run_dir) / "ETHUSDT_1h" / "model.keras", compile=False).get_weights()
-    with np.load(weights) as loaded:
-        assert len(loaded.files) == len(local) > 0
-        for i, want in enumerate(local):
-            np.testing.assert_array_equal(loaded[f"arr_{i}"], want)
+    for layout, path in weights.items():
+        with np.load(path) as loaded:
+            assert len(loaded.files) == len(local) > 0, layout
+            for i, want in enumerate(local):
+                np.testing.assert_array_equal(loaded[f"arr_{i}"], want)
 
 
 @pytest.mark.parametrize("origin, line", [
