@@ -15,12 +15,13 @@ metrics.json ("timing": trainer.evaluation.results.Timing) and the process's wal
   evaluate  the forecasts of the validation and test splits, scores, what is served
   rest      the process's start and imports, writing each job's directory, the ledger, and anything else
 
-`overhead_share` is the share of the total outside the training epochs (1 - train / total). Then the one-job rate
-on the same engine: a run of the first job alone at K = 1 (packed runs: `--pack 1`, Keras on JAX), its training
-windows a second against the whole run's; and, where TensorFlow is installed, that job alone on TensorFlow's. The
-device, precision and the versions of jax, jaxlib and keras are printed and written to the JSON (default
-benchmarks/results/family-FAMILY.json; a dated copy under benchmarks/records/ is how figures are kept). Imports no
-TensorFlow: it runs on a JAX-only machine from a checkout with its pure-Python dependencies beside it.
+`overhead_share` is the share of the total outside the training epochs (1 - train / total). Then the one-job rate on
+the same engine: a run of the first job alone at K = 1 (packed runs: `--pack 1`, Keras on JAX; a run of one job at
+K = 1 is that run already), its training windows a second against the whole run's; and, where TensorFlow is installed,
+that job alone on TensorFlow's. The device, precision and the versions of jax, jaxlib and keras are printed and
+written to the JSON (default benchmarks/results/family-FAMILY.json; a dated copy under benchmarks/records/ is how
+figures are kept). Imports no TensorFlow: it runs on a JAX-only machine from a checkout with its pure-Python
+dependencies beside it.
 """
 from __future__ import annotations
 
@@ -146,10 +147,13 @@ def main(argv: list[str] | None = None) -> None:
         wall, metrics = timed_run(config, scratch, "family", jobs, "--pack", args.pack, *overrides)
         engine = metrics[0]["engine"]
         # the one-job rate on the same engine: the first job alone, K = 1 (the same config: its market input reads the
-        # other jobs' candles)
-        alone = family_config(args.family, data, jobs, args.epochs, scratch / "alone", scratch / "cache")
-        _, [one] = timed_run(alone, scratch, "alone", jobs[:1],
-                             *(["--pack", "1"] if engine["name"] == "jax" else []), *overrides)
+        # other jobs' candles); a run of one job at K = 1 was that run already
+        if len(jobs) == 1 and engine["jobs"] == 1:
+            [one] = metrics
+        else:
+            alone = family_config(args.family, data, jobs, args.epochs, scratch / "alone", scratch / "cache")
+            _, [one] = timed_run(alone, scratch, "alone", jobs[:1],
+                                 *(["--pack", "1"] if engine["name"] == "jax" else []), *overrides)
         on_tensorflow = one if engine["name"] == "tensorflow" else None
         if on_tensorflow is None and importlib.util.find_spec("tensorflow") is not None:
             tensorflow = family_config(args.family, data, jobs, args.epochs, scratch / "tensorflow",
