@@ -230,6 +230,8 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
         victims = [driver.pid] if victim == "driver" else \
             [pid for pid, command in head.processes().items() if KINDS[victim](command)]
         assert victims, f"no {victim} process"
+        # a worker that packs trains on Keras's JAX backend and imports no TensorFlow (3-5 s of CPU each, run.engine)
+        assert not pack or not any("libtensorflow" in Path(f"/proc/{pid}/maps").read_text() for pid in victims)
         its_child = _children(driver.pid)  # the process that drives Ray: it dies with the command
         for pid in victims:
             os.kill(pid, signal.SIGKILL)

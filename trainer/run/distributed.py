@@ -411,9 +411,9 @@ if ray is not None:
         def __init__(self, cfg: RunConfig, cpus: float, pack: int | None) -> None:
             self.cfg = cfg
             if pack is not None:
-                from .engine import keras_on_jax
+                from .engine import tensorflow_unimported
 
-                keras_on_jax()  # before packing imports Keras
+                tensorflow_unimported()  # Keras is on JAX here (its runtime_env's KERAS_BACKEND)
                 from .packing import PackExecutor
 
                 self.packer = PackExecutor(cfg, pack)

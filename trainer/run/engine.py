@@ -66,11 +66,8 @@ def engine_for(pack: int | str) -> str:
 
 
 def keras_on_jax() -> None:
-    """Keras's backend for this process, chosen before Keras is imported: JAX. An installed TensorFlow is then marked
-    absent for the process (None in sys.modules, as Python's import system provides): Keras would otherwise import
-    it to seed tf.random and to recognise its types when it saves a model, 3-5 s of CPU (and TensorFlow's CUDA
-    set-up) in every process that trains nothing with it. A process whose Keras was imported already (a notebook's,
-    a test's) is left as it is."""
+    """Keras's backend for this process, chosen before Keras is imported: JAX, and TensorFlow left unimported
+    (tensorflow_unimported). A process whose Keras was imported already (a notebook's, a test's) is left as it is."""
     if "keras" in sys.modules:
         import keras
 
@@ -79,6 +76,14 @@ def keras_on_jax() -> None:
                             f"{keras.backend.backend()}: run it in a new process, or with KERAS_BACKEND=jax")
         return
     os.environ["KERAS_BACKEND"] = "jax"
+    tensorflow_unimported()
+
+
+def tensorflow_unimported() -> None:
+    """For a process of ours whose Keras runs on JAX: an installed TensorFlow marked absent (None in sys.modules, as
+    Python's import system provides). Keras would otherwise import it to seed tf.random and to recognise its types
+    when it saves a model: 3-5 s of CPU, and TensorFlow's CUDA set-up, in a process that trains nothing with it. A
+    TensorFlow imported already stays."""
     sys.modules.setdefault("tensorflow", None)
 
 
