@@ -90,7 +90,12 @@ def install(point: str, marker: Path) -> None:
                 content = tmp.read_bytes()
                 tmp.write_bytes(content[:len(content) // 2])
                 marker.write_text("paused")
-                time.sleep(600)
+                # in short sleeps: a signal the kernel hands to another thread (one of TensorFlow's) does not wake
+                # this one's sleep, and Python runs the handler only when this thread next runs Python (in one
+                # sleep of 600 s, a SIGTERM waited that long: a flaky failure of the test that sends it, 2026-11-29)
+                deadline = time.monotonic() + 600
+                while time.monotonic() < deadline:
+                    time.sleep(0.05)
         resume.EpochCheckpoint._write = staticmethod(half_written_then_paused)
     elif point == "artifacts":
         artifacts.stage_job = pause_once(artifacts.stage_job, marker, after=True)
