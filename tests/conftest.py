@@ -5,6 +5,7 @@ the suite on its own."""
 from __future__ import annotations
 
 import fcntl
+import gc
 import os
 import shutil
 from pathlib import Path
@@ -43,13 +44,17 @@ def _tensorflow_set_up_first(request):
     """Every test process starts as the CLI's does: trainer.model.device.setup configures TensorFlow before anything
     uses it. Otherwise whichever test first builds a model fixes TensorFlow's thread pools, and every later
     in-process `cryptotrain run` warns that they keep their sizes. Not on another Keras backend (tests/jax): the
-    process's tests use no TensorFlow; nor in a `pytest --setup-only`, which runs none."""
+    process's tests use no TensorFlow; nor in a `pytest --setup-only`, which runs none.
+
+    Then what the process has imported is frozen (gc.freeze), as a run freezes it (pipeline.long_lived_frozen): a
+    collection, Keras's or the interpreter's own while a model traces, scans only what the tests made since."""
     if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow" or request.config.option.setuponly:
         return
     from trainer.config import TrainConfig
     from trainer.model.device import setup
 
     setup(TrainConfig())
+    gc.freeze()
 
 
 @pytest.fixture

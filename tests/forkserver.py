@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import gc
 import json
 import os
 import select
@@ -155,6 +156,7 @@ def _serve(path: str, owner: int) -> dict:
     import tests.kill_points  # noqa: F401 — and through it trainer.cli, TensorFlow, Keras, pandas
     import trainer.run.runner  # noqa: F401 — what `run` imports on its own
 
+    gc.freeze()  # what every forked process inherits: its collections skip it, as a run's do (long_lived_frozen)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     listener.bind(path)
     listener.listen(64)

@@ -23,7 +23,7 @@ from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.model.models import output_shapes
 from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay_budget, resume
 from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
-from trainer.run.pipeline import release_free_memory
+from trainer.run.pipeline import long_lived_frozen
 
 pytestmark = pytest.mark.train  # each test fits a tiny model
 
@@ -90,14 +90,22 @@ def test_a_new_shape_builds_a_new_model(cfg):
     assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session
 
 
-def test_a_model_replaced_by_a_new_shape_is_freed_although_frozen_between_jobs(cfg):
+def test_a_model_replaced_by_a_new_shape_is_freed_though_a_run_froze_it(cfg):
+    """The next run in a process (a notebook's) freezes the heap with the previous run's model in it: a new shape
+    frees that model all the same, and the heap stays frozen for the run."""
     cache = ModelCache()
     replaced = weakref.ref(cache.model_for(cfg.network, cfg.train))
-    release_free_memory()  # between jobs: freezes what is alive, the model included
     wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
-    cache.model_for(wider.network, wider.train)
-    gc.collect()
-    assert replaced() is None
+    suite_froze = gc.get_freeze_count() > 0  # conftest's, after the imports
+    gc.unfreeze()  # a notebook's process: nothing frozen
+    try:
+        with long_lived_frozen():
+            cache.model_for(wider.network, wider.train)
+            assert replaced() is None and gc.get_freeze_count() > 0
+        assert gc.get_freeze_count() == 0  # the notebook's usual collection back
+    finally:
+        if suite_froze:
+            gc.freeze()
 
 
 def test_training_batches_are_gathered_on_the_device_from_one_copy_of_the_rows(cfg):

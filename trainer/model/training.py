@@ -62,9 +62,16 @@ class ModelCache:
     def model_for(self, spec: NetworkSpec, train: TrainConfig) -> WindowTrainer:
         key = model_signature(spec, train)
         if key != self._key:
-            # A new shape: drop the old graph and state, then restore what clear_session resets.
-            gc.unfreeze()  # the old model was frozen with the rest between jobs (runner.release_free_memory)
+            # A new shape: drop the old model, its graph and state (clear_session collects it), then restore what
+            # clear_session resets. A model alive when the run froze the heap (a previous run's in this process:
+            # pipeline.long_lived_frozen) is freed with the frozen objects let go for that one collection.
+            refreeze = self._model is not None and gc.get_freeze_count() > 0
+            self._model = None
+            if refreeze:
+                gc.unfreeze()
             keras.backend.clear_session()
+            if refreeze:
+                gc.freeze()
             apply_precision(train.precision)
             keras.utils.set_random_seed(train.seed)
             network, warm_starts = build_network(spec, train)

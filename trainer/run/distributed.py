@@ -29,6 +29,7 @@ A job that fails for its own reasons (bad data, a non-finite loss) fails as it d
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import itertools
 import logging
@@ -416,6 +417,7 @@ if ray is not None:
                 tensorflow_unimported()  # Keras is on JAX here (its runtime_env's KERAS_BACKEND)
                 from .packing import PackExecutor
 
+                gc.freeze()  # the imports live as long as the worker: collections skip them (long_lived_frozen)
                 self.packer = PackExecutor(cfg, pack)
                 return
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -423,6 +425,7 @@ if ray is not None:
             from ..model.training import ModelCache
 
             setup(cfg.train, cpus=max(1, round(cpus)))
+            gc.freeze()  # as above
             self.packer, self.cache = None, ModelCache()
 
         def pid(self) -> int:

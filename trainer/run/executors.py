@@ -20,7 +20,7 @@ import keras
 from ..config import ExecutorConfig, RunConfig
 from ..errors import JobError, UserError
 from .jobs import Job
-from .pipeline import Events, JobOutput, Prepared, tensorboard_dir, train_one
+from .pipeline import Events, JobOutput, Prepared, long_lived_frozen, tensorboard_dir, train_one
 
 log = logging.getLogger(__name__)
 
@@ -79,10 +79,11 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
         at_a_time = f"{plan.k} job{'s' * (plan.k > 1)} at a time"
         if executor.kind == "local":
-            workers = PackExecutor(cfg, plan.k)
-            note(f"packed training on {plan.device}: {at_a_time} ({plan.why}); compiled steps kept in "
-                 f"{workers.compilation_cache}")
-            yield workers
+            with long_lived_frozen():
+                workers = PackExecutor(cfg, plan.k)
+                note(f"packed training on {plan.device}: {at_a_time} ({plan.why}); compiled steps kept in "
+                     f"{workers.compilation_cache}")
+                yield workers
             return
         note(f"packed training on Ray workers: {at_a_time} on each ({plan.why})")
         pack = plan.k
@@ -98,7 +99,8 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
                 log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
                             layer.index, layer.kind, "; ".join(layer.blockers))
         if executor.kind == "local":
-            yield LocalExecutor(cfg)
+            with long_lived_frozen():
+                yield LocalExecutor(cfg)
             return
     from .distributed import RayExecutor
 

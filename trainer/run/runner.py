@@ -11,7 +11,6 @@ import contextlib
 import csv
 import errno
 import functools
-import gc
 import io
 import json
 import logging
@@ -99,7 +98,7 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
             # dates then have the same steps an epoch, and no lane of a pack idles while a longer job trains on
             order = names if workers.capacity == 1 else \
                 sorted(names, key=lambda name: cfg.data.timeframes.index(by_name[name].timeframe))
-            with display.running(total=len(names), done=_count(ledger, names, "done")), _unfreeze_at_exit():
+            with display.running(total=len(names), done=_count(ledger, names, "done")):
                 try:
                     while True:
                         while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, order)):
@@ -300,15 +299,6 @@ def _why_again(cfg: RunConfig, record: JobRecord, job: Job, retries: int, retry_
         log.info("%s: its input changed since it failed; trying it again", record.name)
         return f"input changed since it failed with: {record.error}"
     return None
-
-
-@contextlib.contextmanager
-def _unfreeze_at_exit():
-    """After the run, the calling process (a notebook, say) gets its usual garbage collection back."""
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _describe_failure(exc: Exception, run_dir: Path, name: str) -> str:
