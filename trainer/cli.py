@@ -353,18 +353,18 @@ def doctor(as_json):
     Example:
       cryptotrain doctor
     """
-    from .run.probe import pack_report
-
     if engine_for(1) == "jax":  # TensorFlow is not installed: every command runs on Keras's JAX backend
         keras_on_jax()
         from .model.machine import diagnose_on_jax
+        from .run.probe import packing_on_jax
 
-        diagnosis = diagnose_on_jax(pack_report(), TENSORFLOW_INSTALL)
+        diagnosis = diagnose_on_jax(packing_on_jax(), TENSORFLOW_INSTALL)  # asked here: this process is on JAX
     else:
         import_tensorflow()
         from .model.device import diagnose
+        from .run.probe import pack_report
 
-        diagnosis = diagnose(pack_report())
+        diagnosis = diagnose(pack_report())  # asked of a process on JAX
     from .report.console import print_doctor
 
     print_doctor(diagnosis, as_json=as_json)

@@ -1,7 +1,8 @@
-"""What `run --pack` would do on this machine, asked of a process of its own (`doctor`'s packing line), and how fast
-Keras's JAX backend trains doctor's small model there: packing runs on that backend, and a process's Keras has one
-backend (`doctor`'s is TensorFlow where it is installed). JAX there takes device memory as it needs it, not most of
-it at once, as it would by default.
+"""What `run --pack` would do on this machine, and how fast Keras's JAX backend trains doctor's small model there
+(`doctor`'s packing line): packing runs on that backend, and a process's Keras has one backend. Where TensorFlow is
+installed, `doctor`'s Keras runs on it, and a process of its own is asked (pack_report); where it is not, `doctor`'s
+runs on JAX and answers itself (packing_on_jax). JAX there takes device memory as it needs it, not most of it at
+once, as it would by default.
 
     python -m trainer.run.probe     (pack_report starts it; prints one JSON line)
 """
@@ -29,14 +30,13 @@ def pack_report() -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    keras_on_jax()
-    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+def packing_on_jax() -> dict:
+    """pack_report's answer, from this process, whose Keras runs on JAX (run.engine.keras_on_jax)."""
+    os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # read when JAX first uses a device: not yet
     try:
         import jax
     except ImportError:
-        print(json.dumps({"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}))
-        return
+        return {"available": False, "why": "JAX is not installed: pip install 'cryptotrain[jax]'"}
     from ..config import load_config
     from .jobs import make_jobs
     from .packing import pack_precision, plan_pack
@@ -44,8 +44,13 @@ def main() -> None:
     cfg = load_config("v7")
     plan = plan_pack("auto", len(make_jobs(cfg)), cfg.network, cfg.train, cfg.data.max_rows)
     precision = pack_precision(cfg.train.precision)
-    print(json.dumps({"available": True, "device": plan.device, "jax": jax.__version__, "precision": precision,
-                      "auto_k_v7": plan.k, "why": plan.why, "train_step": time_jax_step(precision)}))
+    return {"available": True, "device": plan.device, "jax": jax.__version__, "precision": precision,
+            "auto_k_v7": plan.k, "why": plan.why, "train_step": time_jax_step(precision)}
+
+
+def main() -> None:
+    keras_on_jax()
+    print(json.dumps(packing_on_jax()))
 
 
 def time_jax_step(precision: str) -> dict:
