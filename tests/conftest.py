@@ -51,6 +51,9 @@ def _tensorflow_set_up_first(request):
     if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow" or request.config.option.setuponly:
         return
     from trainer.config import TrainConfig
+    from trainer.run.engine import import_tensorflow
+
+    import_tensorflow()  # as the CLI imports it (JAX left out: run.engine.jax_unimported)
     from trainer.model.device import setup
 
     setup(TrainConfig())

@@ -153,7 +153,10 @@ class NotInstalled:
 def _serve(path: str, owner: int) -> dict:
     """Fork a process for each request, until process `owner` ends; in the server, send each its pid, then its exit
     status. Returns (in the forked process only) the request it is to carry out."""
-    import tests.kill_points  # noqa: F401 — and through it trainer.cli, TensorFlow, Keras, pandas
+    from trainer.run.engine import import_tensorflow
+
+    import_tensorflow()  # as `run` imports it (JAX left out: run.engine.jax_unimported)
+    import tests.kill_points  # noqa: F401 — and through it trainer.cli, Keras, pandas
     import trainer.run.runner  # noqa: F401 — what `run` imports on its own
 
     gc.freeze()  # what every forked process inherits: its collections skip it, as a run's do (long_lived_frozen)

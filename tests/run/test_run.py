@@ -218,6 +218,20 @@ def test_status_answers_without_loading_tensorflow(trained_run):
     assert result.stdout.strip().endswith("tensorflow not loaded")
 
 
+def test_a_command_on_tensorflow_imports_no_jax_though_it_is_installed(trained_run):
+    """TensorFlow imports JAX where it is installed, for its TFLite converter: 1-2 s of CPU in every process that
+    trains on TensorFlow (run.engine.jax_unimported). A command on TensorFlow (`predict`, its model loaded and run)
+    leaves JAX out, and JAX imports as ever afterwards."""
+    pytest.importorskip("jax")
+    script = ("import sys; from trainer.cli import main; "
+              "main(['predict', '--model', sys.argv[1], '--json'], standalone_mode=False); "
+              "print('tensorflow' in sys.modules, 'jax' in sys.modules); import jax; print(jax.numpy.ones(2).sum())")
+    result = subprocess.run([sys.executable, "-c", script, str(trained_run[0] / "jobs" / "BTCUSDT_1h")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert '"forecast"' in result.stdout and result.stdout.endswith("True False\n2.0\n"), result.stdout[-500:]
+
+
 def test_status_filters_like_run_and_keeps_each_job_on_one_line(tmp_path):
     from trainer.run.ledger import Ledger
 

@@ -421,6 +421,9 @@ if ray is not None:
                 self.packer = PackExecutor(cfg, pack)
                 return
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+            from .engine import import_tensorflow
+
+            import_tensorflow()  # as the command imports it
             from ..model.device import setup
             from ..model.training import ModelCache
 
