@@ -116,6 +116,13 @@ def drive(tmp_path) -> Drive:
             server.wait()
 
 
+def only_loopback() -> bool:
+    """Whether this process's network namespace has no interface but the loopback (tests/test_ray.py makes one)."""
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]  # not /sys/class/net: the mount's namespace
+
+
 def _session_directory(tmp_path_factory) -> Path:
     """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
     shared = tmp_path_factory.getbasetemp()
@@ -254,8 +261,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items[:] = ordered
 
 
-# The suite's longest single tests, the longest first (pytest --durations, 2026-11-29: 50-150 s each on 2 cores)
-LONGEST = ("tests/test_benchmarks.py::test_bench_ray", "tests/test_jax.py::", "tests/test_notebook.py::",
+# The suite's longest single tests, the longest first (pytest --durations, 2026-11-29: 50-150 s each on 2 cores;
+# tests/test_ray.py, all of tests/ray two at a time, 190-240 s alone on 2026-11-30)
+LONGEST = ("tests/test_ray.py::", "tests/test_jax.py::", "tests/test_notebook.py::",
            "tests/test_benchmarks.py::test_bench_run", "tests/run/test_pack.py::test_a_pack_killed",
            "tests/test_benchmarks.py::test_bench_throughput")
 

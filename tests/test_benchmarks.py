@@ -99,16 +99,6 @@ def test_bench_run(tmp_path):
     assert results["speedup"] > 0
 
 
-@pytest.mark.processes
-def test_bench_ray(tmp_path):
-    pytest.importorskip("ray")
-    out = tmp_path / "ray.json"
-    benchmark("bench_ray").main(["--only", "BTCUSDT_1h", "--workers", "1", "--epochs", "1", "--rows", "500",
-                                 "--json", str(out)])
-    results = written(out)
-    assert results["local_wall_s"] > 0 and results["ray_wall_s"] > 0 and results["ray_workers_ready_s"] > 0
-
-
 @pytest.mark.train
 def test_bench_family(tmp_path):
     out = tmp_path / "family.json"

@@ -69,7 +69,7 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_orde
     epoch begins before it trains). Its checkpoint is written once the next epoch is on its way to the device (the
     device does not wait for the disk). A Ray worker's callback sends each epoch's checkpoint to the driver: the
     epoch is shown only after it (as for a job trained alone), so an epoch the driver shows is one it holds, and a
-    worker killed between the two never shows it twice (tests/run/test_ray.py's SIGKILL of a pack's worker)."""
+    worker killed between the two never shows it twice (tests/ray/test_ray_runs.py's SIGKILL of a pack's worker)."""
     from tests.conftest import tiny_config_dict
     from tests.hooks import Hooks, assert_fired_as_fit_fires_them
     from trainer.config import RunConfig

@@ -1,7 +1,8 @@
-"""`cryptotrain run --executor ray` against a real Ray cluster started here (127.0.0.1 only, 2 CPUs): the same
-results as a local run; SIGKILL of a Ray process of ours mid-run (a worker, the mailbox, the driver, the node's
-raylet or GCS) loses no finished epoch, and the same command finishes every job exactly once; an unreachable
-cluster or a missing Ray is one line. The tests start and stop only their own Ray."""
+"""`cryptotrain run --executor ray` against a real Ray cluster started here (127.0.0.1, 2 CPUs, in a network
+namespace where nothing but the loopback is: tests/test_ray.py): the same results as a local run; SIGKILL of a Ray
+process of ours mid-run (a worker, the mailbox, the driver, the node's raylet or GCS) loses no finished epoch, and
+the same command finishes every job exactly once; an unreachable cluster or a missing Ray is one line. The tests
+start and stop only their own Ray."""
 from __future__ import annotations
 
 import contextlib
@@ -25,11 +26,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, tiny_config_dict
+from tests.conftest import REPO, only_loopback, tiny_config_dict
 from tests.forkserver import ForkServer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
-pytestmark = pytest.mark.processes  # a real Ray cluster and `cryptotrain run` processes, killed
+pytestmark = [pytest.mark.processes,  # a real Ray cluster and `cryptotrain run` processes, killed
+              pytest.mark.skipif(not only_loopback(), reason=(
+                  "in a network namespace where nothing but the loopback is: tests/test_ray.py runs tests/ray there"))]
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h"]
 # Ray >= 2.59 authenticates every client of a cluster with a token: the cluster and its drivers share this one.
