@@ -58,7 +58,8 @@ def test_setup_on_cpu_resolves_auto_to_float32_and_is_idempotent():
 def test_setup_gives_each_op_half_the_cpus_and_the_ops_all_of_them(monkeypatch):
     # in a fresh process: TensorFlow's thread pools can be sized only before its first op; every CPU it may run on
     monkeypatch.delenv(machine.CPUS_ENV, raising=False)  # (the suite gives each of its workers a share)
-    script = ("import json; import tensorflow as tf; from trainer.model import device; "
+    script = ("import json; from trainer.run.engine import import_tensorflow; import_tensorflow(); "
+              "import tensorflow as tf; from trainer.model import device; "
               "from trainer.config import TrainConfig; threads = device.setup(TrainConfig())['threads']; "
               "print(json.dumps([threads, tf.config.threading.get_intra_op_parallelism_threads(), "
               "tf.config.threading.get_inter_op_parallelism_threads()]))")
