@@ -123,6 +123,11 @@ def only_loopback() -> bool:
     return [name for _, name in socket.if_nameindex()] == ["lo"]  # not /sys/class/net: the mount's namespace
 
 
+# tests/ray's tests, each Ray of theirs listening where nothing but the loopback is
+on_loopback_only = pytest.mark.skipif(not only_loopback(), reason=(
+    "in a network namespace where nothing but the loopback is: tests/test_ray.py runs tests/ray there"))
+
+
 def _session_directory(tmp_path_factory) -> Path:
     """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
     shared = tmp_path_factory.getbasetemp()

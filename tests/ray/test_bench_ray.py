@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import only_loopback
+from tests.conftest import on_loopback_only
 from tests.test_benchmarks import benchmark, written
 
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
-pytestmark = [pytest.mark.processes, pytest.mark.skipif(not only_loopback(), reason=(
-    "in a network namespace where nothing but the loopback is: tests/test_ray.py runs tests/ray there"))]
+pytestmark = [pytest.mark.processes, on_loopback_only]
 
 
 def test_bench_ray(tmp_path):

@@ -26,13 +26,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import REPO, only_loopback, tiny_config_dict
+from tests.conftest import REPO, on_loopback_only, tiny_config_dict
 from tests.forkserver import ForkServer
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
-pytestmark = [pytest.mark.processes,  # a real Ray cluster and `cryptotrain run` processes, killed
-              pytest.mark.skipif(not only_loopback(), reason=(
-                  "in a network namespace where nothing but the loopback is: tests/test_ray.py runs tests/ray there"))]
+pytestmark = [pytest.mark.processes, on_loopback_only]  # a real Ray cluster, `cryptotrain run` processes killed
 
 JOBS = ["BTCUSDT_15m", "BTCUSDT_1h"]
 # Ray >= 2.59 authenticates every client of a cluster with a token: the cluster and its drivers share this one.
