@@ -231,7 +231,8 @@ class Timing(_Record):
     windows: float  # features -> windows, and the baselines fitted on the train split
     epochs: list[float]  # each epoch trained in this process, its validation included; packed: its pack's epochs
     train_windows: int  # the windows an epoch trains on
-    evaluate: float  # the forecasts of the validation and test splits, their scores, what is served
+    evaluate: float  # the forecasts of the validation and test splits (packed: its share of its pack's), their
+    # scores, what is served
 
 
 class JobMetrics(_Record):

@@ -33,6 +33,7 @@ Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -62,6 +63,7 @@ class PackedJob:
     x_val: Arrays
     y_val: dict[str, np.ndarray]
     seed: int
+    x_test: Arrays | None = None  # its test inputs, which Pack.forecasts runs the trained model on
     callbacks: Sequence[keras.callbacks.Callback] = ()
     # fired after `callbacks`, each its hooks in order, while the next epoch trains: callbacks that change nothing of
     # the job's state (its checkpoint's writer, progress: sequence.JobTraining's observers)
@@ -70,6 +72,8 @@ class PackedJob:
     end: int | None = None  # the epoch it trains to (None: Pack.train's `epochs`)
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
+    # each epoch's wall time, its pack's (the same for every job that trained in it), validation included
+    epoch_seconds: list[float] = field(default_factory=list)
     error: Exception | None = None  # what failed the job (a callback's: StopOnNaN's Diverged), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
 
@@ -78,6 +82,15 @@ class PackedJob:
         observers, the epochs it has done and the one it ends at."""
         self.callbacks, self.observers = training.deciding, training.observers
         self.epoch, self.end = training.first_epoch, training.end
+
+
+@dataclass(frozen=True)
+class Forecasts:
+    """A job's model outputs (inference, by output name) on its validation and test windows, as its pack's trained
+    state gives them (Pack.forecasts): what its evaluation scores."""
+    val: dict[str, np.ndarray]
+    test: dict[str, np.ndarray]
+    seconds: float  # its share of the pass that computed them (the pack's, over its jobs)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,8 @@ def windows_job(name: str, windows: Windows, seed: int) -> PackedJob:
         for head in windows.preprocessing.heads:
             y |= head.spec.derived_targets(y[head.name])
         return {output: float32(values) for output, values in y.items()}
-    return PackedJob(name, windows.train.x, targets(windows.train), windows.val.x, targets(windows.val), seed=seed)
+    return PackedJob(name, windows.train.x, targets(windows.train), windows.val.x, targets(windows.val), seed=seed,
+                     x_test=windows.test.x)
 
 
 def batch_order(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -169,6 +183,28 @@ class Pack:
         return [JobState([state[group][i][k] for group, i in self._variables],
                          [values[k] for values in state["optimizer"]], len(self.jobs)) for k in range(len(self.jobs))]
 
+    def forecasts(self) -> list[Forecasts]:
+        """Each job's model outputs on its validation and test windows (every job needs its x_test), from the pack's
+        state as training left it (its best weights, where early stopping restored them): one compiled pass a split,
+        mapped over the jobs (PackSteps.predict), as the validation pass is; no job's forward pass runs on its own,
+        nor eagerly. The train windows are given back first: the test windows take their room on the device."""
+        started = time.perf_counter()
+        for array in jax.tree.leaves(self._train_data):
+            array.delete()
+        self._train_data = None
+        weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
+        n_test = [_length(job.x_test) for job in self.jobs]
+        splits = []
+        for x, lengths in ((self._val_data[0], self._n_val),
+                           (_stack([job.x_test for job in self.jobs], max(n_test)), n_test)):
+            rows, *_ = _batches([np.arange(n) for n in lengths], self.validation_batch_size,
+                                np.ones(len(self.jobs), bool))
+            outputs = jax.device_get(self.steps.predict(weights, x, rows))  # (steps, jobs, batch, ...) an output
+            splits.append([{name: values[:, k].reshape(-1, *values.shape[3:])[:n] for name, values in outputs.items()}
+                           for k, n in enumerate(lengths)])
+        share = (time.perf_counter() - started) / len(self.jobs)
+        return [Forecasts(val, test, share) for val, test in zip(*splits, strict=True)]
+
     def release(self) -> None:
         """Frees the pack's device buffers (its jobs' state and windows) now, rather than whenever the collector
         reaches the pack (its jobs' views and compiled steps refer back to it): the next pack trains in their room.
@@ -209,6 +245,7 @@ class Pack:
                 callback.on_train_begin()
         ended: list[tuple[int, int, dict]] = []  # (job, epoch, logs) whose observers have not seen that epoch end
         while True:
+            began = time.perf_counter()
             # each job's epoch begins before it trains, as fit fires it (its callbacks read the weights it starts at)
             running = [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]
                        and _fire(job, job.callbacks, "on_epoch_begin", job.epoch)]
@@ -239,6 +276,9 @@ class Pack:
                     job.history.append(logs)
                     job.epoch += 1
                     ended.append((k, epoch, logs))
+            seconds = time.perf_counter() - began
+            for k, _, _ in ended:
+                jobs[k].epoch_seconds.append(seconds)
         for job in jobs:
             if not job.view.failed:
                 for callback in (*job.callbacks, *job.observers):
@@ -246,8 +286,9 @@ class Pack:
 
 
 class PackSteps:
-    """A model's packed epoch, compiled: its training steps over the jobs' batches in one loop, and its validation
-    pass, each mapped over the jobs (jax.vmap) and jitted once per shape. Holds no job, so that a later pack of the
+    """A model's packed epoch, compiled: its training steps over the jobs' batches in one loop, its validation
+    pass, and its forward pass (predict: evaluation's), each mapped over the jobs (jax.vmap) and jitted once per
+    shape. Holds no job, so that a later pack of the
     same model (the next pack of a family, each half after an out-of-memory) reuses them as they are: it traces and
     compiles nothing anew (Pack's `steps`)."""
 
@@ -263,6 +304,7 @@ class PackSteps:
         # The state is donated: an epoch writes the jobs' new state over the old in place, never holding both
         self.train_epoch = jax.jit(self._train_scan, donate_argnums=0)
         self.val_epoch = jax.jit(self._val_scan)
+        self.predict = jax.jit(self._predict_scan)
 
     def _loss(self, trainable, non_trainable, x, y, weight, training: bool, optimizer=None):
         """compute_loss_and_updates of one job's batch, the padding weighted 0 (Keras's fit computes the same), and
@@ -330,6 +372,20 @@ class PackSteps:
         (non_trainable, total), _ = jax.lax.scan(body, (weights["non_trainable"], self._zero_logs(n.shape[1])),
                                                  (rows, weight, n, active))
         return total, non_trainable
+
+    def _predict_scan(self, weights, x, rows):
+        """The model's outputs in inference (as Keras's predict_step computes them) for each job's batches `rows`
+        (S, K, B) of its inputs x, in one compiled loop: each output (S, K, B, ...)."""
+        def job_outputs(trainable, non_trainable, x, rows):
+            outputs, _ = self.model.stateless_call(trainable, non_trainable, jax.tree.map(lambda a: a[rows], x),
+                                                   training=False)
+            return outputs
+        step = jax.vmap(job_outputs)
+
+        def body(carry, rows):
+            return carry, step(weights["trainable"], weights["non_trainable"], x, rows)
+        _, outputs = jax.lax.scan(body, None, rows)
+        return outputs
 
     def _zero_logs(self, jobs: int) -> dict:
         return {name: jnp.zeros(jobs) for name in ("loss", *(name for name, _, _ in self._logged))}

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -27,12 +27,12 @@ from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
 from ..model.callbacks import EpochSummaries, ReportProgress
 from ..model.models import build_network, output_shapes
-from ..model.packed import JobState, Pack, PackedJob, PackSteps, windows_job
+from ..model.packed import Forecasts, JobState, Pack, PackedJob, PackSteps, windows_job
 from ..model.resume import assign
 from ..model.sequence import JobTraining
 from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 from .jobs import Job
-from .pipeline import Events, JobOutput, Prepared, evaluated, job_windows, named_after, tensorboard_dir
+from .pipeline import Events, JobOutput, JobResult, Prepared, evaluated, job_windows, named_after, tensorboard_dir
 
 log = logging.getLogger(__name__)
 
@@ -127,8 +127,26 @@ def pack_precision(precision: str) -> str:
     return precision
 
 
-# A job as its pack left it, its training sequence, and its state on the host (its pack is released)
-Trained = tuple[PackedJob, JobTraining, JobState]
+# A job as its pack left it, its training sequence, its state on the host and its forecasts (its pack is released)
+Trained = tuple[PackedJob, JobTraining, JobState, Forecasts]
+
+
+@dataclass(frozen=True)
+class _PackedOutput:
+    """A packed job's output (pipeline.JobOutput): its result, whose model is the executor's, shared by the pack's
+    jobs, and the job's own state, given to that model as the job's files are written (the driver writes them once
+    the whole pack is evaluated)."""
+    result: JobResult
+    state: JobState
+
+    @property
+    def metrics(self):
+        return self.result.metrics
+
+    def write(self, directory: Path) -> None:
+        assign(self.result.model.variables, self.state.variables)
+        assign(self.result.model.optimizer.variables, self.state.optimizer_variables)
+        self.result.write(directory)
 
 
 @dataclass
@@ -155,8 +173,8 @@ class PackExecutor:
         keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
         # A model the config cannot build is bad input, said before a run directory records it.
         self.model, self.warm_starts = build_network(cfg.network, cfg.train)
-        # Evaluation's forward passes (predictions, validation levels) compiled once per batch shape: on JAX, a model
-        # without it runs them op by op (V7 on this CPU: 3x slower; on a GPU, dispatch-bound)
+        # The one batch it evaluates through Keras (to build its compiled metrics: packed.PackSteps) compiled, not run
+        # op by op: every other forward pass is the pack's own, compiled and mapped over its jobs
         self.model.jit_compile = True
         self.model.optimizer.build(self.model.trainable_variables)
         # every job starts from them, as alone
@@ -195,19 +213,20 @@ class PackExecutor:
                 if isinstance(trained_job := trained_jobs[item.job.name], BaseException):
                     outcomes[item.job.name] = trained_job  # its pack could not train
                     continue
-                packed, training, state = trained_job
+                packed, training, state, forecasts = trained_job
                 try:
                     with named_after(item.prepared):
                         if packed.error is not None:  # a callback failed it: StopOnNaN's Diverged, say
                             raise packed.error
-                        result = training.result(Engine(name="jax", jobs=state.pack, precision=self.precision,
-                                                        device=device_name()))
-                    # the job's state, as training left it, in the model it is evaluated and saved with (its optimizer's
-                    # too: model.keras holds it, as a job trained alone saves its own)
-                    assign(model.variables, state.variables)
-                    assign(model.optimizer.variables, state.optimizer_variables)
-                    outcomes[item.job.name] = evaluated(cfg, item.job, item.prepared, model, windows, fitted, result,
-                                                        started, framing[item.job.name])
+                        # its epochs' times: its pack's
+                        result = replace(training.result(Engine(name="jax", jobs=state.pack, precision=self.precision,
+                                                                device=device_name())),
+                                         epoch_seconds=tuple(packed.epoch_seconds))
+                    # saved with the job's own state (its optimizer's too: model.keras holds it, as a job trained
+                    # alone saves its own)
+                    outcomes[item.job.name] = _PackedOutput(
+                        evaluated(cfg, item.job, item.prepared, model, windows, fitted, result, started,
+                                  framing[item.job.name], forecasts), state)
                 except Exception as exc:
                     outcomes[item.job.name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]
@@ -225,13 +244,13 @@ class PackExecutor:
                      f"{min(steps)}-{max(steps)}" if min(steps) < max(steps) else max(steps))
         jobs = [(item, packed) for item, *_, packed in framed]
         try:
-            trainings, states = self._train(jobs, events)
+            trainings, trained = self._train(jobs, events)
         except Exception as exc:  # the pack could not train (and has released its buffers)
             if len(framed) == 1 or not out_of_memory(exc):
                 return {item.job.name: exc for item, _ in jobs}  # each job fails with it
             why = first_line(exc)
         else:
-            return {item.job.name: (packed, trainings[packed.name], states[packed.name]) for item, packed in jobs}
+            return {item.job.name: (packed, trainings[packed.name], *trained[packed.name]) for item, packed in jobs}
         # Out of memory: the halves train once the failed pack, its exception and what they held are gone
         half = len(framed) // 2
         log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
@@ -242,11 +261,11 @@ class PackExecutor:
         return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
 
     def _train(self, jobs: list[tuple[_Submitted, PackedJob]],
-               events: Events) -> tuple[dict[str, JobTraining], dict[str, JobState]]:
+               events: Events) -> tuple[dict[str, JobTraining], dict[str, tuple[JobState, Forecasts]]]:
         """The jobs trained in one pack, each with its own sequence (sequence.JobTraining, as a job trained alone):
-        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence and its
-        state on the host, by name. The pack's device buffers are released before it returns (or raises): the next
-        pack, or a half of this one, trains in their room."""
+        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence, and its
+        state on the host with its forecasts (Pack.forecasts), by name. The pack's device buffers are released before
+        it returns (or raises): the next pack, or a half of this one, trains in their room."""
         model = self.model
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
@@ -266,9 +285,10 @@ class PackExecutor:
                 packed.follow(training)
                 training.start(partial(pack.warm_start, packed, self.warm_starts))
             pack.train(self.cfg.train.epochs)
-            states = dict(zip((packed.name for _, packed in jobs), pack.states(), strict=True))
+            names = [packed.name for _, packed in jobs]
+            trained = dict(zip(names, zip(pack.states(), pack.forecasts(), strict=True), strict=True))
         finally:  # a job that failed ends without on_train_end
             pack.release()  # now, not when the collector reaches it (what raised holds it until its traceback goes)
             for summary in summaries:
                 summary.close()
-        return trainings, states
+        return trainings, trained

@@ -39,6 +39,7 @@ from .jobdir import JobDir
 from .jobs import Job
 
 if TYPE_CHECKING:
+    from ..model.packed import Forecasts
     from ..model.training import ModelCache
 
 
@@ -134,20 +135,23 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
 
 
 def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, windows: Windows,
-              fitted: Baselines | None, result: FitResult, started: float, framed: float) -> JobResult:
+              fitted: Baselines | None, result: FitResult, started: float, framed: float,
+              forecasts: Forecasts | None = None) -> JobResult:
     """A job whose model has trained (`result`: training.fit's, or a pack's), evaluated: its forecasts of the
     validation and test splits, their scores against the baselines (`fitted`: job_windows's), and what its
     directory holds. `started`: when the job began (perf_counter), for its metrics' seconds; `framed`: the seconds
-    job_windows took."""
-    evaluating = time.perf_counter()
+    job_windows took; `forecasts`: the model's outputs on both splits where its pack computed them (mapped over the
+    pack's jobs: packed.Pack.forecasts), else the model's forward pass here."""
+    evaluating = time.perf_counter() - (forecasts.seconds if forecasts else 0.0)
     with named_after(prepared):
         prep, test, val = windows.preprocessing, windows.test, windows.val
-        val_raw = predict_fixed_batches(model, val.x)  # every output of the model
+        # every output of the model
+        val_raw = forecasts.val if forecasts else predict_fixed_batches(model, val.x)
+        test_raw = forecasts.test if forecasts else predict_fixed_batches(model, test.x)
         val_outputs = prep.point(val_raw)
         gains = {}
         if cfg.window.shrink:  # each head mixed with its own persistence as validation says
             prep, gains = choose_shrink(val_outputs, val, prep)
-        test_raw = predict_fixed_batches(model, test.x)
         outputs = prep.point(test_raw)
         predictions = prep.to_prices(outputs, test.last)
         unshrunk = windows.preprocessing.to_prices(outputs, test.last)
