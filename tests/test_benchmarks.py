@@ -77,6 +77,12 @@ def test_bench_skill(tmp_path):
     assert results["seeds"] == [42, 43] and [run["seed"] for run in results["by_seed"]] == [42, 43]
     seeds = results["across_seeds"]["range_qlike_network"]
     assert len(set(seeds["medians"])) == 2 and seeds["spread"] > 0
+    # the shrink's significance rule checked on validation alone, from a kept run's models
+    rule = tmp_path / "shrink-rule.json"
+    assert benchmark("bench_shrink_rule").main([str(tmp_path / "run" / "seed-42" / "run"), "--json", str(rule)]) == 0
+    shrink = written(rule)
+    assert [job["job"] for job in shrink["jobs"]] == ["BTCUSDT_1h"]
+    assert all(rules.keys() == {"each half", "mean only", "none"} for rules in shrink["summary"].values())
 
 
 @pytest.mark.train

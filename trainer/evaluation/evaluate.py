@@ -78,16 +78,23 @@ def choose_shrink(outputs: dict[str, np.ndarray],
     MAE / persistence's (None where persistence was exact)."""
     factors, gains = {}, {}
     for head in preprocessing.heads:
-        judged = head.spec.judged()
-        actual = split.y_raw[head.name][..., judged]
-        errors = np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
-                                                            split.last)[..., judged] - actual)
-                           .reshape(len(actual), -1).mean(axis=1) for factor in SHRINK_GRID])  # (factors, N)
+        errors = shrink_errors(outputs, split, preprocessing, head)
         best = int(np.argmin(errors.mean(axis=1)))
         gain = errors[0] - errors[best]
         factors[head.name] = float(SHRINK_GRID[best]) if significant_gain(gain, preprocessing.horizon) else 0.0
         gains[head.name] = score.skill(float(errors[best].mean()), float(errors[0].mean()))
     return preprocessing.with_shrink(factors), gains
+
+
+def shrink_errors(outputs: dict[str, np.ndarray], split: SplitWindows, preprocessing: Preprocessing,
+                  head: HeadTarget) -> np.ndarray:
+    """(factors, N): each factor of SHRINK_GRID's absolute error of the head's judged columns on each sample of
+    `split`, in their raw units (the mean over those columns and the steps)."""
+    judged = head.spec.judged()
+    actual = split.y_raw[head.name][..., judged]
+    return np.stack([np.abs(preprocessing.head_prices(replace(head, shrink=float(factor)), outputs[head.name],
+                                                      split.last)[..., judged] - actual)
+                     .reshape(len(actual), -1).mean(axis=1) for factor in SHRINK_GRID])
 
 
 def significant_gain(gain: np.ndarray, block: int) -> bool:

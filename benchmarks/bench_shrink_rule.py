@@ -1,0 +1,143 @@
+"""The shrink's significance rule, checked on validation alone (issue 53: a default chosen after test figures).
+
+  python benchmarks/bench_shrink_rule.py RUN_DIR [RUN_DIR ...]
+  python benchmarks/bench_skill.py --seeds 1 --keep /tmp/skill
+  python benchmarks/bench_shrink_rule.py /tmp/skill/seed-*/run
+
+Each job of a trained run mixes each head with its own persistence by a factor chosen on the validation split
+(evaluate.choose_shrink), kept only where its gain is significant (evaluate.significant_gain): its mean two standard
+errors above 0 over blocks of a horizon, and **positive in each half** of the split. That last clause was added after
+a test figure broke a bound. Here it is checked without the test split: every job's validation forecasts are made
+again from its model.keras (the same candles, windows and scalers as its run; the factors its run chose are
+recomputed as a check), the validation split is cut in two (a horizon apart, so that no target is in both), and
+each rule chooses its factor per head on the first half and is scored on the second, by the MAE skill of the chosen
+mix against the head's persistence there:
+  - each half:  the rule as shipped;
+  - mean only:  the same, without the each-half clause;
+  - none:       the factor with the lowest MAE on the first half, significant or not.
+Prints per head the median [min, max] of that skill over the jobs, how many jobs fall below -0.005 (the bound issue
+50 set each head's skill against its persistence), and on how many the rules chose differently; writes JSON
+(--json, default benchmarks/results/shrink-rule.json). Imports TensorFlow (Keras's default backend) to load the models.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+REPO = Path(__file__).resolve().parents[1]
+BOUND = -0.005  # issue 50: each head's skill against its own persistence, on every series
+
+
+def mean_only(gain: np.ndarray, block: int) -> bool:
+    """significant_gain without its each-half clause: the blocks' mean two standard errors above 0."""
+    blocks = gain[:len(gain) // block * block].reshape(-1, block).mean(axis=1)
+    return len(blocks) >= 2 and bool(blocks.mean() > 0) and \
+        bool(blocks.mean() >= 2 * blocks.std(ddof=1) / np.sqrt(len(blocks)))
+
+
+def job_errors(run_dir: Path, job_dir: Path) -> tuple[dict[str, np.ndarray], int, dict[str, float], dict[str, float]]:
+    """Per head, the shrink grid's per-sample errors on the job's validation split (evaluate.shrink_errors), made
+    again from its model.keras with its run's config (the same candles, windows, scalers and HAR inputs); its
+    horizon; the factors its run chose, and those chosen here again (a check that the forecasts are its run's)."""
+    from trainer.evaluation.evaluate import choose_shrink, predict_fixed_batches, shrink_errors
+    from trainer.model.models import output_shapes
+    from trainer.run.jobdir import JobDir
+    from trainer.run.jobs import Job
+    from trainer.run.pipeline import job_windows, prepare
+    from trainer.run.rundir import RunDir
+
+    cfg = RunDir.open(run_dir, config_required=True).config
+    saved = JobDir(job_dir)
+    symbol, timeframe = job_dir.name.rsplit("_", 1)
+    model = saved.model()
+    windows, _ = job_windows(cfg, timeframe, prepare(cfg, Job(symbol, timeframe)).frame,
+                             output_shapes(model, cfg.heads))
+    prep, val = windows.preprocessing, windows.val
+    outputs = prep.point(predict_fixed_batches(model, val.x))
+    recomputed, _ = choose_shrink(outputs, val, prep)
+    errors = {head.name: shrink_errors(outputs, val, prep, head) for head in prep.heads}
+    return (errors, prep.horizon, {head.name: head.shrink for head in saved.preprocessing().heads},
+            {head.name: head.shrink for head in recomputed.heads})
+
+
+RULES = {"each half": None, "mean only": mean_only, "none": lambda gain, block: True}  # None: significant_gain's
+
+
+def halves(errors: np.ndarray, block: int) -> dict[str, tuple[float, float]]:
+    """Each rule's factor chosen on the first half of the samples, and its MAE skill against persistence (factor 0)
+    on the second half, the halves a horizon (`block`) apart."""
+    from trainer.evaluation.evaluate import SHRINK_GRID, significant_gain
+
+    n = errors.shape[1]
+    first, second = errors[:, :n // 2 - block], errors[:, n // 2:]
+    best = int(np.argmin(first.mean(axis=1)))
+    out = {}
+    for name, rule in RULES.items():
+        chosen = best if (rule or significant_gain)(first[0] - first[best], block) else 0
+        skill = 1 - second[chosen].mean() / second[0].mean() if second[0].mean() > 0 else 0.0
+        out[name] = (float(SHRINK_GRID[chosen]), float(skill))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run directories (a bench-skill --keep DIR's seed-*/run)")
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "shrink-rule.json")
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+
+    jobs, mismatched = [], []
+    for run_dir in args.runs:
+        for job_dir in sorted((run_dir / "jobs").iterdir()):
+            errors, horizon, chosen, recomputed = job_errors(run_dir, job_dir)
+            if any(abs(chosen[head] - recomputed[head]) > 1e-9 for head in chosen):
+                mismatched.append(f"{run_dir.name}/{job_dir.name}: {chosen} != {recomputed}")
+            jobs.append({"run": str(run_dir), "job": job_dir.name,
+                         "heads": {head: halves(values, horizon) for head, values in errors.items()}})
+            console.print(f"{job_dir.name}: " + "; ".join(
+                f"{head}: " + ", ".join(f"{rule} {factor:.2f} {skill:+.4f}" for rule, (factor, skill) in rules.items())
+                for head, rules in jobs[-1]["heads"].items()))
+    if mismatched:  # the forecasts made here are not those the run chose its factors from
+        raise SystemExit("the factors chosen again differ from the run's:\n" + "\n".join(mismatched))
+
+    summary = {}
+    table = Table(title=f"the shrink's rule on validation alone: chosen on its first half, scored on its second "
+                        f"({len(jobs)} jobs)")
+    for column in ("head", "rule", "MAE skill vs persistence, median [min, max]", f"below {BOUND}",
+                   "factor > 0", "differs from each half"):
+        table.add_column(column)
+    for head in jobs[0]["heads"]:
+        for rule in RULES:
+            skills = [job["heads"][head][rule][1] for job in jobs]
+            factors = [job["heads"][head][rule][0] for job in jobs]
+            differs = sum(job["heads"][head][rule][0] != job["heads"][head]["each half"][0] for job in jobs)
+            summary.setdefault(head, {})[rule] = {
+                "median": statistics.median(skills), "min": min(skills), "max": max(skills),
+                "below_bound": sum(skill < BOUND for skill in skills), "shrunk": sum(f > 0 for f in factors),
+                "differs_from_each_half": differs}
+            table.add_row(head, rule, f"{statistics.median(skills):+.4f} [{min(skills):+.4f}, {max(skills):+.4f}]",
+                          str(summary[head][rule]["below_bound"]), str(summary[head][rule]["shrunk"]), str(differs))
+    Console().print(table)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps({
+        "date": time.strftime("%Y-%m-%d"), "runs": [str(run) for run in args.runs], "bound": BOUND,
+        "halves": "the validation split's first half, less a horizon; its second half", "summary": summary,
+        "jobs": jobs}, indent=1))
+    console.print(f"written {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
