@@ -16,7 +16,8 @@ mix against the head's persistence there:
   - mean only:  the same, without the each-half clause;
   - none:       the factor with the lowest MAE on the first half, significant or not.
 Prints per head the median [min, max] of that skill over the jobs, how many jobs fall below -0.005 (the bound issue
-50 set each head's skill against its persistence), and on how many the rules chose differently; writes JSON
+50 set each head's skill against its persistence), on how many the rules chose differently there, and on how many
+they choose differently on the whole validation split (as a run chooses: no score without the test split); writes JSON
 (--json, default benchmarks/results/shrink-rule.json). Imports TensorFlow (Keras's default backend) to load the models.
 """
 from __future__ import annotations
@@ -91,6 +92,15 @@ def halves(errors: np.ndarray, block: int) -> dict[str, tuple[float, float]]:
     return out
 
 
+def whole(errors: np.ndarray, block: int) -> dict[str, float]:
+    """Each rule's factor chosen on the whole validation split, as a run chooses it."""
+    from trainer.evaluation.evaluate import SHRINK_GRID, significant_gain
+
+    best = int(np.argmin(errors.mean(axis=1)))
+    return {name: float(SHRINK_GRID[best]) if (rule or significant_gain)(errors[0] - errors[best], block) else 0.0
+            for name, rule in RULES.items()}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="run directories (a bench-skill --keep DIR's seed-*/run)")
@@ -105,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
             if any(abs(chosen[head] - recomputed[head]) > 1e-9 for head in chosen):
                 mismatched.append(f"{run_dir.name}/{job_dir.name}: {chosen} != {recomputed}")
             jobs.append({"run": str(run_dir), "job": job_dir.name,
-                         "heads": {head: halves(values, horizon) for head, values in errors.items()}})
+                         "heads": {head: halves(values, horizon) for head, values in errors.items()},
+                         "whole": {head: whole(values, horizon) for head, values in errors.items()}})
             console.print(f"{job_dir.name}: " + "; ".join(
                 f"{head}: " + ", ".join(f"{rule} {factor:.2f} {skill:+.4f}" for rule, (factor, skill) in rules.items())
                 for head, rules in jobs[-1]["heads"].items()))
@@ -116,19 +127,21 @@ def main(argv: list[str] | None = None) -> int:
     table = Table(title=f"the shrink's rule on validation alone: chosen on its first half, scored on its second "
                         f"({len(jobs)} jobs)")
     for column in ("head", "rule", "MAE skill vs persistence, median [min, max]", f"below {BOUND}",
-                   "factor > 0", "differs from each half"):
+                   "factor > 0", "differs from each half", "on the whole split: differs"):
         table.add_column(column)
     for head in jobs[0]["heads"]:
         for rule in RULES:
             skills = [job["heads"][head][rule][1] for job in jobs]
             factors = [job["heads"][head][rule][0] for job in jobs]
             differs = sum(job["heads"][head][rule][0] != job["heads"][head]["each half"][0] for job in jobs)
+            differs_whole = sum(job["whole"][head][rule] != job["whole"][head]["each half"] for job in jobs)
             summary.setdefault(head, {})[rule] = {
                 "median": statistics.median(skills), "min": min(skills), "max": max(skills),
                 "below_bound": sum(skill < BOUND for skill in skills), "shrunk": sum(f > 0 for f in factors),
-                "differs_from_each_half": differs}
+                "differs_from_each_half": differs, "differs_from_each_half_on_the_whole_split": differs_whole}
             table.add_row(head, rule, f"{statistics.median(skills):+.4f} [{min(skills):+.4f}, {max(skills):+.4f}]",
-                          str(summary[head][rule]["below_bound"]), str(summary[head][rule]["shrunk"]), str(differs))
+                          str(summary[head][rule]["below_bound"]), str(summary[head][rule]["shrunk"]), str(differs),
+                          str(differs_whole))
     Console().print(table)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps({
