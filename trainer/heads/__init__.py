@@ -339,7 +339,8 @@ class HarCandleHead(CandleHead):
     # (benchmarks/RESULTS.md, "bench-skill", 2026-11-27, issue 35)
     ridge: float = Field(0.01, gt=0)
     # What its linear correction reads: the window's last input row less the window's mean ("surprise"), or the last
-    # row as it is ("last"). Chosen on BTCUSDT 15m's test figure, then checked on validation alone (docs/model-quality.md)
+    # row as it is ("last"). Chosen on BTCUSDT 15m's test figure; kept on validation alone since (docs/model-quality.md,
+    # "Which split chose what")
     correction_input: Literal["surprise", "last"] = "surprise"
 
     @property
@@ -421,11 +422,12 @@ class HarCandleHead(CandleHead):
 @dataclass(frozen=True, eq=False)
 class CorrectionStart(WarmStart):
     """A HAR head's warm start: its linear correction term (the Dense of its correction input, `layer`: the window's
-    last input row less the window's mean, or the row alone) at its ridge least-squares fit over the train split: per step, ln(the actual range / HAR's
-    root-mean-square range) on those inputs, centred, so that over the train split the correction's mean is still 0
-    and the head still forecasts HAR's level. The term SGD would otherwise have to find from zero, a few thousandths
-    of the learning rate a step, in the epoch or two before the trunk's term starts to fit noise (HAR itself is
-    fitted by least squares too). A train split without a candle with a range leaves it as built."""
+    last input row less the window's mean, or the row alone) at its ridge least-squares fit over the train split: per
+    step, ln(the actual range / HAR's root-mean-square range) on those inputs, centred, so that over the train split
+    the correction's mean is still 0 and the head still forecasts HAR's level. The term SGD would otherwise have to
+    find from zero, a few thousandths of the learning rate a step, in the epoch or two before the trunk's term starts
+    to fit noise (HAR itself is fitted by least squares too). A train split without a candle with a range leaves it
+    as built."""
     layer: keras.layers.Dense
     head: HarCandleHead
 

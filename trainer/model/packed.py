@@ -288,9 +288,8 @@ class Pack:
 class PackSteps:
     """A model's packed epoch, compiled: its training steps over the jobs' batches in one loop, its validation
     pass, and its forward pass (predict: evaluation's), each mapped over the jobs (jax.vmap) and jitted once per
-    shape. Holds no job, so that a later pack of the
-    same model (the next pack of a family, each half after an out-of-memory) reuses them as they are: it traces and
-    compiles nothing anew (Pack's `steps`)."""
+    shape. Holds no job, so that a later pack of the same model (the next pack of a family, each half after an
+    out-of-memory) reuses them as they are: it traces and compiles nothing anew (Pack's `steps`)."""
 
     def __init__(self, model: keras.Model, first: tuple) -> None:
         """`first`: a job's train inputs and targets, whose first sample builds the model's compiled metrics."""

@@ -25,6 +25,7 @@ import keras
 
 from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
+from ..evaluation.results import JobMetrics
 from ..model.callbacks import EpochSummaries, ReportProgress
 from ..model.models import build_network, output_shapes
 from ..model.packed import Forecasts, JobState, Pack, PackedJob, PackSteps, windows_job
@@ -140,7 +141,7 @@ class _PackedOutput:
     state: JobState
 
     @property
-    def metrics(self):
+    def metrics(self) -> JobMetrics:
         return self.result.metrics
 
     def write(self, directory: Path) -> None:
