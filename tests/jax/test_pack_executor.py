@@ -56,9 +56,8 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
         assert metrics.keys() == packed.keys() == {"BTCUSDT_1h", "ETHUSDT_1h"}
         for job, scores in metrics.items():
             assert scores["best_val_loss"] == pytest.approx(packed[job]["best_val_loss"], rel=1e-5), job
-        for run_dir in ("halved", "roomy"):  # each job's model is its own, in a pack of two as in a pack of one
-            for job in metrics:
-                _forecasts_as_evaluated(tmp_path / f"{run_dir}.yaml", job)
+        for job in metrics:  # each job of the pack of two is saved with its own model
+            _forecasts_as_evaluated(tmp_path / "roomy.yaml", job)
     else:
         assert halved.exit_code == 1 and not metrics, halved.output
         for job in ("BTCUSDT_1h", "ETHUSDT_1h"):
