@@ -37,6 +37,19 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from trainer.evaluation.evaluate import (
+    SHRINK_GRID,
+    choose_shrink,
+    predict_fixed_batches,
+    shrink_errors,
+    significant_gain,
+)
+from trainer.model.models import output_shapes
+from trainer.run.jobdir import JobDir
+from trainer.run.jobs import Job
+from trainer.run.pipeline import job_windows, prepare
+from trainer.run.rundir import RunDir
+
 REPO = Path(__file__).resolve().parents[1]
 BOUND = -0.005  # issue 50: each head's skill against its own persistence, on every series
 
@@ -52,13 +65,6 @@ def job_errors(run_dir: Path, job_dir: Path) -> tuple[dict[str, np.ndarray], int
     """Per head, the shrink grid's per-sample errors on the job's validation split (evaluate.shrink_errors), made
     again from its model.keras with its run's config (the same candles, windows, scalers and HAR inputs); its
     horizon; the factors its run chose, and those chosen here again (a check that the forecasts are its run's)."""
-    from trainer.evaluation.evaluate import choose_shrink, predict_fixed_batches, shrink_errors
-    from trainer.model.models import output_shapes
-    from trainer.run.jobdir import JobDir
-    from trainer.run.jobs import Job
-    from trainer.run.pipeline import job_windows, prepare
-    from trainer.run.rundir import RunDir
-
     cfg = RunDir.open(run_dir, config_required=True).config
     saved = JobDir(job_dir)
     symbol, timeframe = job_dir.name.rsplit("_", 1)
@@ -73,32 +79,28 @@ def job_errors(run_dir: Path, job_dir: Path) -> tuple[dict[str, np.ndarray], int
             {head.name: head.shrink for head in recomputed.heads})
 
 
-RULES = {"each half": None, "mean only": mean_only, "none": lambda gain, block: True}  # None: significant_gain's
+RULES = {"each half": significant_gain, "mean only": mean_only, "none": lambda gain, block: True}
+
+
+def chosen(errors: np.ndarray, block: int) -> dict[str, int]:
+    """Each rule's factor (its index in SHRINK_GRID) chosen on `errors`' samples: the best, where the rule finds its
+    gain over persistence (factor 0) significant, else 0."""
+    best = int(np.argmin(errors.mean(axis=1)))
+    return {name: best if rule(errors[0] - errors[best], block) else 0 for name, rule in RULES.items()}
 
 
 def halves(errors: np.ndarray, block: int) -> dict[str, tuple[float, float]]:
     """Each rule's factor chosen on the first half of the samples, and its MAE skill against persistence (factor 0)
     on the second half, the halves a horizon (`block`) apart."""
-    from trainer.evaluation.evaluate import SHRINK_GRID, significant_gain
-
     n = errors.shape[1]
     first, second = errors[:, :n // 2 - block], errors[:, n // 2:]
-    best = int(np.argmin(first.mean(axis=1)))
-    out = {}
-    for name, rule in RULES.items():
-        chosen = best if (rule or significant_gain)(first[0] - first[best], block) else 0
-        skill = 1 - second[chosen].mean() / second[0].mean() if second[0].mean() > 0 else 0.0
-        out[name] = (float(SHRINK_GRID[chosen]), float(skill))
-    return out
+    skill = (lambda i: 1 - second[i].mean() / second[0].mean()) if second[0].mean() > 0 else (lambda i: 0.0)
+    return {name: (float(SHRINK_GRID[i]), float(skill(i))) for name, i in chosen(first, block).items()}
 
 
 def whole(errors: np.ndarray, block: int) -> dict[str, float]:
     """Each rule's factor chosen on the whole validation split, as a run chooses it."""
-    from trainer.evaluation.evaluate import SHRINK_GRID, significant_gain
-
-    best = int(np.argmin(errors.mean(axis=1)))
-    return {name: float(SHRINK_GRID[best]) if (rule or significant_gain)(errors[0] - errors[best], block) else 0.0
-            for name, rule in RULES.items()}
+    return {name: float(SHRINK_GRID[i]) for name, i in chosen(errors, block).items()}
 
 
 def main(argv: list[str] | None = None) -> int:
