@@ -47,8 +47,13 @@ def _tensorflow_set_up_first(request):
     process's tests use no TensorFlow; nor in a `pytest --setup-only`, which runs none.
 
     Then what the process has imported is frozen (gc.freeze), as a run freezes it (pipeline.long_lived_frozen): a
-    collection, Keras's or the interpreter's own while a model traces, scans only what the tests made since."""
-    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow" or request.config.option.setuponly:
+    collection, Keras's or the interpreter's own while a model traces, scans only what the tests made since.
+
+    Nor in tests/ray's session (tests/test_ray.py's network namespace, where nothing but the loopback is): its tests
+    start Ray clusters and `cryptotrain` processes, which import their own TensorFlow, and train nothing in the test
+    process (~8 s of CPU saved in each of its two workers)."""
+    if os.environ.get("KERAS_BACKEND", "tensorflow") != "tensorflow" or request.config.option.setuponly \
+            or only_loopback():
         return
     from trainer.config import TrainConfig
     from trainer.run.engine import import_tensorflow
