@@ -90,10 +90,33 @@ def test_a_new_shape_builds_a_new_model(cfg):
     assert keras.mixed_precision.dtype_policy().name == cfg.train.precision  # re-applied after clear_session
 
 
-def test_a_model_replaced_by_a_new_shape_is_freed_though_a_run_froze_it(cfg):
-    """The next run in a process (a notebook's) freezes the heap with the previous run's model in it: a new shape
-    frees that model all the same, and the heap stays frozen for the run."""
+def test_a_shape_used_again_after_another_reuses_its_model_and_matches_its_first_result(tmp_path):
+    """A notebook's runs of two configs in turn, or a Ray worker's jobs of two shapes: the first shape's model is
+    taken back, traced, with the precision it was built with, and its job's result does not depend on the other
+    shape's build (which reseeds) and training in between."""
+    raw = tiny_config_dict(tmp_path)
+    raw["model"]["layers"][0]["dropout"] = 0.2  # its random state must not follow the other shape's draws
+    first = RunConfig.model_validate(raw)
+    raw["train"]["precision"] = "mixed_float16"
+    raw["window"]["lookback"] = 24
+    other = RunConfig.model_validate(raw)
     cache = ModelCache()
+    model = cache.model_for(first.network, first.train)
+    before = fit(model, _windows(first, "BTCUSDT", model), first.train, tmp_path / "before")
+    between = cache.model_for(other.network, other.train)
+    fit(between, _windows(other, "ETHUSDT", between), other.train, tmp_path / "between")
+    again = cache.model_for(first.network, first.train)
+    assert again is model and cache.builds == 2
+    assert keras.mixed_precision.dtype_policy().name == "float32"
+    after = fit(again, _windows(first, "BTCUSDT", again), first.train, tmp_path / "after")
+    pd.testing.assert_frame_equal(after.history, before.history, rtol=1e-6)
+
+
+def test_a_model_dropped_for_a_new_shape_is_freed_though_a_run_froze_it(cfg):
+    """The next run in a process (a notebook's) freezes the heap with the previous run's models in it: a new shape
+    that takes the place of the least recently used frees that model all the same, and the heap stays frozen for
+    the run."""
+    cache = ModelCache(size=1)
     replaced = weakref.ref(cache.model_for(cfg.network, cfg.train))
     wider = cfg.model_copy(update={"window": cfg.window.model_copy(update={"lookback": 24})})
     suite_froze = gc.get_freeze_count() > 0  # conftest's, after the imports

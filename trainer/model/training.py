@@ -7,6 +7,8 @@ import gc
 import json
 import logging
 import math
+from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -29,19 +31,21 @@ log = logging.getLogger(__name__)
 
 # ----------------------------------------------------------------------------- compiled-model reuse
 class ModelCache:
-    """Holds the one compiled model (a WindowTrainer) of the current shape.
+    """Holds the compiled models (WindowTrainer) of the last few shapes, `size` of them, the least recently used
+    dropped first.
 
-    A fresh model costs seconds of graph tracing before its first step. For the next job of the same
-    spec and input shape, the same model is reset instead: its weights, its dropout layers' random state
-    and its optimizer state go back to the values a fresh build starts from (drawn from the config's seed;
-    moments and step counters zero, a mixed-precision loss scale at its initial value), so its traced
-    train step is reused and each job's result does not depend on which job ran before.
+    A fresh model costs seconds of graph tracing before its first step. For the next job of a spec and input shape
+    held here, its model is reset instead: its weights, its dropout layers' random state and its optimizer state go
+    back to the values a fresh build starts from (drawn from the config's seed; moments and step counters zero, a
+    mixed-precision loss scale at its initial value), so its traced train step is reused and each job's result does
+    not depend on which job ran before, of its shape or of another.
 
-    Only a build seeds the random generators: reseeding TensorFlow clears its cache of instantiated
-    functions, which costs every later job ~0.3 s of graph optimisation before its first step.
+    Only a build seeds the random generators: reseeding TensorFlow clears its cache of instantiated functions, which
+    costs every later job ~0.3 s of graph optimisation before its first step.
 
-    A process has one (of_process), which every run in it shares: a notebook that runs twice, or a run after a
-    run, reuses the traced model of the same shape too.
+    A process has one (of_process), which every run in it shares: a notebook that runs twice, or runs one family
+    after another and back, reuses the traced model of each of its last shapes too. A model is small next to what
+    TensorFlow holds anyway (V7's: ~1 MB of weights and a traced graph).
     """
     _process: ClassVar[ModelCache | None] = None
 
@@ -52,47 +56,66 @@ class ModelCache:
             cls._process = cls()
         return cls._process
 
-    def __init__(self) -> None:
-        self._key: str | None = None
-        self._model: WindowTrainer | None = None
-        self._initial_state: list[np.ndarray] = []  # weights and dropout seed states
-        self._initial_optimizer_state: list[np.ndarray] = []
+    def __init__(self, size: int = 4) -> None:
+        self.size = size
+        self._held: OrderedDict[str, _Held] = OrderedDict()  # signature -> model, the most recently used last
         self.builds = 0
 
     def model_for(self, spec: NetworkSpec, train: TrainConfig) -> WindowTrainer:
         key = model_signature(spec, train)
-        if key != self._key:
-            # A new shape: drop the old model, its graph and state (clear_session collects it), then restore what
-            # clear_session resets. A model alive when the run froze the heap (a previous run's in this process:
-            # pipeline.long_lived_frozen) is freed with the frozen objects let go for that one collection.
-            refreeze = self._model is not None and gc.get_freeze_count() > 0
-            self._model = None
-            if refreeze:
-                gc.unfreeze()
-            keras.backend.clear_session()
-            if refreeze:
-                gc.freeze()
-            apply_precision(train.precision)
-            keras.utils.set_random_seed(train.seed)
-            network, warm_starts = build_network(spec, train)
-            self._model = WindowTrainer(network, warm_starts)
-            # The network's own optimizer, so that the model.keras it saves holds the trained state as before.
-            self._model.compile(optimizer=network.optimizer, **compile_settings(spec.heads, train))
-            self._initial_state = [v.numpy() for v in self._model.variables]
-            # Built now rather than at the first step, so that its initial state can be kept too.
-            self._model.optimizer.build(self._model.trainable_variables)
-            self._initial_optimizer_state = [v.numpy() for v in self._model.optimizer.variables]
-            self._key = key
+        held = self._held.get(key)
+        if held is None:
+            while len(self._held) >= self.size:
+                self._drop(next(iter(self._held)))
+            held = self._held[key] = _build(spec, train)
             self.builds += 1
         else:
-            assign(self._model.variables, self._initial_state)
-            assign(self._model.optimizer.variables, self._initial_optimizer_state)  # the learning rate too
-        return self._model
+            self._held.move_to_end(key)
+            apply_precision(train.precision)  # the global policy is the model's again (another shape may have set it)
+            assign(held.model.variables, held.initial_state)
+            assign(held.model.optimizer.variables, held.initial_optimizer_state)  # the learning rate too
+        return held.model
+
+    def _drop(self, key: str) -> None:
+        """Free a model. One alive when the run froze the heap (a previous run's in this process:
+        pipeline.long_lived_frozen) is freed with the frozen objects let go for that one collection."""
+        refreeze = gc.get_freeze_count() > 0
+        del self._held[key]
+        if refreeze:
+            gc.unfreeze()
+        gc.collect()
+        if refreeze:
+            gc.freeze()
 
     def forget(self) -> None:
-        """Drop the model, which may be in a broken state (after out-of-memory, say): the next model_for builds
-        afresh."""
-        self._key, self._model = None, None
+        """Drop every model, the last one used may be in a broken state (after out-of-memory, say): the next
+        model_for builds afresh."""
+        for key in list(self._held):
+            self._drop(key)
+
+
+@dataclass(frozen=True, eq=False)
+class _Held:
+    model: WindowTrainer
+    initial_state: list[np.ndarray]  # weights and dropout seed states
+    initial_optimizer_state: list[np.ndarray]
+
+
+def _build(spec: NetworkSpec, train: TrainConfig) -> _Held:
+    """A new model and the state it starts from. Keras's global state is cleared first (its layer names start
+    afresh, as in a fresh process) and what that resets is set again: the precision policy, the seeds. (Without a
+    collection: a dropped model was collected as it went, _drop.)"""
+    keras.backend.clear_session(free_memory=False)
+    apply_precision(train.precision)
+    keras.utils.set_random_seed(train.seed)
+    network, warm_starts = build_network(spec, train)
+    model = WindowTrainer(network, warm_starts)
+    # The network's own optimizer, so that the model.keras it saves holds the trained state as before.
+    model.compile(optimizer=network.optimizer, **compile_settings(spec.heads, train))
+    initial_state = [v.numpy() for v in model.variables]
+    # Built now rather than at the first step, so that its initial state can be kept too.
+    model.optimizer.build(model.trainable_variables)
+    return _Held(model, initial_state, [v.numpy() for v in model.optimizer.variables])
 
 
 def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:
