@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import multiprocessing.pool
 import os
 import subprocess
 import time
@@ -65,11 +66,11 @@ progress = Console(stderr=True, log_path=False)
 
 
 # ----------------------------------------------------------------------------- peaks
-def measured_peak_gflops(repeats: int = PEAK_REPEATS) -> float:
-    """Measured in a fresh process: this one's thread pools are sized for training (trainer.model.device gives
-    each op half the CPUs), while the peak is what one matmul reaches on all of them."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        return pool.apply(_matmul_gflops, (repeats,))
+def measured_peak_gflops(pool: multiprocessing.pool.Pool, repeats: int = PEAK_REPEATS) -> float:
+    """Measured in a fresh process (`pool`'s one, started once: it imports TensorFlow once, before and after the
+    training runs): this one's thread pools are sized for training (trainer.model.device gives each op half the
+    CPUs), while the peak is what one matmul reaches on all of them."""
+    return pool.apply(_matmul_gflops, (repeats,))
 
 
 def _matmul_gflops(repeats: int) -> float:
@@ -264,12 +265,14 @@ def main(argv: list[str] | None = None) -> None:
     tf.config.experimental.enable_tensor_float_32_execution(False)  # float32 means float32, on a GPU too
     load_before = os.getloadavg()[0]
     cpus = machine.usable_cpus()
-    peak_before = measured_peak_gflops(args.peak_repeats)
     timing = Timing(args.budget, args.repeats)
-    families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
-    variants = variant_throughput(VARIANT_BATCH_SIZES, timing) if args.variants else []
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # idle while the models train
+        peak_before = measured_peak_gflops(pool, args.peak_repeats)
+        families = [family_throughput(name, tuple(args.batch_sizes), timing) for name in args.families]
+        variants = variant_throughput(VARIANT_BATCH_SIZES, timing) if args.variants else []
+        peak_after = measured_peak_gflops(pool, args.peak_repeats)
     theoretical = None if configured["gpus"] else theoretical_peak(cpus)  # no table of GPU peaks here
-    peaks = {"measured": max(peak_before, measured_peak_gflops(args.peak_repeats)),
+    peaks = {"measured": max(peak_before, peak_after),
              **({"theoretical": theoretical["gflops"]} if theoretical else {})}
     for family in families:
         add_achieved(family, peaks)
