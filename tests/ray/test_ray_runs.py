@@ -43,12 +43,20 @@ class RayHead:
     processes in a session of their own. stop() kills those, by pid — never `ray stop`, which stops every Ray on
     the machine (a user's cluster, another test run's)."""
 
-    def __init__(self, port: int | None = None) -> None:
+    def __init__(self) -> None:
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._start()
+
+    def restart(self) -> None:
+        """Stopped, then started again at its address (after a test killed its node)."""
+        self.stop()
+        self._start()
+
+    def _start(self) -> None:
         fixed = ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")  # the same on every
         # head unless given: a second head on the machine could not bind them
-        *ports, chosen = _free_ports(len(fixed) + 1, taken={port})
-        self.port = port or chosen
-        self.address = f"127.0.0.1:{self.port}"
+        ports = _free_ports(len(fixed), taken={self.port})
         self.temp_dir = tempfile.mkdtemp(prefix="ct-ray-")  # short: Ray's socket paths under it must fit 107 bytes
         start = subprocess.Popen([str(Path(sys.executable).parent / "ray"), "start", "--head",
                                   "--node-ip-address=127.0.0.1", f"--port={self.port}", f"--temp-dir={self.temp_dir}",
@@ -187,7 +195,7 @@ KINDS = {
     "raylet": lambda command: Path(command.split()[0]).name == "raylet",
     "gcs_server": lambda command: Path(command.split()[0]).name == "gcs_server",
 }
-NODE = ("raylet", "gcs_server")  # the head goes with them: the test uses one of its own, started again after
+NODE = ("raylet", "gcs_server")  # the head goes with them: the test starts the module's head again after
 
 
 @pytest.mark.parametrize("victim, exit_code, said, pack", [
@@ -208,14 +216,13 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
     exactly once."""
     if pack:
         pytest.importorskip("jax")
-    head = RayHead() if victim in NODE else cluster
     config = _config(tmp_path, "run", epochs=4, batch_size=16)
     raw = yaml.safe_load(config.read_text())
     raw["data"]["max_rows"] = 1500  # epochs long enough to be killed in
     config.write_text(yaml.safe_dump(raw, sort_keys=False))
     # one worker, taking the jobs in turn (packed: both at once): each worker a process more that imports TensorFlow
     # and builds the model (10-15 s of CPU), and test_jobs_on_two_ray_workers_end_as_they_do_locally has two
-    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", head.address, "--workers", "1",
+    args = ["--config", str(config), "-v", "--executor", "ray", "--ray-address", cluster.address, "--workers", "1",
             *(["--pack", str(pack)] if pack else []), "--cpus-per-worker", "1",
             "--set", "executor.gcs_patience_s=0.5"]  # noticed well before the jobs end: their last three epochs
     # take ~2 s on a fast CPU (2026-11-28: with 2 s, a run finished both jobs before its GCS was missed)
@@ -229,7 +236,7 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             time.sleep(0.05)
         at_kill = {job: _checkpointed_epoch(backups / job) for job in JOBS}
         victims = [driver.pid] if victim == "driver" else \
-            [pid for pid, command in head.processes().items() if KINDS[victim](command)]
+            [pid for pid, command in cluster.processes().items() if KINDS[victim](command)]
         assert victims, f"no {victim} process"
         # a worker that packs trains on Keras's JAX backend and imports no TensorFlow (3-5 s of CPU each, run.engine)
         assert not pack or not any("libtensorflow" in Path(f"/proc/{pid}/maps").read_text() for pid in victims)
@@ -248,14 +255,14 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
         if exit_code != 0:
             kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}  # what the same command goes on from
             if victim in NODE:  # the cluster back where it was
-                head.stop()
-                head = RayHead(port=head.port)
+                cluster.restart()
             again = _run(forked, *args, new_interpreter=bool(pack))
             outputs.append(again.stdout + again.stderr)  # notes such as "resuming at epoch" go to stderr
             assert again.returncode == 0 and "Traceback" not in outputs[-1], outputs[-1][-3000:]
     finally:
-        if head is not cluster:
-            head.stop()
+        if victim in NODE and not {"raylet", "gcs_server"} <= {Path(command.split()[0]).name
+                                                               for command in cluster.processes().values()}:
+            cluster.restart()  # for the module's next tests, had this one failed before it did
 
     resumed = {job: int(epoch) for job, epoch in
                re.findall(r"^(\w+): resuming at epoch (\d+) of 4", outputs[-1], re.MULTILINE)}
@@ -322,23 +329,20 @@ def test_the_command_outlives_its_ray_driver_and_passes_signals_on(victim, signu
 
 def test_the_tests_stop_only_their_own_ray(cluster, tmp_path):
     """Another Ray on the machine (a user's cluster, a second test run's) outlives this module's teardown: a run
-    of the module's fixtures alone, next to a second `ray start --head` and the module's own head, stops the Ray
-    it started and leaves both others running, every service of theirs. (The inner run sets up this test's fixtures:
-    the module's head and nothing else, its body not run.)"""
-    other = RayHead()
+    of the module's fixtures alone, next to this module's head (to that run, a Ray it did not start), stops the Ray it
+    started and leaves the other running, every service of it. (The inner run sets up this test's fixtures: the
+    module's head and nothing else, its body not run.)"""
     inner_tmp = tempfile.mkdtemp(prefix="ct-")  # where the inner run's head keeps its temp dir
     try:
-        before = {head.address: _services(head) for head in (cluster, other)}
+        before = _services(cluster)
         inner = subprocess.run([sys.executable, "-m", "pytest", "--setup-only", "-p", "no:cacheprovider",
                                 f"--basetemp={tmp_path / 'inner'}",
                                 f"{__file__}::test_the_tests_stop_only_their_own_ray"],
                                cwd=REPO, capture_output=True, text=True, timeout=300, env={**ENV, "TMPDIR": inner_tmp})
         assert inner.returncode == 0 and "TEARDOWN M cluster" in inner.stdout, inner.stdout[-3000:]
         assert [command for _, command in _processes().values() if inner_tmp in command] == []  # its head gone
-        for head in (cluster, other):
-            assert _services(head) == before[head.address], head.address
+        assert _services(cluster) == before
     finally:
-        other.stop()
         shutil.rmtree(inner_tmp, ignore_errors=True)
 
 
