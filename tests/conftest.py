@@ -272,7 +272,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # The suite's longest single tests, the longest first (pytest --durations, 2026-11-29: 50-150 s each on 2 cores;
-# tests/test_ray.py, all of tests/ray two at a time, 190-240 s alone on 2026-11-30)
+# tests/test_ray.py, all of tests/ray one at a time, ~190 s alone on 2026-11-30)
 LONGEST = ("tests/test_ray.py::", "tests/test_jax.py::", "tests/test_notebook.py::",
            "tests/test_benchmarks.py::test_bench_run", "tests/run/test_pack.py::test_a_pack_killed",
            "tests/test_benchmarks.py::test_bench_throughput")
