@@ -25,8 +25,8 @@ $(STAMP): pyproject.toml
 	@# tensorflow-cpu (what earlier versions installed) and tensorflow both provide the module: never side by side
 	$(PY) -m pip uninstall --quiet --yes tensorflow-cpu 2>/dev/null || true
 	@# pip would byte-compile what it installs one file at a time (TensorFlow, JAX, Ray: ~14,000 files); compileall
-	@# spreads that over every core: the whole install took 66-70 s instead of 71-77 on 2 cores (2026-11-30, side by side). Files that do
-	@# not compile are left to be compiled when imported, as pip leaves them.
+	@# spreads that over every core: the whole install took 66-70 s instead of 71-77 on 2 cores (2026-11-30, side by
+	@# side). Files that do not compile are left to be compiled when imported, as pip leaves them.
 	$(PY) -m pip install --quiet --no-compile -e ".[$(EXTRAS)]"
 	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	@$(CLI) --version
