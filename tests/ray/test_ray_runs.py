@@ -198,22 +198,24 @@ KINDS = {
 NODE = ("raylet", "gcs_server")  # the head goes with them: the test starts the module's head again after
 
 
-@pytest.mark.parametrize("victim, exit_code, said, pack", [
-    ("worker", 0, "its Ray worker died", None),  # the run goes on: each job in a new worker
+@pytest.mark.parametrize("victims, exit_code, said, pack", [
+    # the run goes on: each job in a new worker; its mailbox killed next, with a new mailbox, the jobs under way
+    # handed out again; then its driver killed, the same command goes on (one run for the three: each kill in a run of
+    # its own would start a worker more, 10-15 s of CPU)
+    (("worker", "mailbox", "driver"), -signal.SIGKILL,
+     ("its Ray worker died", "Ray lost the mailbox the workers report to", ""), None),
     # one worker training both jobs packed (on Keras's JAX backend): both go on in its replacement
-    ("worker", 0, "its Ray worker died", 2),
-    ("mailbox", 0, "Ray lost the mailbox the workers report to", None),  # goes on: a new mailbox, jobs handed out again
-    ("driver", -signal.SIGKILL, "", None),
+    (("worker",), 0, ("its Ray worker died",), 2),
     # the run stops, in one line: the executor's, or `cryptotrain run`'s should Ray end its driver process first
-    ("raylet", 1, "the Ray node of this run is gone", None),
-    ("gcs_server", 1, "error: stopped: the Ray cluster at", None),
-], ids=["worker", "worker-of-a-pack", "mailbox", "driver", "raylet", "gcs_server"])
-def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim, exit_code, said, pack, cluster,
+    (("raylet",), 1, ("the Ray node of this run is gone",), None),
+    (("gcs_server",), 1, ("error: stopped: the Ray cluster at",), None),
+], ids=["worker-mailbox-driver", "worker-of-a-pack", "raylet", "gcs_server"])
+def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victims, exit_code, said, pack, cluster,
                                                                           forked, tmp_path):
-    """SIGKILL of one kind of Ray process of ours while jobs train: no traceback; the run goes on, or ends
-    (exit_code) and the same command goes on; either way every job resumes after the last checkpoint the driver
-    held at the kill or later, no epoch is lost or repeated, no attempt counts as failed, every job is done
-    exactly once."""
+    """SIGKILL of one kind of Ray process of ours while jobs train (of another after it, once a job has
+    checkpointed an epoch since): no traceback; the run goes on, or ends (exit_code) and the same command goes on;
+    either way every job resumes after the last checkpoint the driver held at the kill or later, no epoch is lost or
+    repeated, no attempt counts as failed, every job is done exactly once."""
     if pack:
         pytest.importorskip("jax")
     config = _config(tmp_path, "run", epochs=4, batch_size=16)
@@ -227,25 +229,37 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             "--set", "executor.gcs_patience_s=0.5"]  # noticed well before the jobs end: their last three epochs
     # take ~2 s on a fast CPU (2026-11-28: with 2 s, a run finished both jobs before its GCS was missed)
     backups = tmp_path / "run" / ".backup"
-    watched = JOBS if pack else JOBS[:1]  # a pack's jobs end their epochs together
+    kills = []  # for each kill: the checkpointed epoch of each job, and the jobs it was waited for
     try:
         driver = forked.start("run", *args, cwd=REPO, env=ENV, stderr_to_stdout=True, new_interpreter=bool(pack))
-        deadline = time.monotonic() + 300
-        while min(_checkpointed_epoch(backups / job) for job in watched) < 1:  # an epoch on the driver, more to go
-            assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
-            time.sleep(0.05)
-        at_kill = {job: _checkpointed_epoch(backups / job) for job in JOBS}
-        victims = [driver.pid] if victim == "driver" else \
-            [pid for pid, command in cluster.processes().items() if KINDS[victim](command)]
-        assert victims, f"no {victim} process"
-        # a worker that packs trains on Keras's JAX backend and imports no TensorFlow (3-5 s of CPU each, run.engine)
-        assert not pack or not any("libtensorflow" in Path(f"/proc/{pid}/maps").read_text() for pid in victims)
-        its_child = _children(driver.pid)  # the process that drives Ray: it dies with the command
-        for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+        for victim in victims:
+            deadline = time.monotonic() + 300
+            if not kills:  # an epoch on the driver, more to go (a pack's jobs end their epochs together)
+                watched = JOBS if pack else JOBS[:1]
+                while min(_checkpointed_epoch(backups / job) for job in watched) < 1:
+                    assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
+                    time.sleep(0.05)
+            else:  # the run went on after the last kill: a job has checkpointed an epoch since, in the new worker
+                # (its resumption shown: the driver shows a job's messages in order), or one that had not started
+                while not (watched := [job for job in JOBS if _checkpointed_epoch(backups / job) > kills[-1][0][job]
+                                       and (job in _resumed(driver.stdout.partition(said[len(kills) - 1])[2])
+                                            or kills[-1][0][job] == 0)]):
+                    assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
+                    time.sleep(0.05)
+            kills.append(({job: _checkpointed_epoch(backups / job) for job in JOBS}, watched))
+            pids = [driver.pid] if victim == "driver" else \
+                [pid for pid, command in cluster.processes().items() if KINDS[victim](command)]
+            assert pids, f"no {victim} process"
+            # a worker that packs trains on Keras's JAX backend and imports no TensorFlow (3-5 s of CPU each,
+            # run.engine)
+            assert not pack or not any("libtensorflow" in Path(f"/proc/{pid}/maps").read_text() for pid in pids)
+            its_child = _children(driver.pid)  # the process that drives Ray: it dies with the command
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
         first, _ = driver.communicate(timeout=600)
-        assert victim != "driver" or _gone(its_child), its_child
-        assert driver.returncode == exit_code and said in first and "Traceback" not in first, first[-3000:]
+        assert victims[-1] != "driver" or _gone(its_child), its_child
+        assert driver.returncode == exit_code and all(line in first for line in said) and "Traceback" not in first, \
+            first[-3000:]
         assert not pack or f"packed training on Ray workers: {pack} jobs at a time on each" in first, first[-3000:]
         if exit_code == 1:  # its own line, the last
             lines = first.splitlines()
@@ -254,27 +268,29 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
         outputs, kept = [first], None
         if exit_code != 0:
             kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}  # what the same command goes on from
-            if victim in NODE:  # the cluster back where it was
+            if set(victims) & set(NODE):  # the cluster back where it was
                 cluster.restart()
             again = _run(forked, *args, new_interpreter=bool(pack))
             outputs.append(again.stdout + again.stderr)  # notes such as "resuming at epoch" go to stderr
             assert again.returncode == 0 and "Traceback" not in outputs[-1], outputs[-1][-3000:]
     finally:
-        if victim in NODE and not {"raylet", "gcs_server"} <= {Path(command.split()[0]).name
-                                                               for command in cluster.processes().values()}:
+        if set(victims) & set(NODE) and not set(NODE) <= {Path(command.split()[0]).name
+                                                         for command in cluster.processes().values()}:
             cluster.restart()  # for the module's next tests, had this one failed before it did
 
-    resumed = {job: int(epoch) for job, epoch in
-               re.findall(r"^(\w+): resuming at epoch (\d+) of 4", outputs[-1], re.MULTILINE)}
-    if kept is None:  # the jobs under way went on in the same run, after the last checkpoint the driver had
-        # at the kill or later; one whose training had ended when the kill landed (a worker's checkpoints reach the
-        # driver late on a loaded machine) has no epoch left to resume at: it is evaluated in the new worker
-        after = first[first.index(said):]
+    # After a kill the run goes on from: the jobs under way went on in the same run, after the last checkpoint the
+    # driver had at the kill or later; one whose training had ended when the kill landed (a worker's checkpoints
+    # reach the driver late on a loaded machine) has no epoch left to resume at: it is evaluated in the new worker
+    for k, (at_kill, watched) in enumerate(kills[:len(kills) - (kept is not None)]):
+        after = first[first.index(said[k]):first.index(said[k + 1]) if k + 1 < len(said) and said[k + 1] else None]
+        resumed = _resumed(after)  # what followed the kill, up to the next one
         ended = {job for job in watched if not re.search(rf"^{job}: epoch", after, re.MULTILINE)
                  and len(pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")) == 4}
-        assert set(watched) - ended <= resumed.keys(), outputs[-1][-3000:]
+        assert set(watched) - ended <= resumed.keys(), after[-3000:]
         assert all(epoch - 1 >= max(at_kill[job], 1) for job, epoch in resumed.items()), (resumed, at_kill)
-    else:  # the same command went on after the last checkpoint on disk, each job it had not finished
+    if kept is not None:  # after the kill that ended it, the same command went on after the last checkpoint on
+        # disk, each job it had not finished
+        resumed = _resumed(outputs[-1])
         assert resumed == {job: epoch + 1 for job, epoch in kept.items() if 0 < epoch < 4}, (resumed, kept)
     statuses, attempts = _ledger(tmp_path / "run")
     assert statuses == dict.fromkeys(JOBS, "done")
@@ -285,6 +301,11 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
                  for epoch in re.findall(rf"^{job}: epoch (\d)/4", output, re.MULTILINE)]
         assert history == list(range(1, len(history) + 1)), job
         assert shown == sorted(set(shown)) and set(shown) <= set(history), (job, shown, history)
+
+
+def _resumed(output: str) -> dict[str, int]:
+    """The epoch each job resumed at, as `output` says it (the last time, should it say it more than once)."""
+    return {job: int(epoch) for job, epoch in re.findall(r"^(\w+): resuming at epoch (\d+) of 4", output, re.MULTILINE)}
 
 
 def _children(pid: int) -> list[int]:
