@@ -206,10 +206,10 @@ NODE = ("raylet", "gcs_server")  # the head goes with them: the test starts the 
      ("its Ray worker died", "Ray lost the mailbox the workers report to", ""), None),
     # one worker training both jobs packed (on Keras's JAX backend): both go on in its replacement
     (("worker",), 0, ("its Ray worker died",), 2),
-    # the run stops, in one line: the executor's, or `cryptotrain run`'s should Ray end its driver process first
-    (("raylet",), 1, ("the Ray node of this run is gone",), None),
-    (("gcs_server",), 1, ("error: stopped: the Ray cluster at",), None),
-], ids=["worker-mailbox-driver", "worker-of-a-pack", "raylet", "gcs_server"])
+    # the run stops, in one line: the executor's, or `cryptotrain run`'s should Ray end its driver process first;
+    # the node started again, the same command goes on, and stops so again when the GCS is killed in its turn
+    (("raylet", "gcs_server"), 1, ("the Ray node of this run is gone", "error: stopped: the Ray cluster at"), None),
+], ids=["worker-mailbox-driver", "worker-of-a-pack", "raylet-gcs_server"])
 def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victims, exit_code, said, pack, cluster,
                                                                           forked, tmp_path):
     """SIGKILL of one kind of Ray process of ours while jobs train (of another after it, once a job has
@@ -229,9 +229,24 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             "--set", "executor.gcs_patience_s=0.5"]  # noticed well before the jobs end: their last three epochs
     # take ~2 s on a fast CPU (2026-11-28: with 2 s, a run finished both jobs before its GCS was missed)
     backups = tmp_path / "run" / ".backup"
-    kills = []  # for each kill: the checkpointed epoch of each job, and the jobs it was waited for
+    outputs = []  # each run's, the last one's once it ended
+    kills = []  # for each kill: the checkpointed epoch of each job then, the jobs it was waited for, its run
+    kept = {}  # for each run a kill ended: the checkpointed epoch of each job the same command went on from
+
+    def start():
+        return forked.start("run", *args, cwd=REPO, env=ENV, stderr_to_stdout=True, new_interpreter=bool(pack))
+
+    def went_on() -> list[str]:
+        """The jobs that have checkpointed an epoch since the last kill, in the new worker or run (their resumption
+        shown: the driver shows a job's messages in order), or that had not started then."""
+        at_kill, _, run = kills[-1]
+        output = driver.stdout
+        shown = _resumed(output.partition(said[len(kills) - 1])[2] if run == len(outputs) else output)
+        return [job for job in JOBS
+                if _checkpointed_epoch(backups / job) > at_kill[job] and (job in shown or at_kill[job] == 0)]
+
     try:
-        driver = forked.start("run", *args, cwd=REPO, env=ENV, stderr_to_stdout=True, new_interpreter=bool(pack))
+        driver = start()
         for victim in victims:
             deadline = time.monotonic() + 300
             if not kills:  # an epoch on the driver, more to go (a pack's jobs end their epochs together)
@@ -239,14 +254,11 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
                 while min(_checkpointed_epoch(backups / job) for job in watched) < 1:
                     assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
                     time.sleep(0.05)
-            else:  # the run went on after the last kill: a job has checkpointed an epoch since, in the new worker
-                # (its resumption shown: the driver shows a job's messages in order), or one that had not started
-                while not (watched := [job for job in JOBS if _checkpointed_epoch(backups / job) > kills[-1][0][job]
-                                       and (job in _resumed(driver.stdout.partition(said[len(kills) - 1])[2])
-                                            or kills[-1][0][job] == 0)]):
+            else:  # the jobs went on after the last kill
+                while not (watched := went_on()):
                     assert driver.poll() is None and time.monotonic() < deadline, driver.stdout[-3000:]
                     time.sleep(0.05)
-            kills.append(({job: _checkpointed_epoch(backups / job) for job in JOBS}, watched))
+            kills.append(({job: _checkpointed_epoch(backups / job) for job in JOBS}, watched, len(outputs)))
             pids = [driver.pid] if victim == "driver" else \
                 [pid for pid, command in cluster.processes().items() if KINDS[victim](command)]
             assert pids, f"no {victim} process"
@@ -256,42 +268,52 @@ def test_sigkill_of_a_ray_process_of_ours_mid_run_loses_no_finished_epoch(victim
             its_child = _children(driver.pid)  # the process that drives Ray: it dies with the command
             for pid in pids:
                 os.kill(pid, signal.SIGKILL)
-        first, _ = driver.communicate(timeout=600)
-        assert victims[-1] != "driver" or _gone(its_child), its_child
-        assert driver.returncode == exit_code and all(line in first for line in said) and "Traceback" not in first, \
-            first[-3000:]
-        assert not pack or f"packed training on Ray workers: {pack} jobs at a time on each" in first, first[-3000:]
-        if exit_code == 1:  # its own line, the last
-            lines = first.splitlines()
-            assert [line for line in lines if line.startswith("error:")] == lines[-1:], first[-3000:]
-
-        outputs, kept = [first], None
-        if exit_code != 0:
-            kept = {job: _checkpointed_epoch(backups / job) for job in JOBS}  # what the same command goes on from
-            if set(victims) & set(NODE):  # the cluster back where it was
+            if victim not in (*NODE, "driver"):
+                continue  # the run goes on
+            output, _ = driver.communicate(timeout=600)
+            outputs.append(output)
+            assert victim != "driver" or _gone(its_child), its_child
+            assert driver.returncode == exit_code and "Traceback" not in output, output[-3000:]
+            if exit_code == 1:  # its own line, the last
+                lines = output.splitlines()
+                assert [line for line in lines if line.startswith("error:")] == lines[-1:], output[-3000:]
+            kept[len(outputs) - 1] = {job: _checkpointed_epoch(backups / job) for job in JOBS}
+            if victim in NODE:  # the cluster back where it was
                 cluster.restart()
-            again = _run(forked, *args, new_interpreter=bool(pack))
-            outputs.append(again.stdout + again.stderr)  # notes such as "resuming at epoch" go to stderr
-            assert again.returncode == 0 and "Traceback" not in outputs[-1], outputs[-1][-3000:]
+            driver = start()  # the same command
+        last, _ = driver.communicate(timeout=600)
+        outputs.append(last)
+        assert driver.returncode == 0 and "Traceback" not in last, last[-3000:]  # every job done
+        said_in = [outputs[run] for _, _, run in kills]
+        assert all(line in output for line, output in zip(said, said_in, strict=True)), said_in
+        assert not pack or f"packed training on Ray workers: {pack} jobs at a time on each" in outputs[0], \
+            outputs[0][-3000:]
     finally:
         if set(victims) & set(NODE) and not set(NODE) <= {Path(command.split()[0]).name
                                                          for command in cluster.processes().values()}:
             cluster.restart()  # for the module's next tests, had this one failed before it did
 
-    # After a kill the run goes on from: the jobs under way went on in the same run, after the last checkpoint the
-    # driver had at the kill or later; one whose training had ended when the kill landed (a worker's checkpoints
-    # reach the driver late on a loaded machine) has no epoch left to resume at: it is evaluated in the new worker
-    for k, (at_kill, watched) in enumerate(kills[:len(kills) - (kept is not None)]):
-        after = first[first.index(said[k]):first.index(said[k + 1]) if k + 1 < len(said) and said[k + 1] else None]
-        resumed = _resumed(after)  # what followed the kill, up to the next one
+    for k, (at_kill, watched, run) in enumerate(kills):
+        output = outputs[run]
+        if run in kept and (k + 1 == len(kills) or kills[k + 1][2] != run):  # the kill that ended the run: the
+            # same command went on after the last checkpoint on disk, each job it had not finished
+            going_on = outputs[run + 1]
+            if k + 1 < len(kills) and said[k + 1]:  # up to the next kill
+                going_on = going_on[:going_on.index(said[k + 1])]
+            resumed = _resumed(going_on)
+            assert resumed == {job: epoch + 1 for job, epoch in kept[run].items() if 0 < epoch < 4}, (resumed, kept)
+            continue
+        # the run went on: the jobs under way in the same run, after the last checkpoint the driver had at the kill
+        # or later; one whose training had ended when the kill landed (a worker's checkpoints reach the driver late
+        # on a loaded machine) has no epoch left to resume at: it is evaluated in the new worker
+        after = output[output.index(said[k]):]
+        if k + 1 < len(kills) and kills[k + 1][2] == run and said[k + 1]:
+            after = after[:after.index(said[k + 1])]  # up to the next kill
+        resumed = _resumed(after)
         ended = {job for job in watched if not re.search(rf"^{job}: epoch", after, re.MULTILINE)
                  and len(pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")) == 4}
         assert set(watched) - ended <= resumed.keys(), after[-3000:]
         assert all(epoch - 1 >= max(at_kill[job], 1) for job, epoch in resumed.items()), (resumed, at_kill)
-    if kept is not None:  # after the kill that ended it, the same command went on after the last checkpoint on
-        # disk, each job it had not finished
-        resumed = _resumed(outputs[-1])
-        assert resumed == {job: epoch + 1 for job, epoch in kept.items() if 0 < epoch < 4}, (resumed, kept)
     statuses, attempts = _ledger(tmp_path / "run")
     assert statuses == dict.fromkeys(JOBS, "done")
     assert all(outcomes.count("done") == 1 and "failed" not in outcomes for outcomes in attempts.values()), attempts
