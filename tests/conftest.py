@@ -133,6 +133,13 @@ on_loopback_only = pytest.mark.skipif(not only_loopback(), reason=(
     "in a network namespace where nothing but the loopback is: tests/test_ray.py runs tests/ray there"))
 
 
+def own_session_environ(**extra: str) -> dict[str, str]:
+    """The environment of a pytest session a test starts (tests/test_jax.py, tests/test_ray.py): this process's,
+    less pytest-xdist's variables, so that the session is not taken for one of this session's workers (its fork
+    server, its temporary directory and its test order are its own), with `extra` set."""
+    return {**{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST_")}, **extra}
+
+
 def _session_directory(tmp_path_factory) -> Path:
     """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
     shared = tmp_path_factory.getbasetemp()

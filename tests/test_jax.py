@@ -2,12 +2,13 @@
 Keras backend is chosen once, and this one's is TensorFlow."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import own_session_environ
 
 pytestmark = [pytest.mark.train, pytest.mark.processes]  # a JAX process of its own
 
@@ -31,8 +32,8 @@ def test_the_jax_backend_tests_pass(tmp_path):
     pytest.importorskip("jax")  # the dev extra installs it; the `jax` extra for users
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                              str(Path(__file__).parent / "jax")],
-                            env={**os.environ, "KERAS_BACKEND": "jax", "XLA_FLAGS": XLA_ONE_THREAD,
-                                 **compilation_cache(tmp_path / "xla")},
+                            env=own_session_environ(KERAS_BACKEND="jax", XLA_FLAGS=XLA_ONE_THREAD,
+                                                    **compilation_cache(tmp_path / "xla")),
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-2000:]

@@ -7,13 +7,14 @@ tests again (206 busy core-seconds against 219 with two, 2026-11-30), while the 
 busy whenever these wait on the processes they start."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import own_session_environ
 
 pytestmark = [pytest.mark.train, pytest.mark.processes]  # Ray clusters, and `cryptotrain` processes killed
 
@@ -39,8 +40,6 @@ def test_the_ray_tests_pass_where_nothing_but_the_loopback_is(tmp_path):
     result = subprocess.run([*NAMESPACE, sys.executable, "-c", PYTEST_ON_LOOPBACK, "-q", "-p", "no:cacheprovider",
                              f"--basetemp={tmp_path / 'ray'}",
                              str(Path(__file__).parent / "ray")],
-                            capture_output=True, text=True, cwd=Path(__file__).parents[1],
-                            # a session of its own, not one of this session's pytest-xdist workers (conftest.forked)
-                            env={k: v for k, v in os.environ.items() if not k.startswith("PYTEST_XDIST_")})
+                            capture_output=True, text=True, cwd=Path(__file__).parents[1], env=own_session_environ())
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and " skipped" not in result.stdout, result.stdout[-2000:]
