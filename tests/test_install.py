@@ -1,10 +1,15 @@
 """What a user gets from a plain install, and without a package an option needs: one line naming what to
-install, exit 2, before any work. (`make check-install` installs this checkout into a fresh venv, no extras, and
-runs the quickstart from another directory: CI runs it.)"""
+install, exit 2, before any work; and what pip does with the jax extra where JAX is installed already. (`make
+check-install` installs this checkout into a fresh venv, no extras, and runs the quickstart from another directory;
+.ci/run's Python 3.13 leg installs the newest JAX first, as Colab preinstalls it, then the checkout, and checks that
+JAX stayed: CI runs both.)"""
 from __future__ import annotations
 
+import importlib.metadata
+import json
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -61,3 +66,20 @@ def test_the_default_candles_are_found_outside_a_checkout(tmp_path):
     own = _cryptotrain_without((), *args, cwd=tmp_path)
     assert own.returncode == 1
     assert f"local:{tmp_path / 'data' / 'ohlcv' / 'BTCUSDT_1h.csv.gz'}: no such file" in own.stdout
+
+
+@pytest.mark.processes
+def test_installing_the_jax_extra_leaves_the_installed_jax_as_it_is(tmp_path):
+    """`pip install ".[jax]"` (a dry run, offline: what is installed here is all it may use) would install the
+    checkout and nothing else: the JAX and jaxlib installed here satisfy the extra, whatever their version (Colab's
+    newer one, with its CUDA plugin, is not replaced)."""
+    pytest.importorskip("hatchling", reason="the build backend, in the dev extra")
+    installed = {name: importlib.metadata.version(name) for name in ("jax", "jaxlib")}
+    report = tmp_path / "report.json"
+    result = subprocess.run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-build-isolation",
+                             "--quiet", "--report", str(report), f"{REPO}[jax]"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    would = [item["metadata"]["name"] for item in json.loads(report.read_text())["install"]]
+    assert would == ["cryptotrain"], would
+    assert {name: importlib.metadata.version(name) for name in installed} == installed

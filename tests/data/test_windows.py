@@ -61,7 +61,7 @@ FRAMINGS = pytest.mark.parametrize("relative_to", ["last_close", None])
 
 def positions(frame: pd.DataFrame, times: np.ndarray) -> np.ndarray:
     """Row numbers of the frame at the given (naive UTC) timestamps."""
-    index = frame.index.values.astype("datetime64[ns]")
+    index = frame.index.to_numpy(dtype="datetime64[ns]")
     found = np.searchsorted(index, times)
     assert np.array_equal(index[found], times)
     return found

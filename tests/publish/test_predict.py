@@ -130,7 +130,7 @@ def test_forecast_reproduces_the_runners_test_predictions(run, job_dir, window):
     assert len(np.unique(saved["interval_margin"][:, 0])) > 1  # adaptive: the margin moved along the test split
     first_target = saved["target_times"][window]
     candles = load_candles(run, "BTCUSDT", "1h")
-    before = candles[candles.index.values < first_target]
+    before = candles[candles.index.to_numpy("datetime64[ns]") < first_target]
     forecast = predict_next(job_dir, before, JobDir(job_dir).config())
 
     assert forecast.index[0].to_datetime64() == first_target
@@ -459,7 +459,7 @@ def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp
     saved = np.load(job_dir / "predictions.npz")
     candles = load_candles(cfg, "BTCUSDT", "1h")
     references = {"ETHUSDT": load_candles(cfg, "ETHUSDT", "1h")}
-    forecast = predict_next(job_dir, candles[candles.index.values < saved["target_times"][-1]],
+    forecast = predict_next(job_dir, candles[candles.index.to_numpy("datetime64[ns]") < saved["target_times"][-1]],
                             JobDir(job_dir).config(), references)
     np.testing.assert_allclose(forecast[["open", "high", "low", "close"]], saved["ohlc"][-1], rtol=1e-5)
     # HAR-X (HAR with the market's range) is among what is served, and predict serves it as evaluation did
@@ -467,7 +467,7 @@ def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp
     scores = JobDir(job_dir).metrics().candles
     assert set(scores.range.weights) == {"network", "harx", "har_tod"}
     np.testing.assert_allclose(np.sum(list(scores.range.weights.values()), axis=0), 1.0)
-    last_close = candles[candles.index.values < saved["target_times"][-1]]["close"].iloc[-1]
+    last_close = candles[candles.index.to_numpy("datetime64[ns]") < saved["target_times"][-1]]["close"].iloc[-1]
     np.testing.assert_allclose(np.log(forecast["expected_high"] / last_close), saved["expected_high"][-1], rtol=1e-5)
     np.testing.assert_allclose(np.log(last_close / forecast["expected_low"]), saved["expected_low"][-1], rtol=1e-5)
     np.testing.assert_allclose(np.log1p(forecast["expected_range_pct"] / 100), saved["expected_range"][-1], rtol=1e-5)

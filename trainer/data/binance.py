@@ -22,7 +22,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 
@@ -86,7 +86,7 @@ class BinanceSource(Source):
 
 def _utc(date: str) -> datetime:
     stamp = datetime.fromisoformat(date)
-    return stamp.replace(tzinfo=timezone.utc) if stamp.tzinfo is None else stamp
+    return stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp
 
 
 def stored_path(source: BinanceSource, cache: Path, symbol: str, timeframe: str) -> Path:

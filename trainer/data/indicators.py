@@ -79,7 +79,7 @@ class Candles:
 
     def seconds_of_week(self) -> np.ndarray:
         """From Monday 00:00 UTC."""
-        return self.times.dayofweek.to_numpy(np.float64) * 86400 + self.seconds_of_day()
+        return self.times.day_of_week.to_numpy(np.float64) * 86400 + self.seconds_of_day()
 
 
 class Indicator(Kind):

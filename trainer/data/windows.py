@@ -408,7 +408,7 @@ def make_windows(frame: pd.DataFrame, window: WindowConfig, columns: Sequence[st
     raw = encoded[:, raw_positions]
     encoded = framing.encode(encoded, frame.index)
     bounds = _split_bounds(len(frame), window.split)
-    times = np.asarray(frame.index.values, dtype="datetime64[ns]")
+    times = frame.index.to_numpy(dtype="datetime64[ns]")  # UTC; not .values: pandas 3.1 deprecates it for a tz
 
     first_target_rows = {}
     for split, start, end in zip(SPLITS, bounds[:-1], bounds[1:]):

@@ -11,7 +11,7 @@ import html
 import itertools
 import math
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import numpy as np
 import pandas as pd
@@ -243,4 +243,4 @@ def _time_ticks(lo: float, hi: float, most: int = 7) -> list[tuple[float, str]]:
         return [(stamp.timestamp(), stamp.strftime("%Y-%m")) for stamp in stamps]
     first = math.ceil(lo / step) * step
     form = "%Y-%m-%d" if step >= 86400 else "%m-%d %H:%M"
-    return [(t, datetime.fromtimestamp(t, timezone.utc).strftime(form)) for t in np.arange(first, hi + 1, step)]
+    return [(t, datetime.fromtimestamp(t, UTC).strftime(form)) for t in np.arange(first, hi + 1, step)]
