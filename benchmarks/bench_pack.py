@@ -43,7 +43,7 @@ from trainer.model.models import build_network, output_shapes
 from trainer.model.packed import Pack, PackedJob, windows_job
 from trainer.model.settings import INFERENCE_BATCH_SIZE
 from trainer.run.jobs import make_jobs
-from trainer.run.pipeline import job_windows, prepare
+from trainer.run.pipeline import prepare
 
 BENCH_DIR = Path(__file__).resolve().parent
 RESULTS = BENCH_DIR / "results" / "pack.json"
@@ -133,7 +133,7 @@ def family_epoch(family: str, data: Path, cache: Path, max_jobs: int | None, epo
     jobs, failed = [], []
     for job in make_jobs(cfg)[:max_jobs]:
         try:
-            windows, _ = job_windows(cfg, job.timeframe, prepare(cfg, job).frame, output_shapes(model, cfg.heads))
+            windows = prepare(cfg, job, output_shapes(model, cfg.heads)).windows
         except (JobError, OSError) as exc:  # e.g. a series without the market input's reference candles
             failed.append(f"{job.name}: {exc}")
             continue

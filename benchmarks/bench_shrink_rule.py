@@ -40,14 +40,13 @@ from rich.table import Table
 from trainer.evaluation.evaluate import (
     SHRINK_GRID,
     choose_shrink,
-    predict_fixed_batches,
     shrink_errors,
     significant_gain,
 )
-from trainer.model.models import output_shapes
+from trainer.model.models import output_shapes, predict_fixed_batches
 from trainer.run.jobdir import JobDir
 from trainer.run.jobs import Job
-from trainer.run.pipeline import job_windows, prepare
+from trainer.run.pipeline import prepare
 from trainer.run.rundir import RunDir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,8 +68,7 @@ def job_errors(run_dir: Path, job_dir: Path) -> tuple[dict[str, np.ndarray], int
     saved = JobDir(job_dir)
     symbol, timeframe = job_dir.name.rsplit("_", 1)
     model = saved.model()
-    windows, _ = job_windows(cfg, timeframe, prepare(cfg, Job(symbol, timeframe)).frame,
-                             output_shapes(model, cfg.heads))
+    windows = prepare(cfg, Job(symbol, timeframe), output_shapes(model, cfg.heads)).windows
     prep, val = windows.preprocessing, windows.val
     outputs = prep.point(predict_fixed_batches(model, val.x))
     recomputed, _ = choose_shrink(outputs, val, prep)

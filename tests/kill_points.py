@@ -2,12 +2,13 @@
 
     python tests/kill_points.py POINT MARKER_FILE EPOCH_LOG cryptotrain-args...
 
-POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch
-of the first job, after one epoch was backed up), checkpoint (writing the first job's second epoch
-checkpoint: half of it is on disk), artifacts (the first job's files are staged and sealed but not yet
-committed), write:GLOB (the first atomic write whose temp file's path matches GLOB: the temp file is
-whole on disk, not yet renamed into place; write:GLOB#N: the Nth such write), none (no pause). On reaching
-it the process writes MARKER_FILE and waits until killed, or until the test removes MARKER_FILE (then it goes on).
+POINT is one of: features (computing the first job's features), mid-epoch (inside the second epoch of the first job,
+after one epoch was backed up), checkpoint (writing the first job's second epoch checkpoint: half of it is on disk),
+pack-end (a packed run whose first pack has trained: its jobs' evaluations handed to the host, its last epoch's
+checkpoints not yet written; run with KERAS_BACKEND=jax), artifacts (the first job's files are staged and sealed but
+not yet committed), write:GLOB (the first atomic write whose temp file's path matches GLOB: the temp file is whole
+on disk, not yet renamed into place; write:GLOB#N: the Nth such write), none (no pause). On reaching it the process
+writes MARKER_FILE and waits until killed, or until the test removes MARKER_FILE (then it goes on).
 Every epoch the process begins is appended to EPOCH_LOG as "JOB EPOCH" (1-based), so a test can tell
 a resumed job from one trained again from scratch.
 """
@@ -59,8 +60,8 @@ def log_epochs(epoch_log: Path, patch=setattr) -> None:
         return train_one(cfg, job, *args, **kwargs)
 
     def on_epoch_begin_logged(self, epoch, logs=None):
-        with open(epoch_log, "a") as log:
-            log.write(f"{training_now['job']} {epoch + 1}\n")
+        with open(epoch_log, "a") as log:  # a packed job's: the pack's (not named)
+            log.write(f"{training_now.get('job', 'packed')} {epoch + 1}\n")
         on_epoch_begin(self, epoch, logs)
 
     patch(executors, "train_one", train_one_named)
@@ -97,6 +98,10 @@ def install(point: str, marker: Path) -> None:
                 while time.monotonic() < deadline:
                     time.sleep(0.05)
         resume.EpochCheckpoint._write = staticmethod(half_written_then_paused)
+    elif point == "pack-end":
+        from trainer.model import packed  # JAX's: imported by a packed run only
+
+        packed.Pack.end = pause_once(packed.Pack.end, marker)
     elif point == "artifacts":
         artifacts.stage_job = pause_once(artifacts.stage_job, marker, after=True)
     elif point.startswith("write:"):  # files.atomic_write renames its temp file, whole, into place

@@ -105,14 +105,30 @@ def test_bench_run(tmp_path):
     assert results["speedup"] > 0
 
 
+def test_bench_family_config_of_one_coin_keeps_its_market_references(tmp_path):
+    """A subset of the family's jobs (BTCUSDT's two) is trained with the config's market input over the other series
+    of --data, as the family's run has it: not narrowed to the subset's symbols, where BTCUSDT has no reference."""
+    from trainer.config import validate_config
+
+    bench = benchmark("bench_family")
+    jobs = bench.family_jobs("v7", CANDLES_DIR, 2)
+    assert jobs == ["BTCUSDT_15m", "BTCUSDT_1h"]
+    cfg = validate_config(bench.family_config("v7", CANDLES_DIR, 3, tmp_path / "run", tmp_path / "cache"),
+                          tmp_path / "v7.yaml")
+    assert cfg.features.market.references(cfg.data.symbols, "BTCUSDT") == ["ETHUSDT", "DOGEUSDT", "SOLUSDT"]
+    assert cfg.train.epochs == 3 and cfg.train.early_stopping is None
+
+
 @pytest.mark.train
 def test_bench_family(tmp_path):
     out = tmp_path / "family.json"
-    benchmark("bench_family").main(["--family", "quickstart", "--max-jobs", "1", "--epochs", "2",
+    benchmark("bench_family").main(["--family", "quickstart", "--max-jobs", "1", "--epochs", "2", "--host-compare",
                                     "--json", str(out)])
     results = written(out)
     assert results["jobs"] == ["BTCUSDT_15m"] and results["engine"]["name"] == "tensorflow"
     assert len(results["epoch_seconds"]) == 2 and results["train_seconds"] > 0 and results["prepare_seconds"] > 0
-    phases = sum(results[f"{name}_seconds"] for name in ("prepare", "compile", "train", "evaluate", "rest"))
-    assert phases == pytest.approx(results["total_seconds"], abs=0.05)
+    names = ("prepare", "compile", "train", "build_forecast", "evaluate", "write", "rest")
+    assert sum(results[f"{name}_seconds"] for name in names) == pytest.approx(results["total_seconds"], abs=0.05)
     assert 0 < results["overhead_share"] < 1 and results["one_job_windows_per_s"] > 0
+    compared = results["host_compare"]  # a run of one job: host work one at a time either way, the same figures
+    assert compared["differences"] == [] and compared["speedup"] > 0 and results["host_workers"] == 1

@@ -51,13 +51,16 @@ class _Stderr(logging.Handler):
 _LOG_LINES = _Stderr(logging.INFO)
 
 
-class _PackSize(click.ParamType):
-    name = "pack"
+class _CountOrAuto(click.ParamType):
+    name = "count"
+
+    def __init__(self, what: str) -> None:
+        self.what = what
 
     def convert(self, value, param, ctx):
         if value == "auto" or (isinstance(value, str) and value.isdigit() and int(value) > 0):
             return value
-        self.fail(f"{value!r} is neither a number of jobs (1, 2, ...) nor auto", param, ctx)
+        self.fail(f"{value!r} is neither a number of {self.what} (1, 2, ...) nor auto", param, ctx)
 
 
 @click.group(cls=_Cli, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -155,13 +158,16 @@ def plan(config_path, overrides, only, timeframes):
               help="Several processes on one run directory: a job whose process sent no heartbeat for this long (a "
                    "laptop asleep, a paused process) is taken over by another; the first, woken, discards its own "
                    "files of it [default: 300].")
-@click.option("--pack", type=_PackSize(), default=None, metavar="K|auto",
+@click.option("--pack", type=_CountOrAuto("jobs"), default=None, metavar="K|auto",
               help="Train K jobs at a time in one compiled step on Keras's JAX backend, each exactly as if alone "
                    "(pip install 'cryptotrain[jax]'): for GPUs, which one small model leaves mostly idle. auto: K "
                    "from the accelerator's memory, 1 on a CPU. With --executor ray, each worker packs K jobs. "
                    "Default: the config's train.pack (1: one job at a time, TensorFlow).")
+@click.option("--host-workers", type=_CountOrAuto("processes"), default="auto", show_default=True, metavar="N|auto",
+              help="Processes that prepare and evaluate jobs beside the device while it trains. auto: one per CPU "
+                   "(as memory allows) when jobs train together (--pack, Ray), else 1: one job at a time, inline.")
 def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed, push, verbose, tensorboard,
-        executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after, pack):
+        executor, ray_address, workers, cpus_per_worker, gpus_per_worker, stale_after, pack, host_workers):
     """Train and evaluate every job of a config, in one process; resumable.
 
     Interrupt it at any moment (Ctrl-C, SIGTERM, kill -9) and run the same command again: finished
@@ -206,7 +212,7 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
         from .publish.hub import push_pending as publish
     try:
         outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries,
-                             push=publish, retry_failed=retry_failed, executor=on,
+                             push=publish, retry_failed=retry_failed, executor=on, host_workers=host_workers,
                              **({} if stale_after is None else {"stale_after": stale_after}))
     except Interrupted as stop:
         print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)

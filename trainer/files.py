@@ -47,8 +47,12 @@ def remove_abandoned_temp_files(directory: Path) -> None:
 
 
 def write_json(path: Path, data: dict) -> None:
+    path.write_bytes(json_bytes(data))
+
+
+def json_bytes(data: dict) -> bytes:
     """Strict JSON: a NaN or infinity is an error here, never a bare NaN/Infinity token in the file."""
-    path.write_text(json.dumps(data, indent=1, default=_json_default, allow_nan=False))
+    return json.dumps(data, indent=1, default=_json_default, allow_nan=False).encode()
 
 
 def _json_default(value):

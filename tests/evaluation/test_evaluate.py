@@ -22,7 +22,6 @@ from trainer.evaluation.evaluate import (
     evaluate,
     mae_factor,
     metrics,
-    predict_prices,
     qlike_factor,
     significant_gain,
 )
@@ -30,7 +29,7 @@ from trainer.evaluation.results import BAR, BAR_RMS, CandleScores
 from trainer.evaluation.scores import qlike
 from trainer.evaluation.settings import EvaluationConfig, IntervalConfig
 from trainer.heads import quantities
-from trainer.model.models import build_model, output_shapes
+from trainer.model.models import build_model, output_shapes, predict_prices
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 

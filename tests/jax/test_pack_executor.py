@@ -77,6 +77,7 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_orde
     from trainer.config import RunConfig
     from trainer.data import Job
     from trainer.model import packed, resume
+    from trainer.run.host import Inline
     from trainer.run.packing import PackExecutor
     from trainer.run.pipeline import prepare
 
@@ -103,12 +104,13 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_orde
                                                                        batch_order(n, seed, epoch))[1])
     monkeypatch.setattr(resume.EpochCheckpoint, "_write", staticmethod(
         lambda tmp, arrays: (order.append(("written", int(arrays["epoch"]))), write(tmp, arrays))[1]))
-    packer = PackExecutor(cfg, 2)
+    packer = PackExecutor(cfg, 2, Inline())
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
     hooks = {job.name: Hooks() for job in jobs}
     for job in jobs:
         (tmp_path / job.name).mkdir()
-        packer.submit(job, prepare(cfg, job), tmp_path / job.name, callbacks=(Shipped(job.name), hooks[job.name]))
+        packer.submit(job, prepare(cfg, job, packer.target_shapes), tmp_path / job.name,
+                      callbacks=(Shipped(job.name), hooks[job.name]))
     outcomes = packer.wait(Shown())
     assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
     # each epoch's batches drawn once a job (both of the pack's), each checkpoint written once a job
@@ -119,10 +121,12 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_orde
             [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen
 
 
-def test_a_packed_run_packs_a_timeframe_at_a_time_and_says_how_many_lanes_idle(tmp_path, caplog):
-    """15m and 1h candles over the same dates (a user's download since one start date), two symbols, --pack 2: the
-    15m jobs pack together, and the 1h jobs (a 15m job has four times a 1h job's steps an epoch: packed with one,
-    the 1h job's lane would idle three quarters of each epoch); each pack says how many of its lanes idle."""
+def test_a_packed_run_packs_jobs_of_like_lengths_and_says_how_many_lanes_idle(tmp_path, caplog):
+    """Two symbols' 15m and 1h candles of unlike lengths (BTCUSDT's 15m and ETHUSDT's 1h 1,200 candles, the others
+    400), --pack 2 with the host preparing every job claimed before the first pack: the two long jobs pack together
+    and the two short ones (a long job has three times a short one's steps an epoch: packed with one, the short one's
+    lane would idle two thirds of each epoch), whatever their timeframes and the order they were claimed in; each
+    pack says how many of its lanes idle."""
     import logging
     import re
 
@@ -135,36 +139,39 @@ def test_a_packed_run_packs_a_timeframe_at_a_time_and_says_how_many_lanes_idle(t
 
     data = tmp_path / "candles"
     data.mkdir()
-    for symbol in ("BTCUSDT", "ETHUSDT"):
-        quarterly = pd.read_csv(CANDLES_DIR / f"{symbol}_15m.csv.gz").head(1200)  # 12.5 days
-        hourly = pd.read_csv(CANDLES_DIR / f"{symbol}_1h.csv.gz")
-        hourly = hourly[hourly["timestamp"].between(*quarterly["timestamp"].iloc[[0, -1]])]  # ISO strings, in order
-        hourly.to_csv(data / f"{symbol}_1h.csv.gz", index=False)
-        quarterly.to_csv(data / f"{symbol}_15m.csv.gz", index=False)
+    for symbol, long in (("BTCUSDT", "15m"), ("ETHUSDT", "1h")):
+        for timeframe in ("15m", "1h"):
+            candles = pd.read_csv(CANDLES_DIR / f"{symbol}_{timeframe}.csv.gz")
+            candles.tail(1200 if timeframe == long else 400).to_csv(data / f"{symbol}_{timeframe}.csv.gz", index=False)
     raw = tiny_config_dict(tmp_path)
     raw["data"] |= {"local": {"path": str(data), "pattern": "{symbol}_{timeframe}.csv.gz"},
                     "timeframes": ["15m", "1h"], "max_rows": None}
     raw["train"] |= {"epochs": 1, "pack": 2, "batch_size": 8}
     cfg = RunConfig.model_validate(raw)
     with caplog.at_level(logging.INFO, logger="trainer.run.packing"):
-        outcome = run_config(cfg, make_jobs(cfg))
+        outcome = run_config(cfg, make_jobs(cfg), host_workers=2)
     assert [record.status for record in outcome.records] == ["done"] * 4
     packs = [re.fullmatch(r"training packed, 2 jobs in one step: (\w+), (\w+); (\d+) % of its lanes idle \((\d+) "
                           r"steps an epoch\)", record.getMessage())
              for record in caplog.records if record.getMessage().startswith("training packed")]
     assert [pack.group(1, 2, 3) if pack else None for pack in packs] == [
-        ("BTCUSDT_15m", "ETHUSDT_15m", "0"), ("BTCUSDT_1h", "ETHUSDT_1h", "0")]
-    assert int(packs[0].group(4)) > 3 * int(packs[1].group(4))
+        ("BTCUSDT_15m", "ETHUSDT_1h", "0"), ("BTCUSDT_1h", "ETHUSDT_15m", "0")]
+    assert int(packs[0].group(4)) > 2 * int(packs[1].group(4))
+    assert outcome.device.host_workers == 2 and outcome.device.training > 0
 
 
-def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_train(tmp_path, monkeypatch):
+def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_train(tmp_path, monkeypatch, caplog):
     """After a pack's jobs are evaluated, the device holds what it held before the pack, but for what JAX keeps of
     its compiled step; a pack that ran out of memory has freed its buffers before its halves train (each half then
-    holds less than the failed pack did), and after them the same holds."""
+    holds less than the failed pack did), and after them the same holds. A pack the host cannot build (numpy's
+    MemoryError, padding its jobs' windows) is halved alike, saying so."""
+    import logging
+
     from tests.conftest import tiny_config_dict
     from trainer.config import RunConfig
     from trainer.data import Job
     from trainer.model.packed import Pack
+    from trainer.run.host import Inline
     from trainer.run.packing import PackExecutor
     from trainer.run.pipeline import prepare
 
@@ -173,7 +180,6 @@ def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_tra
     raw["train"]["epochs"] = 1
     cfg = RunConfig.model_validate(raw)
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
-    prepared = {job.name: prepare(cfg, job) for job in jobs}
 
     class Quiet:
         def training_started(self, job, epochs, done):
@@ -192,7 +198,8 @@ def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_tra
         outcomes = packer.wait(Quiet())
         assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
 
-    packer = PackExecutor(cfg, 2)
+    packer = PackExecutor(cfg, 2, Inline())
+    prepared = {job.name: prepare(cfg, job, packer.target_shapes) for job in jobs}
     # JAX keeps a little of each pack's compiled step (measured: about the size of one job's optimizer state)
     kept = sum(variable.value.nbytes for variable in [*packer.model.variables, *packer.model.optimizer.variables])
     before = on_device()
@@ -215,6 +222,22 @@ def test_a_pack_gives_its_device_memory_back_once_done_and_before_its_halves_tra
     assert failed - before > 10 * kept  # what a pack holds (its jobs' windows and state), freed
     assert on_device() - before <= 3 * kept  # three packs' steps compiled
 
+    monkeypatch.undo()
+    built, build = [], Pack.__init__
+
+    def on_a_small_host(self, model, jobs, *args):
+        built.append(len(jobs))
+        if len(jobs) > 1:
+            raise MemoryError("Unable to allocate 1.60 GiB for an array with shape (40, 6950, 60, 24)")
+        build(self, model, jobs, *args)
+
+    monkeypatch.setattr(Pack, "__init__", on_a_small_host)
+    with caplog.at_level(logging.WARNING, logger="trainer.run.packing"):
+        trained(packer, "host")
+    assert built == [2, 1, 1]
+    assert "a pack of 2 jobs ran out of host memory building it (Unable to allocate 1.60 GiB for an array with shape " \
+           "(40, 6950, 60, 24)): training them 1 and 1 at a time" in caplog.text
+
 
 def _forecasts_as_evaluated(config, job: str) -> None:
     """The job's saved model (model.keras), forecasting from the candles before its last test window (`predict`),
@@ -230,7 +253,7 @@ def _forecasts_as_evaluated(config, job: str) -> None:
     job_dir = run.run_dir / "jobs" / job
     saved = np.load(job_dir / "predictions.npz")
     candles = load_candles(run, *job.split("_"))
-    before = candles[candles.index.values < saved["target_times"][-1]]
+    before = candles[candles.index.to_numpy("datetime64[ns]") < saved["target_times"][-1]]
     forecast = predict_next(job_dir, before, JobDir(job_dir).config())
     # in log units from the last close: another job's model is ~1e-4 off there, float32's rounding ~1e-7
     np.testing.assert_allclose(np.log(forecast[["open", "high", "low", "close"]] / before["close"].iloc[-1]),
@@ -246,6 +269,7 @@ def test_a_later_pack_traces_and_compiles_nothing_and_no_forward_pass_runs_eager
     from tests.conftest import tiny_config_dict
     from trainer.config import RunConfig
     from trainer.data import Job
+    from trainer.run.host import Inline
     from trainer.run.packing import PackExecutor
     from trainer.run.pipeline import prepare
 
@@ -254,7 +278,6 @@ def test_a_later_pack_traces_and_compiles_nothing_and_no_forward_pass_runs_eager
     raw["train"]["epochs"] = 2
     cfg = RunConfig.model_validate(raw)
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
-    prepared = {job.name: prepare(cfg, job) for job in jobs}
 
     class Quiet:
         def training_started(self, job, epochs, done):
@@ -278,7 +301,8 @@ def test_a_later_pack_traces_and_compiles_nothing_and_no_forward_pass_runs_eager
         outcomes = packer.wait(Quiet())
         assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
 
-    packer = PackExecutor(cfg, 2)
+    packer = PackExecutor(cfg, 2, Inline())
+    prepared = {job.name: prepare(cfg, job, packer.target_shapes) for job in jobs}
     jax.monitoring.register_event_duration_secs_listener(on_event)
     try:
         trained(packer, "first")
@@ -300,6 +324,7 @@ def test_packing_is_refused_without_partitionable_random_bits(tmp_path):
     from tests.conftest import tiny_config_dict
     from trainer.config import RunConfig
     from trainer.errors import UserError
+    from trainer.run.host import Inline
     from trainer.run.packing import PackExecutor
 
     jax = pytest.importorskip("jax")
@@ -308,6 +333,6 @@ def test_packing_is_refused_without_partitionable_random_bits(tmp_path):
     try:
         with pytest.raises(UserError, match=r"^packed training needs JAX's partitionable random bits .* unset "
                                             r"JAX_THREEFRY_PARTITIONABLE"):
-            PackExecutor(cfg, 2)
+            PackExecutor(cfg, 2, Inline())
     finally:
         jax.config.update("jax_threefry_partitionable", True)

@@ -102,8 +102,8 @@ def alone(seed, train, val, epochs=EPOCHS):
 def test_each_job_of_a_pack_ends_as_it_would_alone_and_a_diverging_job_fails_alone():
     """Each job as Keras's fit leaves it alone, one whose validation loss is NaN too (a job alone trains on: the
     non-finite rule is the loss's, and early stopping judges validation); one whose loss is NaN fails alone."""
-    from trainer.model.callbacks import Diverged
     from trainer.model.packed import Pack, PackedJob
+    from trainer.model.trained import Diverged
 
     sets = {"follows": series(0, 200, 50), "noise": series(1, 150, 40, noise=True),
             "short": series(2, 90, 33), "diverges": series(3, 120, 30)}
@@ -212,6 +212,7 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
             job.follow(training)
             training.start(lambda: None)
         packed.train(epochs)
+        packed.end()  # the last epoch's checkpoints
         return jobs
 
     through = pack(tmp_path / "through", train.epochs)

@@ -18,10 +18,9 @@ from trainer.data.features import load_features
 from trainer.data.windows import LastInputs, make_windows
 from trainer.errors import UserError
 from trainer.evaluation.baselines import Baseline, fit_baselines
-from trainer.evaluation.evaluate import predict_fixed_batches
 from trainer.heads.losses import Pinball
 from trainer.model.layers import Layer
-from trainer.model.models import build_model, count_params, output_shapes
+from trainer.model.models import build_model, count_params, output_shapes, predict_fixed_batches
 
 pytestmark = pytest.mark.usefixtures("fresh_keras_session")
 

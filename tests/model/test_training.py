@@ -19,8 +19,7 @@ from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
 from trainer.data.features import load_features
 from trainer.data.windows import make_windows
-from trainer.evaluation.evaluate import predict_fixed_batches
-from trainer.model.models import output_shapes
+from trainer.model.models import output_shapes, predict_fixed_batches
 from trainer.model.resume import EpochCheckpoint, ResumableEarlyStopping, replay_budget, resume
 from trainer.model.training import DeviceFeed, ModelCache, WindowTrainer, fit
 from trainer.run.pipeline import long_lived_frozen

@@ -81,7 +81,7 @@ def test_the_quickstart_on_a_drive_survives_kill_9_shared_by_two_processes_read_
     trashed = drive.trashed()
     assert not [line for line in trashed if "checkpoint" in line], trashed
     assert {Path(line.split(" ", 1)[1]).name.split("-")[0] for line in trashed} <= {
-        "summary.json", "summary.csv", "report.html", "config.yaml", ".ledger", "ledger.sqlite"}, trashed
+        "summary.json", "summary.csv", "report.html", "config.yaml", "timing.json", ".ledger", "ledger.sqlite"}, trashed
 
     # The report and a push read the run on the drive (a user who cannot write it gets it read-only)
     monkeypatch.setattr(rundir, "_writable", lambda path: False)

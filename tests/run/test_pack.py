@@ -3,24 +3,29 @@ runs it, in processes of their own (a process's Keras backend is chosen once; th
 training itself (each job exactly as alone) is tested in tests/jax/test_packed.py."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import yaml
 
-from tests.conftest import cli_without, tiny_config_dict
+from tests.conftest import REPO, cli_without, tiny_config_dict
+from tests.forkserver import KILL_POINTS
 from tests.hub_server import serve_hub
 from tests.model.test_tensorboard import epoch_values
 from tests.publish.test_predict import predict_cli
 from tests.test_jax import compilation_cache
+from trainer.files import pid_alive
 
 JOBS = ["BTCUSDT_1h", "ETHUSDT_1h", "SOLUSDT_1h"]
 TOKEN = "hf_PackedRunTestToken0123456789abcdef"
@@ -156,6 +161,70 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         remote = predict_job("hf://tester/packed/BTCUSDT/1h", symbol=None, timeframe=None, data_path=None,
                              config_path=None)
     assert remote.as_dict()["forecast"] == served["forecast"]
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes under `pid` (its children, theirs, ...), from /proc."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rpartition(")")[2].split()[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+@pytest.mark.train
+@pytest.mark.processes
+def test_a_packed_run_killed_while_the_host_evaluates_a_pack_resumes_each_job_once_and_leaves_no_worker(tmp_path):
+    """kill -9 once a pack of two has trained and its jobs' evaluations are on the host's two workers (its last
+    epoch's checkpoints not yet written): no worker outlives the run (its caller, reading its output, is not kept
+    waiting); the same command resumes the pack's jobs from their last checkpointed epoch, and every job is done
+    once."""
+    pytest.importorskip("jax")
+    epochs = 2
+    config = _config(tmp_path, epochs=epochs)
+    marker, backups = tmp_path / "paused", tmp_path / "run" / ".backup"
+    env = {**os.environ, "KERAS_BACKEND": "jax", **compilation_cache(tmp_path / "xla")}
+    command = ["run", "--config", str(config), "--pack", "2", "--host-workers", "2"]
+    victim = subprocess.Popen([sys.executable, str(KILL_POINTS), "pack-end", str(marker), str(tmp_path / "epochs"),
+                               *command], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True)
+    try:
+        deadline = time.monotonic() + 400
+        while not marker.exists():
+            assert victim.poll() is None and time.monotonic() < deadline, victim.stdout.read()[-3000:]
+            time.sleep(0.05)
+        workers = _descendants(victim.pid)  # the forkserver and its workers, multiprocessing's resource tracker
+        assert len(workers) >= 3, workers
+        victim.send_signal(signal.SIGKILL)
+        output, _ = victim.communicate(timeout=60)  # no worker holds its output open
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+    deadline = time.monotonic() + 30
+    while [pid for pid in workers if pid_alive(pid)]:
+        assert time.monotonic() < deadline, [pid for pid in workers if pid_alive(pid)]
+        time.sleep(0.1)
+    assert "host work (preparing and evaluating jobs) on 2 worker processes" in output, output[-3000:]
+    evaluated = {job: epoch for job in JOBS if (epoch := _checkpointed_epoch(backups / job))}
+    assert len(evaluated) == 2, evaluated  # the first pack's, its last epoch trained, not checkpointed
+
+    again = subprocess.run([sys.executable, "-m", "trainer", *command], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    for job, epoch in evaluated.items():
+        assert f"{job}: resuming at epoch {epoch + 1} of {epochs}" in again.stderr, again.stderr[-3000:]
+    with sqlite3.connect(tmp_path / "run" / "ledger.sqlite") as db:
+        assert dict(db.execute("SELECT name, status FROM jobs")) == dict.fromkeys(JOBS, "done")
+        attempts = [*db.execute("SELECT job, outcome FROM attempts")]
+    for job in JOBS:  # the killed attempts recorded lost; each job done once
+        outcomes = [outcome for name, outcome in attempts if name == job]
+        assert outcomes == (["lost", "done"] if job in evaluated else ["done"]), attempts
+        history = pd.read_csv(tmp_path / "run" / "jobs" / job / "history.csv")["epoch"].tolist()
+        assert history == list(range(1, len(history) + 1)), (job, history)
 
 
 @pytest.mark.train

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import keras
 import numpy as np
 
 from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from ..heads import CANDLE
-from ..model.settings import INFERENCE_BATCH_SIZE
 from . import scores as score
 from .baselines import Baseline, Baselines, combination_weights, mae_factor, qlike_factor
 from .intervals import Conformal, Forecasts, Intervals
@@ -35,34 +33,6 @@ from .results import (
     ValidationSkill,
 )
 from .settings import EvaluationConfig
-
-
-def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
-                   batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
-    """Head -> predictions in price units, shaped like that head's targets in `split.y`."""
-    return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last)
-
-
-def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarray],
-                          batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
-    """model outputs for `x` (an array, or a dict of arrays of one length: SplitWindows.x), fed in batches of one
-    fixed size (the last one zero-padded).
-
-    Each new input length would otherwise trace the predict function again (about 0.1 s a job on CPU);
-    with one batch shape, one trace serves every job of the same model.
-    """
-    arrays = x if isinstance(x, dict) else {None: x}
-    n = len(next(iter(arrays.values())))
-    padded = {k: np.concatenate([v, np.zeros(((-n) % batch_size, *v.shape[1:]), dtype=v.dtype)])
-              for k, v in arrays.items()}
-
-    def batch(i: int):
-        part = {k: v[i:i + batch_size] for k, v in padded.items()}
-        return part if isinstance(x, dict) else part[None]
-
-    batches = [model.predict_on_batch(batch(i)) for i in range(0, n + (-n) % batch_size, batch_size)]
-    return {name: np.concatenate([b[name] for b in batches])[:n] for name in batches[0]}
-
 
 SHRINK_GRID = np.linspace(0.0, 1.0, 21).round(2)
 

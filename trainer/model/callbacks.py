@@ -1,33 +1,15 @@
-"""What training reports, whichever way a job trains (training.fit with TensorFlow, or packed on JAX:
-packed.Pack): its outcome (FitResult), a diverged loss (Diverged), and the callbacks both give a job
-(sequence.JobTraining). Imports no TensorFlow."""
+"""The callbacks both ways of training give a job (training.fit with TensorFlow, or packed on JAX: packed.Pack;
+sequence.JobTraining): the non-finite rule (StopOnNaN), the step timer, progress, a packed job's TensorBoard
+summaries. Imports no TensorFlow."""
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import keras
 import numpy as np
-import pandas as pd
 
-from ..errors import JobError
-from .settings import Engine
-
-
-@dataclass
-class FitResult:
-    history: pd.DataFrame  # one row per epoch, including epochs run before a restart
-    best_epoch: int  # 1-based
-    best_val_loss: float
-    step_seconds: float  # time inside train steps in this process (for overhead accounting)
-    engine: Engine  # what trained it
-    epoch_seconds: tuple[float, ...]  # each epoch's wall time in this process, validation included (packed: the pack's)
-
-
-class Diverged(JobError):
-    """Training diverged: its loss is no longer a finite number. Whether the data or the settings are to blame
-    is for the caller to tell (pipeline.train_one)."""
+from .trained import Diverged
 
 
 class StopOnNaN(keras.callbacks.Callback):

@@ -2,13 +2,17 @@
 (trainer.model.layers), so do the heads (trainer.heads); the optimizer is made here."""
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import keras
+import numpy as np
 
+from ..data.windows import Preprocessing, SplitWindows, Windows
 from ..heads import Head, WarmStart
 from ..heads import losses as _registered  # noqa: F401 (a model.keras compiled with them loads in this process)
-from .settings import NetworkSpec, TrainConfig
+from .settings import INFERENCE_BATCH_SIZE, NetworkSpec, TrainConfig
+from .trained import Forecasts
 
 OPTIMIZERS: dict[str, type[keras.optimizers.Optimizer]] = {
     "adam": keras.optimizers.Adam,
@@ -96,3 +100,38 @@ def _ends_in_sequence(trunk_shape: tuple, spec: NetworkSpec) -> bool:
 def _optimizer(train: TrainConfig) -> keras.optimizers.Optimizer:
     return OPTIMIZERS[train.optimizer](learning_rate=train.learning_rate, clipvalue=train.clipvalue,
                                        clipnorm=train.clipnorm)
+
+
+def predict_prices(model: keras.Model, split: SplitWindows, preprocessing: Preprocessing,
+                   batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
+    """Head -> predictions in price units, shaped like that head's targets in `split.y`."""
+    return preprocessing.to_prices(predict_fixed_batches(model, split.x, batch_size), split.last)
+
+
+def predict_fixed_batches(model: keras.Model, x: np.ndarray | dict[str, np.ndarray],
+                          batch_size: int = INFERENCE_BATCH_SIZE) -> dict[str, np.ndarray]:
+    """model outputs for `x` (an array, or a dict of arrays of one length: SplitWindows.x), fed in batches of one
+    fixed size (the last one zero-padded).
+
+    Each new input length would otherwise trace the predict function again (about 0.1 s a job on CPU);
+    with one batch shape, one trace serves every job of the same model.
+    """
+    arrays = x if isinstance(x, dict) else {None: x}
+    n = len(next(iter(arrays.values())))
+    padded = {k: np.concatenate([v, np.zeros(((-n) % batch_size, *v.shape[1:]), dtype=v.dtype)])
+              for k, v in arrays.items()}
+
+    def batch(i: int):
+        part = {k: v[i:i + batch_size] for k, v in padded.items()}
+        return part if isinstance(x, dict) else part[None]
+
+    batches = [model.predict_on_batch(batch(i)) for i in range(0, n + (-n) % batch_size, batch_size)]
+    return {name: np.concatenate([b[name] for b in batches])[:n] for name in batches[0]}
+
+
+def forecasts(model: keras.Model, windows: Windows) -> Forecasts:
+    """A job's model outputs on its validation and test windows (a job trained alone: its evaluation scores them)."""
+    started = time.perf_counter()
+    val = predict_fixed_batches(model, windows.val.x)
+    test = predict_fixed_batches(model, windows.test.x)
+    return Forecasts(val, test, time.perf_counter() - started)

@@ -24,7 +24,7 @@ Each job trains as it would alone:
   its own. The pack's state crosses to the host in one transfer an epoch; the callbacks that decide the next
   epoch (early stopping, LR reduction, the checkpoint taking the state; the timer) run then, and its observers (the
   checkpoint's writer, progress) once the next epoch is on its way: the device does not wait for the
-  disk;
+  disk (the last epoch's run when the caller says: Pack.end, beside the jobs' evaluation);
 - a job that has stopped, or that a callback failed (StopOnNaN: its loss is no longer finite), is frozen: its
   weights, moments and step count stay as they are (not just given zero gradients) while the others go on.
 
@@ -46,6 +46,7 @@ import numpy as np
 from ..data.windows import Windows, float32
 from ..heads import WarmStart
 from .settings import INFERENCE_BATCH_SIZE
+from .trained import Forecasts
 
 if TYPE_CHECKING:
     from .sequence import JobTraining
@@ -82,15 +83,6 @@ class PackedJob:
         observers, the epochs it has done and the one it ends at."""
         self.callbacks, self.observers = training.deciding, training.observers
         self.epoch, self.end = training.first_epoch, training.end
-
-
-@dataclass(frozen=True)
-class Forecasts:
-    """A job's model outputs (inference, by output name) on its validation and test windows, as its pack's trained
-    state gives them (Pack.forecasts): what its evaluation scores."""
-    val: dict[str, np.ndarray]
-    test: dict[str, np.ndarray]
-    seconds: float  # its share of the pass that computed them (the pack's, over its jobs)
 
 
 @dataclass(frozen=True)
@@ -165,6 +157,7 @@ class Pack:
         # step); while an epoch trains, the state it started from (what the observers read meanwhile); None before
         # training
         self._host: dict | None = None
+        self._ended: list[tuple[int, int, dict]] = []  # the last epoch's, for end()
         for k, job in enumerate(self.jobs):
             job.view = JobView(self, k)
         # Every job's windows, each padded to the longest job's, on the device once
@@ -233,7 +226,8 @@ class Pack:
     def train(self, epochs: int) -> None:
         """Train every job from the epochs it has done to `epochs` (or the earlier end resume set), or until
         its early stopping stops it, or it fails. Each epoch of the pack is the next epoch of every job that
-        trains: jobs resumed after different epochs go on from their own."""
+        trains: jobs resumed after different epochs go on from their own. The last epoch's observers are left to
+        end(), which the caller runs beside what follows (its checkpoints need not delay the jobs' evaluation)."""
         jobs, n_train, n_val = self.jobs, self._n_train, self._n_val
         (x, y), (x_val, y_val) = self._train_data, self._val_data
         ends = [epochs if job.end is None else min(epochs, job.end) for job in jobs]
@@ -249,22 +243,23 @@ class Pack:
             # each job's epoch begins before it trains, as fit fires it (its callbacks read the weights it starts at)
             running = [k for k, job in enumerate(jobs) if job.view.running and job.epoch < ends[k]
                        and _fire(job, job.callbacks, "on_epoch_begin", job.epoch)]
-            if running:  # the epoch, dispatched: the device trains it while the host goes on below
-                active = np.isin(np.arange(len(jobs)), running)
-                orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
-                self.state, train_sum = self.steps.train_epoch(self.state, x, y,
-                                                              *_batches(orders, self.batch_size, active))
-                weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
-                val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
-                val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
+            if not running:  # the last epoch's observers are end()'s
+                self._ended = ended
+                break
+            # the epoch, dispatched: the device trains it while the host goes on below
+            active = np.isin(np.arange(len(jobs)), running)
+            orders = [batch_order(n, job.seed, job.epoch) for n, job in zip(n_train, jobs)]
+            self.state, train_sum = self.steps.train_epoch(self.state, x, y,
+                                                          *_batches(orders, self.batch_size, active))
+            weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
+            val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
+            val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
             # Meanwhile the observers see the last epoch end (its checkpoint written, then progress)
             # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
             for k, epoch, logs in ended:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_end", epoch, logs)
             for k in running:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
-            if not running:
-                break
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
             ended = []
             for k in running:  # not one that an observer failed while the epoch trained: the epoch is not its
@@ -281,7 +276,19 @@ class Pack:
                 jobs[k].epoch_seconds.append(seconds)
         for job in jobs:
             if not job.view.failed:
-                for callback in (*job.callbacks, *job.observers):
+                for callback in job.callbacks:
+                    callback.on_train_end()
+
+    def end(self) -> None:
+        """What `train` leaves to its caller, to run beside what comes next (the jobs' evaluation), the pack's buffers
+        released or not: the last epoch's observers (its checkpoint written, then progress), then their
+        on_train_end. An observer that fails fails its job (its `error`)."""
+        for k, epoch, logs in self._ended:
+            _fire(self.jobs[k], self.jobs[k].observers, "on_epoch_end", epoch, logs)
+        self._ended = []
+        for job in self.jobs:
+            if not job.view.failed:
+                for callback in job.observers:
                     callback.on_train_end()
 
 
@@ -488,8 +495,10 @@ class JobVariable:
         return variables[self.i].path
 
     @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.pack.state[self.group][self.i].shape[1:])
+    def shape(self) -> tuple[int, ...]:  # the model's variable's (a released pack's too: its last epoch's checkpoint)
+        variables = {"trainable": self.pack._trainable, "non_trainable": self.pack._non_trainable,
+                     "optimizer": self.pack._optimizer}[self.group]
+        return tuple(variables[self.i].shape)
 
     def numpy(self) -> np.ndarray:
         if self.pack._host is not None:

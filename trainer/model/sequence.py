@@ -8,9 +8,10 @@ from pathlib import Path
 import keras
 
 from ..errors import JobError
-from .callbacks import FitResult, StepTimer, StopOnNaN
+from .callbacks import StepTimer, StopOnNaN
 from .resume import EpochCheckpoint, resumable_callbacks, resume
 from .settings import Engine, TrainConfig
+from .trained import FitResult
 
 
 class JobTraining:

@@ -19,12 +19,12 @@ import tensorflow as tf
 from ..data.windows import SplitWindows, Windows, float32
 from ..errors import JobError
 from ..heads import WarmStart
-from .callbacks import FitResult
 from .device import apply_precision, gpu_name
 from .models import build_network, compile_settings
 from .resume import assign
 from .sequence import JobTraining
 from .settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
+from .trained import FitResult
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -248,6 +248,8 @@ def print_run_end(outcome, report: Path | None) -> None:
                   + "".join(f", {note}" for note in notes) + f"; run directory: {outcome.run_dir}"
                   + (f"; report: {report}" if report else ""), soft_wrap=True, markup=False,
                   highlight=False)
+    if outcome.device is not None and outcome.device.training > 0:
+        console.print(outcome.device.line(), soft_wrap=True, markup=False, highlight=False)
     if outcome.count("failed"):
         console.print("Failed jobs whose candles you fix are retried when you run the same command again; to retry "
                       f"the others as they are, add --retry-failed (or --retries {outcome.retries + 1})",
@@ -317,7 +319,7 @@ def print_status(run: RunDir, as_json: bool = False, only: tuple[str, ...] = (),
 def _ago(timestamp: float | None) -> str:
     if timestamp is None:
         return "never"
-    return f"{time.time() - timestamp:.0f}s ago at {datetime.fromtimestamp(timestamp, timezone.utc):%H:%M:%S}Z"
+    return f"{time.time() - timestamp:.0f}s ago at {datetime.fromtimestamp(timestamp, UTC):%H:%M:%S}Z"
 
 
 # ----------------------------------------------------------------------------- plan

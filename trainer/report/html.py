@@ -18,7 +18,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import cache
 from importlib.resources import files
 from pathlib import Path
@@ -38,7 +38,7 @@ from ..run.artifacts import jobs_dir
 from ..run.jobdir import METRICS, PREDICTIONS, PREPROCESSING, CloseSeries, JobDir, JobFileError, MissingJobFile
 from ..run.jobs import Job
 from ..run.ledger import JobRecord
-from ..run.rundir import CONFIG, RunDir
+from ..run.rundir import CONFIG, DeviceTime, RunDir
 from .console import verdict
 
 REPORT = "report.html"
@@ -202,7 +202,9 @@ def _header(run_dir: Path, config: RunConfig | None, config_note: str | None, jo
                                       "processes included)")))
     facts.append(("job time", _e(f"{_duration(seconds)}, the sum of the jobs' seconds (jobs trained at once, "
                                  "packed or on Ray workers, each count the time they shared)")))
-    facts.append(("report", _e(f"written {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by cryptotrain "
+    if (device := DeviceTime.read(run_dir)) is not None:
+        facts.append(("device time", _e(f"{device.line()} (the last run)")))
+    facts.append(("report", _e(f"written {datetime.now(UTC):%Y-%m-%d %H:%M} UTC by cryptotrain "
                                f"{__version__}")))
     out = []
     if any(job.synthetic for job in jobs) or (data and data.chosen.synthetic):

@@ -44,9 +44,10 @@ from ..config import ExecutorConfig, RunConfig
 from ..errors import RAY_MISSING, JobError, RunStopped, UserError, cause
 from ..evaluation.results import JobMetrics
 from ..files import atomic_write
-from ..model.models import build_network
+from ..model.models import build_network, output_shapes
+from .host import Inline
 from .jobs import Job
-from .pipeline import Events, JobOutput, Prepared, tensorboard_dir
+from .pipeline import Events, Host, JobOutput, Prepared, tensorboard_dir
 from .reachable import check_cluster, reachable, unreachable_cluster
 
 try:
@@ -97,13 +98,16 @@ class RayExecutor:
     """`executor.workers` Ray actors, one job each at a time, or `pack` jobs each packed on Keras's JAX backend (see
     the module's docstring)."""
 
-    def __init__(self, cfg: RunConfig, executor: ExecutorConfig, pack: int | None = None) -> None:
+    def __init__(self, cfg: RunConfig, executor: ExecutorConfig, host: Host, pack: int | None = None) -> None:
         if ray is None:
             raise UserError(RAY_MISSING)
         self.cfg, self.options, self.pack = cfg, executor, pack
         self.per_worker = pack or 1  # jobs a worker takes at a time
         self.capacity = executor.workers * self.per_worker
-        build_network(cfg.network, cfg.train)  # a model the config cannot build is bad input, said before any work
+        self.host = host  # where the driver prepares jobs (the workers evaluate theirs)
+        self.training_seconds = None  # the devices are the workers', not this process's
+        # a model the config cannot build is bad input, said before any work
+        self.target_shapes = output_shapes(build_network(cfg.network, cfg.train)[0], cfg.heads)
         self._connected_here = False  # ray.init called here (not in a notebook before)
         self._workers: list = []
         self._free: list = []
@@ -418,7 +422,7 @@ if ray is not None:
                 from .packing import PackExecutor
 
                 gc.freeze()  # the imports live as long as the worker: collections skip them (long_lived_frozen)
-                self.packer = PackExecutor(cfg, pack)
+                self.packer = PackExecutor(cfg, pack, Inline())  # its CPUs are the jobs' (cpus_per_worker)
                 return
             os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             from .engine import import_tensorflow
@@ -472,7 +476,7 @@ if ray is not None:
 
             [job], [rows] = jobs, prepared
             try:
-                return [train_one(self.cfg, job, rows, tmp / job.name / "backup", self.cache, events,
+                return [train_one(self.cfg, job, rows, tmp / job.name / "backup", self.cache, events, Inline(),
                                   callbacks=(ship[job.name],), tensorboard=tmp / job.name / "tensorboard")]
             except Exception as exc:
                 if not isinstance(exc, (JobError, _MailboxLost)):

@@ -4,8 +4,9 @@ imported only when asked for: a local run never imports Ray, a packed one never 
 
 An executor takes prepared jobs (submit) up to its capacity and hands back each one's outcome (wait): a
 pipeline.JobOutput (its metrics and its files, which the driver writes into the job directory it commits), or
-the exception the job failed with. Everything about the run directory and the ledger stays with the driver
-(runner.run_config).
+the exception the job failed with. Its `host` (run.host) is where the jobs' host work runs: the driver prepares
+jobs there, an executor in this process evaluates them there. Everything about the run directory and the ledger
+stays with the driver (runner.run_config).
 """
 from __future__ import annotations
 
@@ -19,14 +20,18 @@ import keras
 
 from ..config import ExecutorConfig, RunConfig
 from ..errors import JobError, UserError
+from .host import host_workers, open_host
 from .jobs import Job
-from .pipeline import Events, JobOutput, Prepared, long_lived_frozen, tensorboard_dir, train_one
+from .pipeline import Events, Host, JobOutput, Prepared, long_lived_frozen, tensorboard_dir, train_one
 
 log = logging.getLogger(__name__)
 
 
 class Executor(Protocol):
     capacity: int  # jobs it trains at once
+    host: Host  # where the jobs' host work runs (run.host)
+    target_shapes: dict[str, tuple[int, ...]]  # each head's targets, as the model outputs them (pipeline.prepare)
+    training_seconds: float | None  # time its device has trained (and forecast) in this process so far; None: Ray's
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None: ...
 
@@ -40,12 +45,15 @@ class LocalExecutor:
 
     capacity = 1
 
-    def __init__(self, cfg: RunConfig) -> None:
+    def __init__(self, cfg: RunConfig, host: Host) -> None:
+        from ..model.models import output_shapes
         from ..model.training import ModelCache
 
-        self.cfg = cfg
+        self.cfg, self.host = cfg, host
         self.cache = ModelCache.of_process()  # a run after a run in this process reuses its traced model
-        self.cache.model_for(cfg.network, cfg.train)  # a model the config cannot build is bad input
+        # a model the config cannot build is bad input
+        self.target_shapes = output_shapes(self.cache.model_for(cfg.network, cfg.train), cfg.heads)
+        self.training_seconds = 0.0
         self._next: tuple[Job, Prepared, Path] | None = None
 
     def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
@@ -55,8 +63,10 @@ class LocalExecutor:
         job, prepared, backup = self._next
         self._next = None
         try:
-            return [(job, train_one(self.cfg, job, prepared, backup, self.cache, events,
-                                    tensorboard=tensorboard_dir(self.cfg.run_dir, job.name)))]
+            result = train_one(self.cfg, job, prepared, backup, self.cache, events, self.host,
+                               tensorboard=tensorboard_dir(self.cfg.run_dir, job.name))
+            self.training_seconds += result.training_seconds
+            return [(job, result)]
         except Exception as exc:  # KeyboardInterrupt and SystemExit go on up: the driver stops
             if not isinstance(exc, JobError):
                 self.cache.forget()  # the model may be in a broken state (e.g. after out-of-memory)
@@ -64,10 +74,11 @@ class LocalExecutor:
 
 
 @contextlib.contextmanager
-def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
-                  note: Callable[[str], None] = lambda line: None) -> Iterator[Executor]:
+def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int, note: Callable[[str], None] = lambda line: None,
+                  host_workers: int | str = "auto") -> Iterator[Executor]:
     """The executor of `jobs` jobs: packed when train.pack asks for it and this process's Keras runs on JAX (the CLI
-    chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why."""
+    chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why, and where
+    the host work runs (`host_workers`: run --host-workers, host.host_workers)."""
     backend = keras.backend.backend()
     pack = None  # jobs a Ray worker packs; None: one at a time, with TensorFlow
     if backend == "tensorflow" and cfg.train.pack not in (1, "auto"):
@@ -79,8 +90,8 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
         at_a_time = f"{plan.k} job{'s' * (plan.k > 1)} at a time"
         if executor.kind == "local":
-            with long_lived_frozen():
-                workers = PackExecutor(cfg, plan.k)
+            with _host(host_workers, plan.k, note) as host, long_lived_frozen():
+                workers = PackExecutor(cfg, plan.k, host)
                 note(f"packed training on {plan.device}: {at_a_time} ({plan.why}); compiled steps kept in "
                      f"{workers.compilation_cache}")
                 yield workers
@@ -99,10 +110,24 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int,
                 log.warning("model.layers[%d] (%s) cannot use the fused cuDNN kernel on a GPU: %s",
                             layer.index, layer.kind, "; ".join(layer.blockers))
         if executor.kind == "local":
-            with long_lived_frozen():
-                yield LocalExecutor(cfg)
+            with _host(host_workers, 1, note) as host, long_lived_frozen():
+                yield LocalExecutor(cfg, host)
             return
     from .distributed import RayExecutor
 
-    with RayExecutor(cfg, executor, pack) as workers:
+    with _host(host_workers, executor.workers * (pack or 1), note) as host, \
+            RayExecutor(cfg, executor, host, pack) as workers:
         yield workers
+
+
+@contextlib.contextmanager
+def _host(requested: int | str, capacity: int, note: Callable[[str], None]) -> Iterator[Host]:
+    """Where the host work of an executor of `capacity` runs (host.host_workers), its workers started now, while the
+    model is built; closed with the executor."""
+    host = open_host(host_workers(requested, capacity))
+    if host.workers > 1:
+        note(f"host work (preparing and evaluating jobs) on {host.workers} worker processes")
+    try:
+        yield host
+    finally:
+        host.close()

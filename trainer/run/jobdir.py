@@ -14,6 +14,7 @@ No TensorFlow, Keras or Matplotlib is imported here (the report reads job direct
 """
 from __future__ import annotations
 
+import io
 import json
 import zipfile
 from collections.abc import Callable
@@ -33,7 +34,7 @@ from ..errors import UserError, cause
 from ..evaluation import charts
 from ..evaluation.baselines import Har
 from ..evaluation.results import JobMetrics
-from ..files import sha256_file, write_json
+from ..files import json_bytes, sha256_file
 
 if TYPE_CHECKING:
     import keras
@@ -144,21 +145,28 @@ class JobDir:
         return [*json.loads((self.path / MANIFEST).read_text())["files"], MANIFEST]
 
     # ------------------------------------------------------------------------- writing
-    def write(self, model: keras.Model, preprocessing: Preprocessing, metrics: JobMetrics, config: dict,
-              history: pd.DataFrame, predictions: dict[str, np.ndarray], har: Har | None,
-              harx: Har | None = None) -> None:
-        """Every file but the manifest (write_manifest, last) into this directory, a staging one
-        (artifacts.commit_job). `predictions`: target_times, each head's forecasts on the test split in prices, and
-        the actual and persistence close (actual_close, persistence_close) where a head forecasts the close."""
+    @staticmethod
+    def files(preprocessing: Preprocessing, metrics: JobMetrics, config: dict, history: pd.DataFrame,
+              predictions: dict[str, np.ndarray], har: Har | None, harx: Har | None = None) -> dict[str, bytes]:
+        """Every file of a job's directory but its model and its manifest, by name, as the bytes `write` puts
+        there (made where the job is evaluated: run.host). `predictions`: target_times, each head's forecasts on the
+        test split in prices, and the actual and persistence close (actual_close, persistence_close) where a head
+        forecasts the close."""
+        files = {name: json_bytes(fitted.to_dict()) for name, fitted in ((HAR, har), (HARX, harx)) if fitted}
+        npz = io.BytesIO()
+        np.savez(npz, **predictions)
+        return files | {PREPROCESSING: json_bytes(preprocessing.to_dict()),
+                        METRICS: json_bytes(metrics.model_dump(mode="json")),
+                        CONFIG: yaml.safe_dump(config, sort_keys=False).encode(),
+                        HISTORY: history.to_csv(index=False).encode(),
+                        PREDICTIONS: npz.getvalue()}
+
+    def write(self, model: keras.Model, files: dict[str, bytes]) -> None:
+        """The model and `files` (JobDir.files) into this directory, a staging one (artifacts.stage_job); the
+        manifest is written last (write_manifest)."""
         model.save(self.path / MODEL)
-        for name, fitted in ((HAR, har), (HARX, harx)):
-            if fitted is not None:
-                write_json(self.path / name, fitted.to_dict())
-        write_json(self.path / PREPROCESSING, preprocessing.to_dict())
-        write_json(self.path / METRICS, metrics.model_dump(mode="json"))
-        (self.path / CONFIG).write_text(yaml.safe_dump(config, sort_keys=False))
-        history.to_csv(self.path / HISTORY, index=False)
-        np.savez(self.path / PREDICTIONS, **predictions)
+        for name, content in files.items():
+            (self.path / name).write_bytes(content)
 
     def write_manifest(self) -> str:
         """The sha256 of every other file, and the format: written last, when every other file is there. Returns

@@ -282,18 +282,29 @@ class Ledger:
         there is nothing left to do."""
         with self._transaction() as conn:
             now = time.time()  # after the lock wait: it is when this claim starts
-            rows = conn.execute("SELECT name, status, attempts, pid, host, heartbeat_at FROM jobs "
-                                "WHERE status != 'done' ORDER BY position").fetchall()
-            if names is not None:
-                by_name = {row["name"]: row for row in rows}
-                rows = [by_name[name] for name in names if name in by_name]
-            for row in rows:
-                abandoned = self._abandoned(row, now) if row["status"] == "running" else None
-                if (row["status"] == "pending" or abandoned
-                        or (row["status"] == "failed" and row["attempts"] <= retries)):
-                    self._start_attempt(conn, row["name"], now, abandoned)
-                    return row["name"]
+            for name, abandoned in self._claimable(conn, retries, names, now):
+                self._start_attempt(conn, name, now, abandoned)
+                return name
         return None
+
+    def claimable(self, retries: int, names: list[str] | None = None) -> list[str]:
+        """The jobs `claim` would take now, in the order it would take them, none taken (another process may take
+        them first): what a driver prepares ahead."""
+        with self._transaction() as conn:
+            return [name for name, _ in self._claimable(conn, retries, names, time.time())]
+
+    def _claimable(self, conn: sqlite3.Connection, retries: int, names: list[str] | None,
+                   now: float) -> Iterator[tuple[str, str | None]]:
+        """(name, why its process is presumed dead where it was running) of each job claim may take, in order."""
+        rows = conn.execute("SELECT name, status, attempts, pid, host, heartbeat_at FROM jobs "
+                            "WHERE status != 'done' ORDER BY position").fetchall()
+        if names is not None:
+            by_name = {row["name"]: row for row in rows}
+            rows = [by_name[name] for name in names if name in by_name]
+        for row in rows:
+            abandoned = self._abandoned(row, now) if row["status"] == "running" else None
+            if row["status"] == "pending" or abandoned or (row["status"] == "failed" and row["attempts"] <= retries):
+                yield row["name"], abandoned
 
     def in_use(self) -> list[str]:
         """The jobs that live processes are running now, as "JOB (pid P on HOST)"."""

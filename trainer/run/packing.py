@@ -1,13 +1,14 @@
 """Packed runs (`run --pack K`, train.pack): the driver claims up to K jobs and prepares each, as for any executor;
 this one trains them together in one compiled step on Keras's JAX backend (model.packed.Pack), each exactly as if
-alone, then evaluates each as a job trained alone is evaluated (pipeline.evaluated). Every job keeps its own epoch
-checkpoints in its backup directory and is committed and recorded on its own by the driver: a pack killed at any
-moment resumes each of its jobs after its own last finished epoch.
+alone, then evaluates each as a job trained alone is evaluated (pipeline.evaluated), every one at once on the host's
+workers (run.host), while the pack's last checkpoints are written. Every job keeps its own epoch checkpoints in its
+backup directory and is committed and recorded on its own by the driver: a pack killed at any moment resumes each
+of its jobs after its own last finished epoch.
 
 The jobs of a run share one model signature (one config, one model), so any K of them pack; jobs of different
 lengths pack too: each has its own number of batches an epoch, and one with fewer is idle for the rest of it (the
-driver claims jobs a timeframe at a time, so that series over the same dates pack with their like; each pack says
-its idle share).
+driver packs jobs of like lengths together, of those it has prepared: runner.like_lengths; each pack says its idle
+share).
 
 Imports no TensorFlow: it runs where only JAX is installed.
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -28,12 +30,24 @@ from ..errors import UserError, first_line, out_of_memory
 from ..evaluation.results import JobMetrics
 from ..model.callbacks import EpochSummaries, ReportProgress
 from ..model.models import build_network, output_shapes
-from ..model.packed import Forecasts, JobState, Pack, PackedJob, PackSteps, windows_job
+from ..model.packed import JobState, Pack, PackedJob, PackSteps, windows_job
 from ..model.resume import assign
 from ..model.sequence import JobTraining
 from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
+from ..model.trained import Forecasts
 from .jobs import Job
-from .pipeline import Events, JobOutput, JobResult, Prepared, evaluated, job_windows, named_after, tensorboard_dir
+from .pipeline import (
+    Events,
+    Host,
+    JobOutput,
+    JobResult,
+    Prepared,
+    current_rss_mb,
+    evaluated,
+    named_after,
+    release_free_memory,
+    tensorboard_dir,
+)
 
 log = logging.getLogger(__name__)
 
@@ -160,10 +174,11 @@ class _Submitted:
 
 
 class PackExecutor:
-    """Trains the jobs submitted since the last wait (at most `capacity`) together, then evaluates each."""
+    """Trains the jobs submitted since the last wait (at most `capacity`) together, then evaluates each on `host`,
+    all of them at once where it has a worker for each (run.host)."""
 
-    def __init__(self, cfg: RunConfig, capacity: int) -> None:
-        self.cfg, self.capacity = cfg, capacity
+    def __init__(self, cfg: RunConfig, capacity: int, host: Host) -> None:
+        self.cfg, self.capacity, self.host = cfg, capacity, host
         if not jax.config.jax_threefry_partitionable:
             raise UserError("packed training needs JAX's partitionable random bits (jax_threefry_partitionable, its "
                             "default from JAX 0.5): without them a packed job draws other dropout bits than alone; "
@@ -174,6 +189,7 @@ class PackExecutor:
         keras.utils.set_random_seed(cfg.train.seed)  # the initial weights a job trained alone starts from
         # A model the config cannot build is bad input, said before a run directory records it.
         self.model, self.warm_starts = build_network(cfg.network, cfg.train)
+        self.target_shapes = output_shapes(self.model, cfg.heads)
         # The one batch it evaluates through Keras (to build its compiled metrics: packed.PackSteps) compiled, not run
         # op by op: every other forward pass is the pack's own, compiled and mapped over its jobs
         self.model.jit_compile = True
@@ -181,6 +197,7 @@ class PackExecutor:
         # every job starts from them, as alone
         self.initial = [v.numpy() for v in self.model.variables]
         self.initial_optimizer = [v.numpy() for v in self.model.optimizer.variables]
+        self.training_seconds = 0.0
         self._steps: PackSteps | None = None  # the model's compiled packed epoch, once a pack has made it
         self._submitted: list[_Submitted] = []
 
@@ -194,88 +211,94 @@ class PackExecutor:
     def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
         submitted, self._submitted = self._submitted, []
         started = time.perf_counter()
-        cfg, model = self.cfg, self.model
+        trained_jobs, ends = self._train_fitting(submitted, events)
+        release_free_memory()
+        rss_mb = current_rss_mb()
+        engine = {}  # jobs a pack -> what trained them
         outcomes: dict[str, JobOutput | BaseException] = {}
-        framed = []  # (submitted, windows, fitted, packed job)
-        framing = {}  # job -> the seconds its windows took
+        evaluating = {}  # job -> its evaluation's future
         for item in submitted:
+            name = item.job.name
+            if isinstance(trained_job := trained_jobs[name], BaseException):
+                outcomes[name] = trained_job  # its pack could not train
+                continue
+            packed, training, state, forecasts = trained_job
             try:
-                began = time.perf_counter()
-                with named_after(item.prepared):
-                    windows, fitted = job_windows(cfg, item.job.timeframe, item.prepared.frame,
-                                                  output_shapes(model, cfg.heads))
-                framing[item.job.name] = time.perf_counter() - began
-                framed.append((item, windows, fitted, windows_job(item.job.name, windows, cfg.train.seed)))
-            except Exception as exc:  # KeyboardInterrupt goes on up: the driver stops
-                outcomes[item.job.name] = exc
-        if framed:
-            trained_jobs = self._train_fitting(framed, events)
-            for item, windows, fitted, _ in framed:
-                if isinstance(trained_job := trained_jobs[item.job.name], BaseException):
-                    outcomes[item.job.name] = trained_job  # its pack could not train
-                    continue
-                packed, training, state, forecasts = trained_job
-                try:
-                    with named_after(item.prepared):
-                        if packed.error is not None:  # a callback failed it: StopOnNaN's Diverged, say
-                            raise packed.error
-                        # its epochs' times: its pack's
-                        result = replace(training.result(Engine(name="jax", jobs=state.pack, precision=self.precision,
-                                                                device=device_name())),
-                                         epoch_seconds=tuple(packed.epoch_seconds))
-                    # saved with the job's own state (its optimizer's too: model.keras holds it, as a job trained
-                    # alone saves its own)
-                    outcomes[item.job.name] = _PackedOutput(
-                        evaluated(cfg, item.job, item.prepared, model, windows, fitted, result, started,
-                                  framing[item.job.name], forecasts), state)
-                except Exception as exc:
-                    outcomes[item.job.name] = exc
+                with named_after(item.prepared.frame, item.prepared.data):
+                    if packed.error is not None:  # a callback failed it: StopOnNaN's Diverged, say
+                        raise packed.error
+                    engine.setdefault(state.pack, Engine(name="jax", jobs=state.pack, precision=self.precision,
+                                                         device=device_name()))
+                    # its epochs' times: its pack's
+                    result = replace(training.result(engine[state.pack]), epoch_seconds=tuple(packed.epoch_seconds))
+            except Exception as exc:
+                outcomes[name] = exc
+                continue
+            evaluating[name] = self.host.submit(evaluated, self.cfg, item.job, item.prepared, result, forecasts,
+                                                time.perf_counter() - started, rss_mb)
+        for end in ends:  # beside the evaluations: the last epoch's checkpoints written, its progress shown
+            end()
+        for item in submitted:
+            if (name := item.job.name) not in evaluating:
+                continue
+            packed, _, state, _ = trained_jobs[name]
+            try:
+                with named_after(item.prepared.frame, item.prepared.data):
+                    if packed.error is not None:  # its last checkpoint could not be written, say
+                        raise packed.error
+                # saved with the job's own state (its optimizer's too: model.keras holds it, as a job trained alone
+                # saves its own)
+                outcomes[name] = _PackedOutput(JobResult(evaluating[name].result(), self.model), state)
+            except Exception as exc:
+                outcomes[name] = exc
         return [(item.job, outcomes[item.job.name]) for item in submitted]
 
-    def _train_fitting(self, framed: list[tuple], events: Events) -> dict[str, Trained | BaseException]:
-        """The framed jobs (submitted, windows, fitted, packed job) trained in one pack; should the device not hold
-        them (more than auto's estimate allowed for, or --pack K), in two halves, one after the other, and theirs
-        likewise. Each job goes on from its own last checkpoint, so it ends as in a pack that ran through. Per job:
-        its trained PackedJob and its training sequence, or what failed it (a job alone the device cannot hold:
-        the run's line says to lower train.batch_size)."""
-        if len(framed) > 1:  # what the progress display shows as jobs training at once
-            steps = [math.ceil(len(windows.train) / self.cfg.train.batch_size) for _, windows, *_ in framed]
+    def _train_fitting(self, items: list[_Submitted],
+                       events: Events) -> tuple[dict[str, Trained | BaseException], list[Callable[[], None]]]:
+        """The jobs trained in one pack; should the device (or the host, building the pack) not hold them (more than
+        auto's estimate allowed for, or --pack K), in two halves, one after the other, and theirs likewise. Each job
+        goes on from its own last checkpoint, so it ends as in a pack that ran through. Per job: its trained
+        PackedJob and its training sequence, or what failed it (a job alone the device cannot hold: the run's line
+        says to lower train.batch_size); and what each pack left to do beside the evaluation (Pack.end)."""
+        if len(items) > 1:  # what the progress display shows as jobs training at once
+            steps = [math.ceil(len(item.prepared.windows.train) / self.cfg.train.batch_size) for item in items]
             log.info("training packed, %d jobs in one step: %s; %.0f %% of its lanes idle (%s steps an epoch)",
-                     len(framed), ", ".join(item.job.name for item, *_ in framed), 100 * idle_share(steps),
+                     len(items), ", ".join(item.job.name for item in items), 100 * idle_share(steps),
                      f"{min(steps)}-{max(steps)}" if min(steps) < max(steps) else max(steps))
-        jobs = [(item, packed) for item, *_, packed in framed]
         try:
-            trainings, trained = self._train(jobs, events)
+            trainings, trained, end = self._train(items, events)
         except Exception as exc:  # the pack could not train (and has released its buffers)
-            if len(framed) == 1 or not out_of_memory(exc):
-                return {item.job.name: exc for item, _ in jobs}  # each job fails with it
-            why = first_line(exc)
+            if len(items) == 1 or not (out_of_memory(exc) or isinstance(exc, MemoryError)):
+                return {item.job.name: exc for item in items}, []  # each job fails with it
+            where = "host memory building it" if isinstance(exc, MemoryError) else f"memory on {device_name()}"
+            why = first_line(exc) or type(exc).__name__
         else:
-            return {item.job.name: (packed, trainings[packed.name], *trained[packed.name]) for item, packed in jobs}
+            return {item.job.name: (packed, trainings[packed.name], *trained[packed.name])
+                    for item, packed in zip(items, trained.packed, strict=True)}, [end]
         # Out of memory: the halves train once the failed pack, its exception and what they held are gone
-        half = len(framed) // 2
-        log.warning("a pack of %d jobs ran out of memory on %s (%s): training them %d and %d at a time",
-                    len(framed), device_name(), why, half, len(framed) - half)
-        again = [(item, windows, fitted, windows_job(item.job.name, windows, self.cfg.train.seed))
-                 for item, windows, fitted, _ in framed]  # the failed pack's jobs hold its callbacks
-        del jobs, framed
-        return self._train_fitting(again[:half], events) | self._train_fitting(again[half:], events)
+        half = len(items) // 2
+        log.warning("a pack of %d jobs ran out of %s (%s): training them %d and %d at a time",
+                    len(items), where, why, half, len(items) - half)
+        first, first_ends = self._train_fitting(items[:half], events)
+        second, second_ends = self._train_fitting(items[half:], events)
+        return first | second, first_ends + second_ends
 
-    def _train(self, jobs: list[tuple[_Submitted, PackedJob]],
-               events: Events) -> tuple[dict[str, JobTraining], dict[str, tuple[JobState, Forecasts]]]:
+    def _train(self, items: list[_Submitted],
+               events: Events) -> tuple[dict[str, JobTraining], _Trained, Callable[[], None]]:
         """The jobs trained in one pack, each with its own sequence (sequence.JobTraining, as a job trained alone):
-        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence, and its
-        state on the host with its forecasts (Pack.forecasts), by name. The pack's device buffers are released before
-        it returns (or raises): the next pack, or a half of this one, trains in their room."""
-        model = self.model
+        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence, its
+        packed job, its state on the host and its forecasts (Pack.forecasts); and the pack's end (Pack.end, then its
+        TensorBoard writers closed), left to the caller. The pack's device buffers are released before it returns (or
+        raises): the next pack, or a half of this one, trains in their room."""
+        model, began = self.model, time.perf_counter()
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
-        pack = Pack(model, [packed for _, packed in jobs], self.cfg.train.batch_size, INFERENCE_BATCH_SIZE,
-                    self._steps)
-        self._steps = pack.steps  # the next pack's, and each half's after an out-of-memory
-        trainings, summaries = {}, []
+        trainings, summaries, pack = {}, [], None
         try:
-            for item, packed in jobs:
+            jobs = [windows_job(item.job.name, item.prepared.windows, self.cfg.train.seed) for item in items]
+            pack = Pack(model, jobs, self.cfg.train.batch_size, INFERENCE_BATCH_SIZE, self._steps)
+            self._steps = pack.steps  # the next pack's, and each half's after an out-of-memory
+            for item, packed in zip(items, jobs, strict=True):
                 # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have
                 # seen it, as pipeline.train_one does: an epoch shown is one the driver holds.
                 callbacks = [*item.callbacks, ReportProgress(events, packed.name)]
@@ -286,10 +309,32 @@ class PackExecutor:
                 packed.follow(training)
                 training.start(partial(pack.warm_start, packed, self.warm_starts))
             pack.train(self.cfg.train.epochs)
-            names = [packed.name for _, packed in jobs]
-            trained = dict(zip(names, zip(pack.states(), pack.forecasts(), strict=True), strict=True))
-        finally:  # a job that failed ends without on_train_end
-            pack.release()  # now, not when the collector reaches it (what raised holds it until its traceback goes)
+            trained = _Trained(jobs, dict(zip([packed.name for packed in jobs],
+                                              zip(pack.states(), pack.forecasts(), strict=True), strict=True)))
+        except BaseException:  # a job that failed ends without on_train_end
+            if pack is not None:
+                pack.release()  # now, not when the collector reaches it (what raised holds it until it goes)
             for summary in summaries:
                 summary.close()
-        return trainings, trained
+            raise
+        finally:
+            self.training_seconds += time.perf_counter() - began
+        pack.release()
+
+        def end() -> None:
+            try:
+                pack.end()
+            finally:
+                for summary in summaries:
+                    summary.close()
+        return trainings, trained, end
+
+
+@dataclass(frozen=True)
+class _Trained:
+    """A pack's jobs as it trained them, and each one's state on the host and forecasts, by name."""
+    packed: list[PackedJob]
+    by_name: dict[str, tuple[JobState, Forecasts]]
+
+    def __getitem__(self, name: str) -> tuple[JobState, Forecasts]:
+        return self.by_name[name]

@@ -1,13 +1,16 @@
-"""One job, top to bottom: candles -> features (prepare) -> windows (job_windows) -> train -> evaluate -> the job's
+"""One job, top to bottom: candles -> features -> windows and baselines (prepare) -> train -> evaluate -> the job's
 files (train_one: TensorFlow's training.fit, then `evaluated`). A packed run (packing.PackExecutor) trains K jobs
-together on JAX between job_windows and `evaluated`, the same two steps.
+together on JAX between `prepare` and `evaluated`, the same two steps.
 
-`prepare` runs where the data is (the driver, with its feature cache); `train_one` runs anywhere — in the
-driver's process for a local run, in a Ray worker for a distributed one. Neither prints nor touches the run
-directory: training progress goes to an Events object, the outcome comes back as a JobResult (its metrics and
-what its job directory holds, in memory), which the driver writes straight into the staging directory it
-commits (artifacts.commit_job), and the only path train_one writes to is the backup directory it is given (the
-job's epoch checkpoints).
+`prepare` and `evaluated` are the job's host work: numpy, pandas and ta, no Keras, run in a host worker (run.host:
+a process of their own, one per core, beside the device) or inline. `prepare` runs where the data is (the driver,
+with its feature cache); training runs anywhere - in the driver's process for a local run, in a Ray worker for a
+distributed one. None of them prints or touches the run directory: training progress goes to an Events object, the
+outcome comes back as a JobOutput (its metrics and its files, in memory), which the driver writes straight into the
+staging directory it commits (artifacts.commit_job), and the only path training writes to is the backup directory
+it is given (the job's epoch checkpoints).
+
+Imports no Keras at import time: a host worker imports this module.
 """
 from __future__ import annotations
 
@@ -17,29 +20,28 @@ import gc
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-import keras
-import numpy as np
 import pandas as pd
 
 from ..config import RunConfig
 from ..data.features import implausible_jump, job_features
 from ..data.market import Reference
-from ..data.windows import Preprocessing, SplitWindows, Windows, make_windows
+from ..data.windows import Windows, make_windows
 from ..errors import JobError
-from ..evaluation.baselines import Baselines, Har, cached_baselines
-from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate, predict_fixed_batches
+from ..evaluation.baselines import Baselines, cached_baselines
+from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate
 from ..evaluation.results import DataInfo, JobMetrics, Timing
-from ..model.callbacks import Diverged, FitResult, ReportProgress
-from ..model.models import output_shapes
+from ..model.trained import Diverged, FitResult, Forecasts
 from .jobdir import JobDir
 from .jobs import Job
 
 if TYPE_CHECKING:
-    from ..model.packed import Forecasts
+    import keras
+
     from ..model.training import ModelCache
 
 
@@ -52,14 +54,25 @@ class Events(Protocol):
     def epoch_ended(self, job: str, epoch: int, logs: dict) -> None: ...
 
 
+class Host(Protocol):
+    """Where a job's host work runs (run.host.HostPool: in a worker process of its own, or inline)."""
+
+    def submit(self, fn, /, *args) -> Future: ...
+
+
 @dataclass(frozen=True)
 class Prepared:
-    """A job's input, made where the data is: its feature rows, where its candles came from (metrics.json's
-    "data") and the reference series of its market input (preprocessing.json's "market")."""
+    """A job's input, made where the data is (prepare): its feature rows, its windows as training takes them and the
+    baselines of the size of the coming candles fitted on its train split (None without a candle head), where its
+    candles came from (metrics.json's "data") and the reference series of its market input (preprocessing.json's
+    "market")."""
     frame: pd.DataFrame
     data: DataInfo
+    windows: Windows
+    fitted: Baselines | None
     market: tuple[Reference, ...] = ()
-    seconds: float = 0.0  # the time it took (metrics.json's timing.prepare)
+    seconds: float = 0.0  # candles -> features (metrics.json's timing.prepare)
+    framing: float = 0.0  # features -> windows and baselines (timing.windows)
 
 
 class JobOutput(Protocol):
@@ -70,54 +83,60 @@ class JobOutput(Protocol):
     def write(self, directory: Path) -> None: ...
 
 
+@dataclass(frozen=True)
+class Evaluated:
+    """A trained job judged (`evaluated`): its metrics, and every file of its directory but the model and the
+    manifest, as bytes (JobDir.files): what a host worker hands back."""
+    metrics: JobMetrics
+    files: dict[str, bytes]
+
+
 @dataclass(frozen=True, eq=False)
 class JobResult:
-    """A job trained here (train_one): what its directory holds, in memory, each written once by `write`. The
-    model is the ModelCache's: write the result before the cache's next job."""
-    metrics: JobMetrics
+    """A job trained here: its evaluation, and its model (the ModelCache's, or a pack's with the job's state in it:
+    write the result before that model changes)."""
+    evaluated: Evaluated
     model: keras.Model
-    preprocessing: Preprocessing  # with the job's symbol, timeframe and indicators: what predict reads
-    config: dict  # the run's config as published with the model
-    history: pd.DataFrame  # one row per epoch
-    test: SplitWindows
-    predictions: dict[str, np.ndarray]  # head -> the test split's forecasts in prices
-    har_tod: Har | None = None  # predict's expected high / low and interval after the latest candles
-    served: dict[str, np.ndarray] = field(default_factory=dict)  # what users get per test window (candle_scores)
-    harx: Har | None = None  # HAR-X, where what is served weighs it (predict)
+    training_seconds: float = 0.0  # its training and forecasts (train_one; a packed job's are its pack's)
+
+    @property
+    def metrics(self) -> JobMetrics:
+        return self.evaluated.metrics
 
     def write(self, directory: Path) -> None:
-        test, predictions = self.test, self.predictions
-        close_head = next((h for h in self.preprocessing.heads if "close" in h.columns), None)
-        closes = {}
-        if close_head is not None:  # for the report's chart: the test split's actual close, and persistence's
-            column = close_head.columns.index("close")
-            closes = {"actual_close": test.y_raw[close_head.name][..., column],
-                      "persistence_close": test.last_inputs[close_head.name][:, column]}
-        JobDir(directory).write(self.model, self.preprocessing, self.metrics, self.config, self.history,
-                                {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes,
-                                 **self.served},
-                                self.har_tod, self.harx)
+        JobDir(directory).write(self.model, self.evaluated.files)
 
 
 def tensorboard_dir(run_dir: Path, job_name: str) -> Path:
     return run_dir / "tensorboard" / job_name
 
 
-def prepare(cfg: RunConfig, job: Job) -> Prepared:
+def prepare(cfg: RunConfig, job: Job, target_shapes: dict[str, tuple[int, ...]]) -> Prepared:
+    """A job's candles -> its features -> its windows (each head's targets shaped `target_shapes`: the model's,
+    models.output_shapes) and the baselines fitted on its train split (job_windows)."""
     started = time.perf_counter()
     features = job_features(cfg, job.symbol, job.timeframe)
-    candles = features.candles
-    return Prepared(features.frame, DataInfo(
-        source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
-        first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(), rows=len(candles),
-        gaps=int(candles.attrs.get("gaps", 0))), features.market, time.perf_counter() - started)
+    candles, frame = features.candles, features.frame
+    data = DataInfo(source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
+                    first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(), rows=len(candles),
+                    gaps=int(candles.attrs.get("gaps", 0)))
+    featured = time.perf_counter()
+    with named_after(frame, data):  # what fails here (a value the windows cannot frame) names the candles
+        windows, fitted = job_windows(cfg, job.timeframe, frame, target_shapes)
+    return Prepared(frame, data, windows, fitted, features.market, featured - started,
+                    time.perf_counter() - featured)
 
 
 def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
-              callbacks: tuple[keras.callbacks.Callback, ...] = (), tensorboard: Path | None = None) -> JobResult:
-    """Train and evaluate one job. `backup_dir` holds its epoch checkpoints: an interrupted or extended job goes
-    on from the last one there. With train.tensorboard, Keras's TensorBoard callback writes the job's epoch logs
-    into `tensorboard`. JobError: the job failed for its own reasons (data, a non-finite loss)."""
+              host: Host, callbacks: tuple[keras.callbacks.Callback, ...] = (),
+              tensorboard: Path | None = None) -> JobResult:
+    """Train one job, then evaluate it on `host`. `backup_dir` holds its epoch checkpoints: an interrupted or extended
+    job goes on from the last one there. With train.tensorboard, Keras's TensorBoard callback writes the job's epoch
+    logs into `tensorboard`. JobError: the job failed for its own reasons (a non-finite loss, say)."""
+    import keras
+
+    from ..model.callbacks import ReportProgress
+    from ..model.models import forecasts
     from ..model.training import fit  # TensorFlow's: a packed run (packing.PackExecutor) never imports it
 
     started = time.perf_counter()
@@ -125,29 +144,28 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
         callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
                                                              write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg.network, cfg.train)
-    with named_after(prepared):  # what fails here (framing, a diverged loss, numbers not finite) names the candles
-        windows, fitted = job_windows(cfg, job.timeframe, prepared.frame, output_shapes(model, cfg.heads))
-        framed = time.perf_counter() - started
+    windows = prepared.windows
+    with named_after(prepared.frame, prepared.data):  # a diverged loss names the candles
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
-        result = fit(model, windows, cfg.train, backup_dir,
-                     callbacks=[*callbacks, ReportProgress(events, job.name)])
-    return evaluated(cfg, job, prepared, model, windows, fitted, result, started, framed)
+        result = fit(model, windows, cfg.train, backup_dir, callbacks=[*callbacks, ReportProgress(events, job.name)])
+    outputs = forecasts(model, windows)
+    trained = time.perf_counter() - started
+    release_free_memory()
+    evaluation = host.submit(evaluated, cfg, job, prepared, result, outputs, trained, current_rss_mb())
+    return JobResult(evaluation.result(), model, trained)
 
 
-def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, windows: Windows,
-              fitted: Baselines | None, result: FitResult, started: float, framed: float,
-              forecasts: Forecasts | None = None) -> JobResult:
-    """A job whose model has trained (`result`: training.fit's, or a pack's), evaluated: its forecasts of the
-    validation and test splits, their scores against the baselines (`fitted`: job_windows's), and what its
-    directory holds. `started`: when the job began (perf_counter), for its metrics' seconds; `framed`: the seconds
-    job_windows took; `forecasts`: the model's outputs on both splits where its pack computed them (mapped over the
-    pack's jobs: packed.Pack.forecasts), else the model's forward pass here."""
-    evaluating = time.perf_counter() - (forecasts.seconds if forecasts else 0.0)
-    with named_after(prepared):
+def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, result: FitResult, forecasts: Forecasts,
+              trained_seconds: float, rss_mb: float | None) -> Evaluated:
+    """A job whose model has trained (`result`), evaluated: its `forecasts` of the validation and test splits, their
+    scores against the baselines (prepared.fitted), and what its directory holds but its model. `trained_seconds`:
+    the job's time before its evaluation (metrics.json's seconds add this one's); `rss_mb`: the training process's
+    resident memory, measured there."""
+    evaluating = time.perf_counter()
+    windows = prepared.windows
+    with named_after(prepared.frame, prepared.data):
         prep, test, val = windows.preprocessing, windows.test, windows.val
-        # every output of the model
-        val_raw = forecasts.val if forecasts else predict_fixed_batches(model, val.x)
-        test_raw = forecasts.test if forecasts else predict_fixed_batches(model, test.x)
+        val_raw, test_raw = forecasts.val, forecasts.test
         val_outputs = prep.point(val_raw)
         gains = {}
         if cfg.window.shrink:  # each head mixed with its own persistence as validation says
@@ -155,24 +173,24 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
         outputs = prep.point(test_raw)
         predictions = prep.to_prices(outputs, test.last)
         unshrunk = windows.preprocessing.to_prices(outputs, test.last)
-        release_free_memory()
         scores = evaluate(predictions, test, prep, unshrunk, outputs=prep.to_prices(test_raw, test.last),
                           validation_gains=gains)
-        candles, served = None, {}
+        candles, served, fitted = None, {}, prepared.fitted
         if fitted is not None:  # the size of the coming candles, against its baselines
             head = candle_head(prep)
             val_prices = prep.to_prices(val_outputs, val.last)[head.name]
             candles, served = candle_scores(
                 head, prep.candle_quantities(head, test_raw, predictions[head.name], test.last_close),
                 prep.candle_quantities(head, val_raw, val_prices, val.last_close), test, val, fitted, cfg.evaluation)
+        scored = time.perf_counter() - evaluating
         metrics = JobMetrics(
             job=job.name, symbol=job.symbol, timeframe=job.timeframe, run=cfg.name, fingerprint=cfg.fingerprint(),
             data=prepared.data, epochs_run=int(result.history["epoch"].max()), best_epoch=result.best_epoch,
-            best_val_loss=result.best_val_loss, seconds=round(time.perf_counter() - started, 2),
-            train_step_seconds=round(result.step_seconds, 3), rss_mb=current_rss_mb(), engine=result.engine,
-            timing=Timing(prepare=round(prepared.seconds, 3), windows=round(framed, 3),
+            best_val_loss=result.best_val_loss, seconds=round(trained_seconds + scored, 2),
+            train_step_seconds=round(result.step_seconds, 3), rss_mb=rss_mb, engine=result.engine,
+            timing=Timing(prepare=round(prepared.seconds, 3), windows=round(prepared.framing, 3),
                           epochs=[round(seconds, 3) for seconds in result.epoch_seconds],
-                          train_windows=len(windows.train), evaluate=round(time.perf_counter() - evaluating, 3)),
+                          train_windows=len(windows.train), evaluate=round(forecasts.seconds + scored, 3)),
             heads=scores.heads,
             headline=scores.headline, candles=candles, n_test=scores.n_test,
             test_range=[pd.Timestamp(t, tz="UTC").isoformat() for t in windows.test.target_times[[0, -1]]])
@@ -180,13 +198,19 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, model: keras.Model, 
             raise JobError(f"the test metrics are not finite ({bad[0]} is {bad[1]}); check the candles for absurd "
                            "values")
     indicators = tuple(indicator.model_dump(mode="json") for indicator in cfg.features.indicators)
-    return JobResult(
-        metrics, model,
+    close_head = next((h for h in prep.heads if "close" in h.columns), None)
+    closes = {}
+    if close_head is not None:  # for the report's chart: the test split's actual close, and persistence's
+        column = close_head.columns.index("close")
+        closes = {"actual_close": test.y_raw[close_head.name][..., column],
+                  "persistence_close": test.last_inputs[close_head.name][:, column]}
+    return Evaluated(metrics, JobDir.files(
         replace(prep, symbol=job.symbol, timeframe=job.timeframe, indicators=indicators, market=prepared.market),
+        metrics,
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
-        result.history, windows.test, predictions, None if fitted is None else fitted.har_tod, served,
-        None if fitted is None else fitted.harx)
+        result.history, {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes, **served},
+        None if fitted is None else fitted.har_tod, None if fitted is None else fitted.harx))
 
 
 def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
@@ -203,17 +227,17 @@ def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
 
 
 @contextlib.contextmanager
-def named_after(prepared: Prepared):
+def named_after(frame: pd.DataFrame, data: DataInfo):
     """A job error raised inside (a value the windows cannot frame, a loss that diverged, predictions or metrics
-    that are not finite) names the candles it comes from, and the implausible price in them that likely caused
-    it, when there is one: then a diverged loss is not blamed on the learning rate."""
+    that are not finite) names the candles it comes from (`data`), and the implausible price in them (`frame`) that
+    likely caused it, when there is one: then a diverged loss is not blamed on the learning rate."""
     try:
         yield
     except JobError as exc:
-        jump = implausible_jump(prepared.frame)
+        jump = implausible_jump(frame)
         cause = (f"; the candles are implausible: {jump}" if jump else
                  "; try a lower train.learning_rate or train.clipvalue" if isinstance(exc, Diverged) else "")
-        raise JobError(f"{prepared.data.source}: {exc}{cause}") from None
+        raise JobError(f"{data.source}: {exc}{cause}") from None
 
 
 @contextlib.contextmanager

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from pydantic import BaseModel, ConfigDict
+
 from ..config import FREE_KEYS, RunConfig, load_config
 from ..errors import UserError
 from ..files import atomic_write
@@ -19,6 +21,7 @@ from .artifacts import write_config
 from .ledger import LEDGER, ROLLBACK_NOTE, STALE_AFTER, Ledger, check_writable
 
 CONFIG = "config.yaml"
+TIMING = "timing.json"  # where the last `run` process's time went (DeviceTime)
 _MAX_LISTED_CHANGES = 5
 
 
@@ -153,3 +156,29 @@ def _saved_config(path: Path) -> tuple[RunConfig | None, str | None]:
         return load_config(path), None
     except UserError as exc:  # config.ConfigError: unreadable, not YAML, not a config this version reads
         return None, f"{CONFIG} is unreadable ({exc})"
+
+
+class DeviceTime(BaseModel):
+    """Where a `run` process's time went, from its executor's start to its last job, where it trains the jobs itself
+    (not on Ray workers): RUN/timing.json (the last run's), and what `run` prints. What the device did, and what it
+    waited for while the host worked, one job after another or on `host_workers` processes (run.host)."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    host_workers: int
+    seconds: float  # from the executor's start to the last job's end
+    training: float  # the device's: building packs, the epochs (their compilation too), the forecasts
+    preparing: float  # waiting for jobs' candles -> features -> windows and baselines
+    evaluating: float  # waiting for trained jobs' scores and files
+    writing: float  # each job's directory written and committed, the ledger told
+
+    @classmethod
+    def read(cls, run_dir: Path) -> DeviceTime | None:
+        """The run directory's, where a run wrote one it can read (None: none, or not this version's)."""
+        try:
+            return cls.model_validate_json((run_dir / TIMING).read_text())
+        except (OSError, ValueError):
+            return None
+
+    def line(self) -> str:
+        how = "one job at a time" if self.host_workers == 1 else f"on {self.host_workers} host workers"
+        return (f"The device trained {self.training:.1f} s of {self.seconds:.1f} s; it waited {self.preparing:.1f} s "
+                f"for jobs to be prepared, {self.evaluating:.1f} s evaluated, {self.writing:.1f} s written ({how})")

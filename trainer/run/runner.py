@@ -19,6 +19,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,8 +37,8 @@ from .executors import Executor, open_executor
 from .jobdir import FORMAT, JobDir, JobFileError
 from .jobs import Job, make_jobs
 from .ledger import STALE_AFTER, Heartbeat, JobRecord, Ledger, LostClaim
-from .pipeline import JobOutput, prepare
-from .rundir import RunDir
+from .pipeline import Events, JobOutput, Prepared, prepare
+from .rundir import TIMING, DeviceTime, RunDir
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class Outcome:
     records: list[JobRecord]  # the ledger's records of the jobs asked for, after the run
     retries: int
     not_pushed: int  # with --push: finished jobs still not on the Hub at the end
+    device: DeviceTime | None = None  # where this process's time went (timing.json)
 
     def count(self, status: str) -> int:
         return sum(1 for record in self.records if record.status == status)
@@ -70,19 +72,21 @@ class Outcome:
 
 def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, new_run: bool = False,
                retries: int = 1, push: Push | None = None, retry_failed: bool = False,
-               executor: ExecutorConfig | None = None, stale_after: float = STALE_AFTER) -> Outcome:
+               executor: ExecutorConfig | None = None, stale_after: float = STALE_AFTER,
+               host_workers: int | str = "auto") -> Outcome:
     """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
     either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
     report.console.JobProgress; by default nowhere). `push` (`run --push`: publish.hub.push_pending) publishes the
     jobs done, every PUSH_EVERY_S and at the end. `stale_after`: seconds without a heartbeat after which another
-    process sharing the run directory takes a running job over. Interrupted (Ctrl-C, SIGTERM): raises
-    errors.Interrupted once the jobs under way are released to resume."""
+    process sharing the run directory takes a running job over. `host_workers`: processes for the jobs' host work
+    (run.host). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once the jobs under way are released to
+    resume."""
     if push is not None and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
     with contextlib.ExitStack() as opened:
         # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
-        with open_executor(cfg, executor or cfg.executor, len(jobs), display.note) as workers:
+        with open_executor(cfg, executor or cfg.executor, len(jobs), display.note, host_workers) as workers:
             run = opened.enter_context(RunDir.create(cfg, new_run, display.note, stale_after))
             run_dir, ledger = run.path, run.ledger
             names = [job.name for job in jobs]
@@ -93,31 +97,30 @@ def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, 
                 remove_abandoned_temp_files(directory)
             _reconcile(cfg, ledger, by_name, retries, retry_failed)
 
-            driver = _Driver(run, names, display, push)
-            # Jobs trained together (packed, on Ray workers) are claimed a timeframe at a time: series over the same
-            # dates then have the same steps an epoch, and no lane of a pack idles while a longer job trains on
-            order = names if workers.capacity == 1 else \
-                sorted(names, key=lambda name: cfg.data.timeframes.index(by_name[name].timeframe))
+            driver = _Driver(run, jobs, retries, display, push, workers)
             with display.running(total=len(names), done=_count(ledger, names, "done")):
                 try:
                     while True:
-                        while len(driver.in_flight) < workers.capacity and (name := ledger.claim(retries, order)):
-                            driver.start(by_name[name], workers)
-                        if not driver.in_flight:
+                        for job, prepared in driver.take(workers.capacity - len(driver.training)):
+                            workers.submit(job, prepared, driver.backup(job))
+                        driver.prepare_ahead()  # the next jobs, on the host while these train
+                        if driver.training:
+                            driver.wait(display)
+                        elif not driver.claimable():
                             break
-                        for job, outcome in workers.wait(display):
-                            driver.finish(job, outcome)
                 except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM (errors.Terminated)
                     driver.release_all()
                     raise Interrupted(sorted(driver.stopped), getattr(stop, "exit_code", 130)) from None
                 except BaseException:
                     driver.release_all()
                     raise
+            if (device := driver.device_time()) is not None:
+                atomic_write(run_dir / TIMING, lambda tmp: tmp.write_text(device.model_dump_json(indent=1)))
 
         not_pushed = push(run, names, display.note) if push else 0
         write_summary(run_dir, ledger)
         records = [j for j in ledger.jobs() if j.name in by_name]
-        return Outcome(run_dir=run_dir, records=records, retries=retries, not_pushed=not_pushed)
+        return Outcome(run_dir=run_dir, records=records, retries=retries, not_pushed=not_pushed, device=device)
 
 
 class Display:
@@ -141,37 +144,121 @@ class Display:
 
 
 class _Driver:
-    """The jobs this process has claimed and handed to the workers, and what becomes of each: its artifacts
-    committed and the ledger told, or its failure recorded."""
+    """The jobs this process prepares on the host, claims and hands to the workers, and what becomes of each: its
+    artifacts committed and the ledger told, or its failure recorded.
 
-    def __init__(self, run: RunDir, names: list[str], progress: Display, push: Push | None) -> None:
-        self.run, self.names, self.progress, self.push = run, names, progress, push
+    A job is prepared before it is claimed (prepare_ahead: the next ones this process could claim, while the workers
+    train), and claimed when the workers have room for it: a process sharing the run directory is never kept from a
+    job this one merely prepares (it takes it, and what this one prepared of it is let go). Jobs trained together
+    (packed, on Ray workers) are claimed in groups of like lengths (like_lengths) among those prepared."""
+
+    def __init__(self, run: RunDir, jobs: list[Job], retries: int, progress: Display, push: Push | None,
+                 workers: Executor) -> None:
+        self.run, self.jobs, self.retries = run, {job.name: job for job in jobs}, retries
+        self.progress, self.push, self.workers = progress, push, workers
+        self.names = list(self.jobs)
         self.cfg, self.ledger, self.run_dir = run.config, run.ledger, run.path
-        self.in_flight: dict[str, tuple[float, Heartbeat]] = {}
+        self.in_flight: dict[str, tuple[float, Heartbeat]] = {}  # every job claimed and not finished
+        self.preparing: dict[str, Future] = {}  # each job's preparation on the host, claimed or not
+        self.training: set[str] = set()  # handed to the workers
+        # prepared at most: the jobs the workers take and, where the host has workers of its own, as many again
+        self.ahead = workers.capacity * (1 if workers.host.workers == 1 else 2)
         self.stopped: set[str] = set()  # jobs released by an interrupt, for the resume hint
         self.last_push = -math.inf
         self.features_checked = False  # for collinear feature pairs, once a run
+        self.started, self.training_before = time.perf_counter(), workers.training_seconds  # None: on Ray workers
+        self.waited = {"preparing": 0.0, "evaluating": 0.0, "writing": 0.0}
 
-    def start(self, job: Job, workers: Executor) -> None:
-        """Claimed: done already (finished by a process that died before recording it), or prepared here and
-        handed to a worker."""
+    def backup(self, job: Job) -> Path:
+        return self.run_dir / BACKUPS / job.name
+
+    def claimable(self) -> list[str]:
+        return self.ledger.claimable(self.retries, [name for name in self.names if name not in self.in_flight])
+
+    def prepare_ahead(self) -> list[str]:
+        """The next jobs this process could claim, as many as it prepares ahead beside those training, each one's
+        preparation started on the host (inline: done now, while nothing trains); a preparation of a job another
+        process took since is let go."""
+        began = time.perf_counter()
+        following = self.claimable()[:max(0, self.ahead - len(self.training))]
+        for name in [name for name in self.preparing if name not in following and name not in self.in_flight]:
+            self.preparing.pop(name).cancel()
+        for name in following:
+            if name not in self.preparing:
+                self.preparing[name] = self.workers.host.submit(prepare, self.cfg, self.jobs[name],
+                                                                self.workers.target_shapes)
+        self.waited["preparing"] += time.perf_counter() - began
+        return following
+
+    def take(self, room: int) -> list[tuple[Job, Prepared]]:
+        """Up to `room` jobs claimed for the workers, prepared, of like lengths among those prepared ahead (for one,
+        the first once it is prepared; for more, once every one prepared ahead is, to choose among them); meanwhile
+        a device with nothing to train waits. A job whose preparation failed (its candles could not be read, say) is
+        claimed and finished with that failure; one finished already (by a process that died before recording it),
+        finished as it is."""
+        if room <= 0:
+            return []
+        following = self.prepare_ahead()
+        began = time.perf_counter()
+        wait([self.preparing[name] for name in following[:1 if room == 1 else None]])
+        self.waited["preparing"] += time.perf_counter() - began
+        done = [name for name in following if self.preparing[name].done()]
+        failed = [name for name in done if self.preparing[name].exception() is not None]
+        prepared = {name: self.preparing[name].result() for name in done if name not in failed}
+        chosen = [list(prepared)[i] for i in like_lengths([len(p.windows.train) for p in prepared.values()], room)]
+        taken = []
+        for name in [*failed, *chosen]:
+            if self.ledger.claim(self.retries, [name]) is None:  # another process took it meanwhile
+                self.preparing.pop(name).cancel()
+                continue
+            job, future = self.jobs[name], self.preparing.pop(name)
+            if self.start(job):
+                if name in failed:
+                    self.finish(job, future.exception())
+                    continue
+                if not self.features_checked:  # the first job's features stand for the run's
+                    self.features_checked = True
+                    _warn_collinear(self.cfg, prepared[name].frame)
+                taken.append((job, prepared[name]))
+                self.training.add(name)
+        return taken
+
+    def start(self, job: Job) -> bool:
+        """Claimed: whether it is to train; not if done already (finished by a process that died before recording
+        it), which is finished here."""
         self.progress.start_job(job)
         heartbeat = self.ledger.keep_alive(job.name)
         self.in_flight[job.name] = (time.perf_counter(), heartbeat)
-        backup = self.run_dir / BACKUPS / job.name
         try:
-            finished = _finished_already(self.cfg, job, self.run_dir, backup, self.progress)
-            if finished is None:
-                prepared = prepare(self.cfg, job)
-                if not self.features_checked:  # the first job's features stand for the run's
-                    self.features_checked = True
-                    _warn_collinear(self.cfg, prepared.frame)
-                workers.submit(job, prepared, backup)
-                return
-        except Exception as exc:  # the candles could not be read, say
+            finished = _finished_already(self.cfg, job, self.run_dir, self.backup(job), self.progress)
+        except Exception as exc:  # its directory could not be read, say
             self.finish(job, exc)
-            return
-        self.finish(job, finished)
+            return False
+        if finished is not None:
+            self.finish(job, finished)
+            return False
+        return True
+
+    def wait(self, events: Events) -> None:
+        """The workers' wait (training progress to `events`), then each job it handed back finished with its
+        outcome; what was not training in it (evaluation) and the writing after it are what the device waited for."""
+        began, training = time.perf_counter(), self.workers.training_seconds
+        outcomes = self.workers.wait(events)
+        if training is not None:
+            self.waited["evaluating"] += time.perf_counter() - began - (self.workers.training_seconds - training)
+        for job, outcome in outcomes:
+            began = time.perf_counter()
+            self.training.discard(job.name)
+            self.finish(job, outcome)
+            self.waited["writing"] += time.perf_counter() - began
+
+    def device_time(self) -> DeviceTime | None:
+        """Where the time went, where the device is this process's (None: Ray's workers')."""
+        if self.training_before is None:
+            return None
+        return DeviceTime(host_workers=self.workers.host.workers, seconds=round(time.perf_counter() - self.started, 2),
+                          training=round(self.workers.training_seconds - self.training_before, 2),
+                          **{what: round(waited, 2) for what, waited in self.waited.items()})
 
     def finish(self, job: Job, outcome: JobOutput | tuple[str, JobMetrics] | BaseException) -> None:
         name = job.name
@@ -222,7 +309,10 @@ class _Driver:
 
     def release_all(self) -> None:
         """Interrupted: the jobs in hand go back to pending (not a failed attempt), to resume from their last
-        checkpointed epoch."""
+        checkpointed epoch; their preparation, where it has not started, is not."""
+        for future in self.preparing.values():
+            future.cancel()
+        self.preparing = {}
         for name in list(self.in_flight):
             _, heartbeat = self.in_flight.pop(name)
             heartbeat.stop()
@@ -232,6 +322,21 @@ class _Driver:
     def _release(self, name: str) -> None:
         with contextlib.suppress(Exception):  # the ledger may not be writable (a full disk): the job is reclaimed
             self.ledger.release(name)
+
+
+def like_lengths(lengths: list[int], n: int) -> list[int]:
+    """Which `n` of the jobs of train windows `lengths` to train together, by position: of the jobs sorted by length,
+    the n in a row that leave the fewest lanes of their pack idle (each epoch runs as many steps as its longest job:
+    packing.idle_share), the earliest claimed where that is a tie; all of them where there are n or fewer."""
+    if len(lengths) <= n:
+        return list(range(len(lengths)))
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+
+    def idle(start: int) -> tuple[float, int]:
+        group = [lengths[i] for i in order[start:start + n]]
+        return 1 - sum(group) / (n * max(max(group), 1)), min(order[start:start + n])
+    best = min(range(len(order) - n + 1), key=idle)
+    return sorted(order[best:best + n])
 
 
 def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
