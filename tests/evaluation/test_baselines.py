@@ -265,3 +265,21 @@ def test_a_stored_fit_reads_back_bit_for_bit_harx_and_all(candles, tmp_path):
                                first.forecast(np.array([len(frame)]))[bl.Baseline.HARX]["range"][0], rtol=1e-9)
     bl.cached_baselines(tmp_path, frame.assign(volume_surprise=0.0), "1h", HORIZON, *rows)
     assert len(list((tmp_path / "baselines").iterdir())) == 2
+
+
+def test_baselines_held_from_the_validation_split_on_forecast_its_samples_and_the_tests_as_before(candles):
+    """Baselines.since, what a job's evaluation is handed (a third of its rows): at the validation and test samples
+    (and after the last row) every forecast and actual value is the whole fit's, bit for bit; a sample before it is
+    refused, not read from another row."""
+    windows = split(candles)
+    fitted = fit(candles, windows)
+    held = fitted.since(windows.val.first_target_rows[0])
+    for rows in (windows.val.first_target_rows, windows.test.first_target_rows, np.array([len(candles)])):
+        whole, part = every_forecast(fitted, rows), every_forecast(held, rows)
+        assert whole.keys() == part.keys()
+        for name, values in whole.items():
+            np.testing.assert_array_equal(part[name], values, err_msg=name)
+        for quantity, values in fitted.actual(rows).items():
+            np.testing.assert_array_equal(held.actual(rows)[quantity], values)
+    with pytest.raises(ValueError, match="none at"):
+        held.forecast(windows.train.first_target_rows[-1:])

@@ -52,7 +52,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
 
@@ -101,6 +101,18 @@ class Baselines:
     timeframe: str = "1h"
     harx_fit: dict[str, np.ndarray] | None = None  # HAR-X's "coefficients" (H, 5 + E), "log_variance", "high", "low"
     harx_inputs: tuple[str, ...] = ()  # its extra regressors (HARX_INPUTS the frame had), in its coefficients' order
+    first: int = 0  # the origin its (T, H) arrays start at (since): rows before it are not held
+
+    def since(self, row: int) -> Baselines:
+        """The same baselines, their arrays held from the origin of first target row `row` on: what the samples from
+        there (a job's validation and test splits) read, a third of a job's rows, for the host worker that evaluates
+        it (run.host)."""
+        start = row - 1 - self.first
+
+        def cut(arrays: dict) -> dict:
+            return {key: value[start:] for key, value in arrays.items()}
+        return replace(self, values=cut(self.values), points={name: cut(v) for name, v in self.points.items()},
+                       volatilities=cut(self.volatilities), first=row - 1)
 
     @property
     def har_tod(self) -> Har:
@@ -117,6 +129,13 @@ class Baselines:
         return Har(self.timeframe, self.floor, fit["coefficients"], self.time_of_day,
                    {q: fit[q] for q in EXCURSIONS}, fit["log_variance"], self.harx_inputs)
 
+    def _at(self, values: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Arrays held at every origin (from `first`) -> those of the samples whose first target rows are `rows`."""
+        origins = np.asarray(rows) - 1 - self.first
+        if origins.size and origins.min() < 0:
+            raise ValueError(f"baselines held from origin {self.first} on: none at {origins.min() + self.first}")
+        return values[origins]
+
     def har_inputs(self) -> np.ndarray:
         """(T, H, 3) HAR + time of day's forecasts after every row: the median high and low excursions and the
         root-mean-square range (HAR_TOD, HAR_TOD_RMS), which a HAR head starts from (Preprocessing.forecast_inputs):
@@ -126,15 +145,16 @@ class Baselines:
 
     def actual(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """quantity -> (N, H) the samples' actual values."""
-        return {q: _at(v, rows) for q, v in self.values.items()}
+        return {q: self._at(v, rows) for q, v in self.values.items()}
 
     def forecast(self, rows: np.ndarray) -> dict[Baseline, dict[str, np.ndarray]]:
         """baseline -> quantity -> (N, H) point forecasts (HAR_TOD: high, low and range; HAR_TOD_RMS: range)."""
-        return {name: {q: _at(v, rows) for q, v in by_quantity.items()} for name, by_quantity in self.points.items()}
+        return {name: {q: self._at(v, rows) for q, v in by_quantity.items()}
+                for name, by_quantity in self.points.items()}
 
     def quantile_forecasts(self, rows: np.ndarray) -> dict[str, dict[str, np.ndarray]]:
         """"static" / "ewma_scaled" -> quantity -> (L, N, H) quantile forecasts at self.levels, ordered."""
-        vol = _at(self.volatilities["ewma"], rows)
+        vol = self._at(self.volatilities["ewma"], rows)
         return {"static": {q: np.repeat(s[:, None], len(vol), axis=1) for q, s in self.static.items()},
                 "ewma_scaled": {q: s[:, None] * vol for q, s in self.scaled.items()}}
 
@@ -174,7 +194,7 @@ class Baselines:
     def volatility(self, rows: np.ndarray) -> dict[str, np.ndarray]:
         """"ewma" / "har" / "har_ewma" -> (N, H) volatility forecasts of the k-step return (normalisers of a conformal
         interval's residuals)."""
-        return {name: _at(v, rows) for name, v in self.volatilities.items()}
+        return {name: self._at(v, rows) for name, v in self.volatilities.items()}
 
 
 @dataclass(frozen=True)
@@ -475,9 +495,6 @@ def _har_design(log_range: np.ndarray, times: np.ndarray, delta: pd.Timedelta, t
                             *([] if extra is None else [extra])])
 
 
-def _at(values: np.ndarray, rows: np.ndarray) -> np.ndarray:
-    """Arrays held at every origin -> those of the samples whose first target rows are `rows`."""
-    return values[np.asarray(rows) - 1]
 
 
 def _volatilities(variance: np.ndarray, har_range: np.ndarray, floor: float) -> dict[str, np.ndarray]:

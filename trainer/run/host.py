@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import logging
 import multiprocessing
+import multiprocessing.forkserver
 import os
 import pickle
 import signal
@@ -101,6 +102,9 @@ class HostPool:
         if self._context.get_start_method() == "forkserver":
             self._context.set_forkserver_preload([PRELOAD])
         self._level = logging.getLogger().getEffectiveLevel()
+        if self._context.get_start_method() == "forkserver":  # started now, with its workers' BLAS threads
+            with _environ(blas_threads(workers)):
+                multiprocessing.forkserver.ensure_running()
         self._pool = self._new_pool()
         threading.Thread(target=self._start_workers, daemon=True).start()
 
@@ -130,6 +134,30 @@ class HostPool:
     def close(self) -> None:
         """Tasks not started are cancelled; those under way finish first (each is one job's, seconds)."""
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def blas_threads(workers: int) -> dict[str, str]:
+    """The environment that gives each of `workers` processes its share of the CPUs for numpy's BLAS (OpenBLAS,
+    MKL, OpenMP read it as they load): the machine's cores, not every core each (a worker's BLAS spinning on
+    another worker's core slowed the host's work below one process's, 2026-12-07)."""
+    threads = str(max(1, usable_cpus() // workers))
+    return {name: threads for name in ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")}
+
+
+@contextlib.contextmanager
+def _environ(values: dict[str, str]):
+    """os.environ with `values`, for a process started meanwhile (the forkserver, which its workers inherit it
+    from); then as it was."""
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def open_host(workers: int) -> HostPool | Inline:

@@ -224,7 +224,7 @@ class PackExecutor:
                 continue
             packed, training, state, forecasts = trained_job
             try:
-                with named_after(item.prepared.frame, item.prepared.data):
+                with named_after(item.prepared.implausible, item.prepared.data):
                     if packed.error is not None:  # a callback failed it: StopOnNaN's Diverged, say
                         raise packed.error
                     engine.setdefault(state.pack, Engine(name="jax", jobs=state.pack, precision=self.precision,
@@ -243,7 +243,7 @@ class PackExecutor:
                 continue
             packed, _, state, _ = trained_jobs[name]
             try:
-                with named_after(item.prepared.frame, item.prepared.data):
+                with named_after(item.prepared.implausible, item.prepared.data):
                     if packed.error is not None:  # its last checkpoint could not be written, say
                         raise packed.error
                 # saved with the job's own state (its optimizer's too: model.keras holds it, as a job trained alone

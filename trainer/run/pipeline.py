@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import pandas as pd
 
 from ..config import RunConfig
-from ..data.features import implausible_jump, job_features
+from ..data.features import collinear_columns, implausible_jump, job_features
 from ..data.market import Reference
 from ..data.windows import Windows, make_windows
 from ..errors import JobError
@@ -62,15 +62,19 @@ class Host(Protocol):
 
 @dataclass(frozen=True)
 class Prepared:
-    """A job's input, made where the data is (prepare): its feature rows, its windows as training takes them and the
-    baselines of the size of the coming candles fitted on its train split (None without a candle head), where its
-    candles came from (metrics.json's "data") and the reference series of its market input (preprocessing.json's
-    "market")."""
-    frame: pd.DataFrame
+    """A job's input, made where the data is (prepare): its windows as training takes them and the baselines of the
+    size of the coming candles fitted on its train split (None without a candle head; held from its validation
+    split on, what its evaluation reads), where its candles came from (metrics.json's "data"), the reference series
+    of its market input (preprocessing.json's "market"), and what its feature rows say of themselves: the
+    implausible price in its candles, where there is one (named_after), and its collinear feature columns (the run
+    warns of its first job's). Not its feature rows: what crosses between the host's workers and the device's
+    process is what they need of them (run.host)."""
     data: DataInfo
     windows: Windows
     fitted: Baselines | None
     market: tuple[Reference, ...] = ()
+    implausible: str | None = None  # features.implausible_jump of its rows
+    collinear: tuple[tuple[str, str, float], ...] = ()  # features.collinear_columns of its rows
     seconds: float = 0.0  # candles -> features (metrics.json's timing.prepare)
     framing: float = 0.0  # features -> windows and baselines (timing.windows)
 
@@ -120,11 +124,12 @@ def prepare(cfg: RunConfig, job: Job, target_shapes: dict[str, tuple[int, ...]])
     data = DataInfo(source=candles.attrs["source"], synthetic=bool(candles.attrs.get("synthetic")),
                     first=candles.index[0].isoformat(), last=candles.index[-1].isoformat(), rows=len(candles),
                     gaps=int(candles.attrs.get("gaps", 0)))
-    featured = time.perf_counter()
-    with named_after(frame, data):  # what fails here (a value the windows cannot frame) names the candles
+    featured, implausible = time.perf_counter(), implausible_jump(frame)
+    with named_after(implausible, data):  # what fails here (a value the windows cannot frame) names the candles
         windows, fitted = job_windows(cfg, job.timeframe, frame, target_shapes)
-    return Prepared(frame, data, windows, fitted, features.market, featured - started,
-                    time.perf_counter() - featured)
+    return Prepared(data, windows, None if fitted is None else fitted.since(windows.val.first_target_rows[0]),
+                    features.market, implausible, tuple(collinear_columns(frame, cfg.features.columns)),
+                    featured - started, time.perf_counter() - featured)
 
 
 def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, cache: ModelCache, events: Events,
@@ -145,7 +150,7 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
                                                              write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg.network, cfg.train)
     windows = prepared.windows
-    with named_after(prepared.frame, prepared.data):  # a diverged loss names the candles
+    with named_after(prepared.implausible, prepared.data):  # a diverged loss names the candles
         # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
         result = fit(model, windows, cfg.train, backup_dir, callbacks=[*callbacks, ReportProgress(events, job.name)])
     outputs = forecasts(model, windows)
@@ -163,7 +168,7 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, result: FitResult, f
     resident memory, measured there."""
     evaluating = time.perf_counter()
     windows = prepared.windows
-    with named_after(prepared.frame, prepared.data):
+    with named_after(prepared.implausible, prepared.data):
         prep, test, val = windows.preprocessing, windows.test, windows.val
         val_raw, test_raw = forecasts.val, forecasts.test
         val_outputs = prep.point(val_raw)
@@ -227,15 +232,15 @@ def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
 
 
 @contextlib.contextmanager
-def named_after(frame: pd.DataFrame, data: DataInfo):
+def named_after(implausible: str | None, data: DataInfo):
     """A job error raised inside (a value the windows cannot frame, a loss that diverged, predictions or metrics
-    that are not finite) names the candles it comes from (`data`), and the implausible price in them (`frame`) that
-    likely caused it, when there is one: then a diverged loss is not blamed on the learning rate."""
+    that are not finite) names the candles it comes from (`data`), and the implausible price in them that likely
+    caused it (`implausible`: features.implausible_jump), when there is one: then a diverged loss is not blamed on
+    the learning rate."""
     try:
         yield
     except JobError as exc:
-        jump = implausible_jump(frame)
-        cause = (f"; the candles are implausible: {jump}" if jump else
+        cause = (f"; the candles are implausible: {implausible}" if implausible else
                  "; try a lower train.learning_rate or train.clipvalue" if isinstance(exc, Diverged) else "")
         raise JobError(f"{data.source}: {exc}{cause}") from None
 

@@ -23,11 +23,8 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from pathlib import Path
 
-import pandas as pd
-
 from ..config import ExecutorConfig, RunConfig
 from ..data import input_digest
-from ..data.features import collinear_columns
 from ..errors import Interrupted, JobError, RunStopped, UserError, first_line, out_of_memory
 from ..evaluation.results import JobMetrics, JobSummary
 from ..files import atomic_write, remove_abandoned_temp_files
@@ -218,7 +215,9 @@ class _Driver:
                     continue
                 if not self.features_checked:  # the first job's features stand for the run's
                     self.features_checked = True
-                    _warn_collinear(self.cfg, prepared[name].frame)
+                    for a, b, corr in prepared[name].collinear:
+                        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no "
+                                    "information", a, b, corr)
                 taken.append((job, prepared[name]))
                 self.training.add(name)
         return taken
@@ -361,12 +360,6 @@ def _finished_already(cfg: RunConfig, job: Job, run_dir: Path, backup: Path,
     if plan.action == "retrain":  # extend: training goes on from the checkpoint of its last epoch
         shutil.rmtree(backup, ignore_errors=True)
     return None
-
-
-def _warn_collinear(cfg: RunConfig, frame: pd.DataFrame) -> None:
-    for a, b, corr in collinear_columns(frame, cfg.features.columns):
-        log.warning("features %s and %s are collinear (correlation %.5f): one of them adds no information",
-                    a, b, corr)
 
 
 def _reconcile(cfg: RunConfig, ledger: Ledger, jobs: dict[str, Job], retries: int, retry_failed: bool) -> None:
