@@ -14,19 +14,17 @@ from tests.data.test_windows import feature_frame, positions
 from trainer.config import RunConfig
 from trainer.data.windows import make_windows
 from trainer.errors import JobError
-from trainer.evaluation.baselines import Baseline, fit_baselines
+from trainer.evaluation.baselines import Baseline, fit_baselines, mae_factor, qlike_factor
 from trainer.evaluation.evaluate import (
     candle_scores,
     choose_shrink,
-    combine,
     evaluate,
-    mae_factor,
     metrics,
-    qlike_factor,
     significant_gain,
 )
 from trainer.evaluation.results import BAR, BAR_RMS, CandleScores
-from trainer.evaluation.scores import qlike
+from trainer.evaluation.scores import qlike, qlike_losses
+from trainer.evaluation.serving import Serving
 from trainer.evaluation.settings import EvaluationConfig, IntervalConfig
 from trainer.heads import quantities
 from trainer.model.models import build_model, output_shapes, predict_prices
@@ -297,7 +295,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
         points = fitted.forecast(split.first_target_rows)[Baseline.HAR_TOD]
         return _candles(split, points["high"], points["low"], np.zeros_like(points["high"]))
 
-    scores, served = candle_scores(head, har(test), har(val), test, val, fitted, EvaluationConfig())
+    scores, served, _ = candle_scores(head, har(test), har(val), test, val, fitted, EvaluationConfig())
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores  # what metrics.json holds
     # HAR's own excursions, put on their level on validation as the network's are: HAR on its level (the bar) exactly
     assert scores.high.network_skill[BAR] == pytest.approx(0, abs=1e-12)
@@ -325,10 +323,10 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     # A HAR head that forecasts HAR's root-mean-square range exactly: its forecast is that put on its level on
     # validation, per step; so is the bar, HAR on its level, which it then equals
     rms = {split: fitted.forecast(split.first_target_rows)[Baseline.HAR_TOD_RMS]["range"] for split in (test, val)}
-    started, served = candle_scores(head, {**har(test), "range": rms[test]}, {**har(val), "range": rms[val]},
-                                    test, val, fitted, EvaluationConfig())
+    started, served, serving = candle_scores(head, {**har(test), "range": rms[test]},
+                                             {**har(val), "range": rms[val]}, test, val, fitted, EvaluationConfig())
     factor = qlike_factor(rms[val], fitted.actual(val.first_target_rows)["range"], fitted.floor)
-    assert started.rms_factor == pytest.approx(factor.tolist(), rel=1e-12) and factor[0] != 1
+    assert serving.rms_factor == pytest.approx(factor.tolist(), rel=1e-12) and factor[0] != 1
     np.testing.assert_allclose(served["network_range_rms"], rms[test] * factor, rtol=1e-12)
     assert started.range.network.qlike == pytest.approx(
         qlike(rms[test][:, 0] * factor[0], actual_next["range"][:, 0], fitted.floor), rel=1e-12)
@@ -348,7 +346,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
 
     # The future itself: skill 1 against every baseline, and nothing to widen its interval by.
     actual, val_actual = fitted.actual(test.first_target_rows), fitted.actual(val.first_target_rows)
-    perfect, _ = candle_scores(head, _candles(test, actual["high"], actual["low"], actual["return"]),
+    perfect, *_ = candle_scores(head, _candles(test, actual["high"], actual["low"], actual["return"]),
                                _candles(val, val_actual["high"], val_actual["low"], val_actual["return"]),
                                test, val, fitted, EvaluationConfig())
     for quantity in ("high", "low", "range"):
@@ -363,7 +361,7 @@ def test_the_size_of_the_coming_candles_is_scored_against_each_baseline(tmp_path
     def noise(split) -> dict[str, np.ndarray]:
         return _candles(split, *np.exp(rng.normal(-5, 1.5, (2, len(split), 3))), np.zeros((len(split), 3)))
 
-    noisy, _ = candle_scores(head, noise(test), noise(val), test, val, fitted, EvaluationConfig())
+    noisy, *_ = candle_scores(head, noise(test), noise(val), test, val, fitted, EvaluationConfig())
     for quantity in ("high", "low"):
         scores_of = getattr(noisy, quantity)
         assert max(scores_of.network_weight) <= 0.3, scores_of.network_weight
@@ -431,7 +429,7 @@ def test_the_network_is_scored_against_harx_where_the_job_has_its_extra_inputs(t
         points = fitted.forecast(split.first_target_rows)[Baseline.HARX]
         return _candles(split, points["high"], points["low"], np.zeros_like(points["high"]))
 
-    scores, _ = candle_scores(windows.preprocessing.heads[0], harx(test), harx(val), test, val, fitted,
+    scores, *_ = candle_scores(windows.preprocessing.heads[0], harx(test), harx(val), test, val, fitted,
                               EvaluationConfig())
     assert set(scores.range.qlike_skill) == {Baseline.HAR_TOD_RMS, BAR_RMS, Baseline.HARX_LEVEL_RMS}
     for quantity in ("high", "low"):
@@ -440,20 +438,34 @@ def test_the_network_is_scored_against_harx_where_the_job_has_its_extra_inputs(t
     assert CandleScores.model_validate_json(scores.model_dump_json()) == scores
 
 
-def test_what_is_served_is_never_worse_on_validation_than_har_or_harx_by_construction():
-    """combine: per quantity and step, the weights of the network, HAR-X and HAR with the lowest validation MAE - each
-    alone among the choices - so the served median's validation MAE is at most each one's; they sum to 1."""
+def test_what_is_served_is_never_worse_on_validation_than_the_network_har_or_harx_by_construction():
+    """Serving, fitted on validation: per quantity and step, the medians' weights of the network (on its level), HAR-X
+    and HAR with the lowest validation MAE, and the weights of the range's root mean square with the lowest validation
+    QLIKE, each source's on its level there (each alone among the choices): what is served there is never worse than
+    any of them alone; the weights sum to 1."""
     rng = np.random.default_rng(5)
+    floor = 1e-4
     actual = {q: rng.gamma(2.0, 0.004, (3000, 3)) for q in ("high", "low", "range")}
 
     def noisy(scale: float) -> dict[str, np.ndarray]:
-        return {q: a * np.exp(rng.normal(0, scale, a.shape)) for q, a in actual.items()}
+        medians = {q: a * np.exp(rng.normal(0, scale, a.shape)) for q, a in actual.items()}
+        return medians | {"range_rms": 1.3 * medians["range"]}  # a root mean square, above the median
 
     for network in (noisy(0.3), noisy(2.0)):  # a fair network, and one far worse than the baselines
-        baselines = {Baseline.HARX: noisy(0.5), Baseline.HAR_TOD: noisy(0.6)}
-        weights, served = combine(network, network, baselines, baselines, actual)
+        sources = {"harx": noisy(0.5), "har_tod": noisy(0.6)}
+        serving = Serving.fit(network, sources, actual, floor, "har_ewma", np.zeros(3))
+        served, own, levelled = (serving.served(network, sources), serving.network_on_level(network),
+                                 serving.sources_on_level(sources))
         for q in ("high", "low", "range"):
-            np.testing.assert_allclose(sum(weights[q].values()), 1.0)
-            mae = np.abs(served[q] - actual[q]).mean(axis=0)
-            for alone in (network[q], baselines[Baseline.HARX][q], baselines[Baseline.HAR_TOD][q]):
+            np.testing.assert_allclose(sum(np.asarray(w) for w in serving.weights[q].values()), 1.0)
+            mae = np.abs(served[f"expected_{q}"] - actual[q]).mean(axis=0)
+            for alone in (own[q], sources["harx"][q], sources["har_tod"][q]):
                 assert (mae <= np.abs(alone - actual[q]).mean(axis=0) + 1e-15).all()
+        np.testing.assert_allclose(sum(np.asarray(w) for w in serving.rms_weights.values()), 1.0)
+        losses = qlike_losses(served["expected_range_rms"], actual["range"], floor).mean(axis=0)
+        for alone in (own["range_rms"], levelled["harx"]["range_rms"], levelled["har_tod"]["range_rms"]):
+            assert (losses <= qlike_losses(alone, actual["range"], floor).mean(axis=0) + 1e-12).all()
+        # each source's root mean square on its level there: the factor with the lowest QLIKE
+        np.testing.assert_allclose(serving.rms_levels["harx"],
+                                   qlike_factor(sources["harx"]["range_rms"], actual["range"], floor))
+    assert Serving.model_validate_json(serving.model_dump_json()) == serving  # what serving.json holds

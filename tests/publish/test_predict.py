@@ -75,13 +75,13 @@ def test_forecast_follows_the_last_candle_in_price_units(run, job_dir):
 
 
 def _network_weight(value: float):
+    """What is served made the network's alone (1) or HAR + time of day's alone (0), medians and root mean square."""
     def change(stage) -> None:
-        metrics = json.loads((stage / "metrics.json").read_text())
-        steps = metrics["candles"]["steps"]
-        for quantity in ("high", "low", "range"):
-            metrics["candles"][quantity]["network_weight"] = [value] * steps
-            metrics["candles"][quantity]["weights"] = {"network": [value] * steps, "har_tod": [1 - value] * steps}
-        (stage / "metrics.json").write_text(json.dumps(metrics))
+        serving = json.loads((stage / "serving.json").read_text())
+        steps = len(serving["margin"])
+        weights = {"network": [value] * steps, "har_tod": [1 - value] * steps}
+        serving |= {"weights": dict.fromkeys(("high", "low", "range"), weights), "rms_weights": weights}
+        (stage / "serving.json").write_text(json.dumps(serving))
     return change
 
 
@@ -94,20 +94,23 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
         shutil.copytree(job_dir, copy)
         recommit(copy, _network_weight(weight))
         forecast = predict_next(copy, candles, JobDir(copy).config())
-        if weight == 0:  # HAR + time of day alone
+        serving = JobDir(copy).serving()
+        if weight == 0:  # HAR + time of day alone: its medians as fitted, its root mean square on its level
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(har["high"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(-har["low"]), rtol=1e-12)
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(har["range"]), rtol=1e-12)
+            np.testing.assert_allclose(forecast["expected_range_rms_pct"], 100 * np.expm1(
+                har["range_rms"] * np.asarray(serving.rms_levels["har_tod"])), rtol=1e-12)
         else:  # the network's own high, low and range (its range output), each put on its level on validation
             job = JobDir(copy)
-            prep, scores = job.preprocessing(), job.metrics().candles
+            prep = job.preprocessing()
             x, last = prep.make_inputs(compute_features(candles, job.config().features))
             outputs = job.model()(prep.model_inputs(x, prep.forecast_inputs(job.har_tod().inputs(candles))),
                                   training=False)
             outputs = {k: np.asarray(v) for k, v in outputs.items()}
             network = prep.candle_quantities(prep.heads[0], outputs, prep.to_prices(prep.point(outputs), last)["ohlc"],
                                              last.close)
-            factors = scores.median_factors
+            factors = serving.median_factors
             np.testing.assert_allclose(forecast["expected_high"], last_close * np.exp(
                 network["high"][0] * factors["high"]), rtol=1e-9)
             np.testing.assert_allclose(forecast["expected_low"], last_close * np.exp(
@@ -115,7 +118,7 @@ def test_expected_high_and_low_are_the_network_s_and_har_s_as_validation_weighed
             np.testing.assert_allclose(forecast["expected_range_pct"], 100 * np.expm1(
                 network["range"][0] * factors["range"]), rtol=1e-9)
             np.testing.assert_allclose(forecast["expected_range_rms_pct"], 100 * np.expm1(
-                network["range"][0] * np.asarray(scores.rms_factor)), rtol=1e-9)
+                network["range"][0] * np.asarray(serving.rms_factor)), rtol=1e-9)
             assert not np.allclose(forecast["expected_range_pct"], 100 * (forecast["high"] / forecast["low"] - 1))
 
 

@@ -19,7 +19,7 @@ from trainer.run.jobdir import FORMAT, JobDir
 
 TRAINER = Path(__file__).resolve().parents[2] / "trainer"
 JOB_FILES = ("model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "predictions.npz",
-             "har.json", "manifest.json")
+             "har.json", "serving.json", "manifest.json")
 # config.yaml is also the run directory's own file (the config its run saved), named by run/rundir.py.
 ALSO = {"config.yaml": {"trainer/run/rundir.py"}}
 

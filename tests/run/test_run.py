@@ -36,7 +36,7 @@ from trainer.run.jobdir import FORMAT, JobDir
 from trainer.run.jobs import Job
 
 JOB_FILES = {"model.keras", "preprocessing.json", "metrics.json", "history.csv", "config.yaml", "predictions.npz",
-             "har.json", "manifest.json"}  # plot.png is drawn when a job is pushed (jobdir.JobDir.plot)
+             "har.json", "serving.json", "manifest.json"}  # plot.png is drawn when a job is pushed (jobdir.JobDir.plot)
 
 
 def _run(*args: str):

@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -329,7 +329,7 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
                 Baseline.EWMA: dict(zip(QUANTITIES, np.moveaxis(ewma, 1, 0))),
                 Baseline.HAR_TOD: har, Baseline.HAR_TOD_RMS: {"range": har_rms},
                 # HAR put on its level on validation, per step, as the network's forecasts are there
-                # (evaluate.calibrated): its medians by mae_factor, its root-mean-square range by qlike_factor
+                # (serving.Serving): its medians by mae_factor, its root-mean-square range by qlike_factor
                 Baseline.HAR_TOD_LEVEL: {q: f * mae_factor(f[val], values[q][val]) for q, f in har.items()},
                 Baseline.HAR_TOD_LEVEL_RMS: {"range": har_rms * qlike_factor(har_rms[val], values["range"][val],
                                                                              floor)}, **harx},
@@ -346,19 +346,22 @@ def fit_baselines(frame: pd.DataFrame, timeframe: str, horizon: int, train_rows:
 WEIGHTS = np.linspace(0.0, 1.0, 21).round(2)  # 0.3, not 0.30000000000000004, in metrics.json
 
 
-def combination_weights(forecasts: Sequence[np.ndarray], actual: np.ndarray) -> np.ndarray:
+def combination_weights(forecasts: Sequence[np.ndarray], actual: np.ndarray,
+                        loss: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """Per step (axis 1), the weights of `forecasts` (each (N, H)) - on WEIGHTS' grid, none negative, summing to 1 -
-    whose weighted sum has the lowest MAE on these (validation) samples: (len(forecasts), H). Each forecast alone is
-    one of the choices, so the combination's MAE there is never above any one's; where several are as good, the
-    one with more weight on the later forecasts (the baselines, after the network) is kept. A combination of
-    forecasts whose errors differ beats each (Bates & Granger 1969); a few weights per step are too few parameters
-    for the validation split to overfit."""
+    whose weighted sum has the lowest loss on these (validation) samples: (len(forecasts), H). `loss(forecast,
+    actual)`: per step (H,), by default the MAE (a median's). Each forecast alone is one of the choices, so the
+    combination's loss there is never above any one's; where several are as good, the one with more weight on the
+    later forecasts (the baselines, after the network) is kept. A combination of forecasts whose errors differ beats
+    each (Bates & Granger 1969); a few weights per step are too few parameters for the validation split to
+    overfit."""
     stacked = np.stack(forecasts)  # (F, N, H)
     steps = round(1 / WEIGHTS[1])
     grid = np.array([(*head, steps - sum(head)) for head in itertools.product(range(steps + 1),
                                                                              repeat=len(forecasts) - 1)
                      if sum(head) <= steps], dtype=np.float64) / steps  # (C, F), in the order of the first weights
-    errors = np.stack([np.mean(np.abs(np.tensordot(w, stacked, axes=1) - actual), axis=0) for w in grid])  # (C, H)
+    loss = loss or (lambda forecast, truth: np.mean(np.abs(forecast - truth), axis=0))
+    errors = np.stack([loss(np.tensordot(w, stacked, axes=1), actual) for w in grid])  # (C, H)
     return grid[np.argmin(errors, axis=0)].T.round(2)
 
 

@@ -16,7 +16,7 @@ from ..data.windows import HeadTarget, Preprocessing, SplitWindows
 from ..errors import JobError
 from ..heads import CANDLE
 from . import scores as score
-from .baselines import Baseline, Baselines, combination_weights, mae_factor, qlike_factor
+from .baselines import Baseline, Baselines, qlike_factor
 from .intervals import Conformal, Forecasts, Intervals
 from .results import (
     CandleScores,
@@ -32,6 +32,7 @@ from .results import (
     Scores,
     ValidationSkill,
 )
+from .serving import SOURCES, Serving
 from .settings import EvaluationConfig
 
 SHRINK_GRID = np.linspace(0.0, 1.0, 21).round(2)
@@ -214,7 +215,7 @@ def candle_head(preprocessing: Preprocessing) -> HeadTarget | None:
 
 def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
                   test: SplitWindows, val: SplitWindows, fitted: Baselines,
-                  settings: EvaluationConfig) -> tuple[CandleScores, dict[str, np.ndarray]]:
+                  settings: EvaluationConfig) -> tuple[CandleScores, dict[str, np.ndarray], Serving]:
     """A candle head's forecasts of the high excursion ln(high / C), the low excursion ln(C / low) and the log
     range ln(high / low) (C: the last close) next to the baselines of each (MAE skill; for the range QLIKE skill
     too, of its root-mean-square forecast, at the next candle and for the mean range over the steps), and the 80 %
@@ -224,16 +225,14 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
     the size of the coming candles on the test and validation samples (Preprocessing.candle_quantities): "high",
     "low", "range", "return", each (N, steps).
 
-    The network's forecasts are first put on their level on validation (calibrated), as HAR_TOD_LEVEL puts HAR. What
-    users get (the scores, and the forecasts served: `served`) is the network's combined with HAR-X's (where the job
-    has it) and HAR + time of day's (combine), the weights chosen on validation; the network's own scores are kept
-    beside ("network",
-    "network_skill"). -> the scores, and per test sample and step what users get (log units): "expected_high",
-    "expected_low" (the excursions' medians), "expected_range" (the range's median, what MAE scores),
-    "expected_range_rms" (what QLIKE scores), "interval_low", "interval_high" (the 80 % interval of the return),
-    "interval_margin" (its margin, in units of the volatility it was normalised by: adaptive conformal's moves along
-    the test split),
-    and the network's own range beside its candles: "network_range" (median), "network_range_rms"."""
+    What users get is what the job's Serving (fitted here on validation) serves: the network's forecasts put on their
+    level there, blended with HAR-X's (where the job has it) and HAR + time of day's (evaluation.serving); its scores
+    are the "model"'s, the network's own (on its level) beside ("network", "network_skill"). -> the scores; per test
+    sample and step what users get (log units): "expected_high", "expected_low" (the excursions' medians),
+    "expected_range" (the range's median, what MAE scores), "expected_range_rms" (what QLIKE scores), "interval_low",
+    "interval_high" (the 80 % interval of the return), "interval_margin" (its margin, in units of the volatility it
+    was normalised by: adaptive conformal's moves along the test split), and the network's own range beside its
+    candles: "network_range" (median), "network_range_rms"; and the Serving."""
     steps = network["range"].shape[1]
     actual = {q: v[:, :steps] for q, v in fitted.actual(test.first_target_rows).items()}
     val_actual = {q: v[:, :steps] for q, v in fitted.actual(val.first_target_rows).items()}
@@ -241,13 +240,17 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     val_forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                      for name, by_quantity in fitted.forecast(val.first_target_rows).items()}
-    network, val_network, factors = calibrated(network, val_network, val_actual, fitted.floor)
-    weights, model = combine(network, val_network, forecasts, val_forecasts, val_actual)
-    served_rms = blend(weights["range"], network["range_rms"],
-                       {name: forecasts[RMS_OF[Baseline(name)]]["range"] for name in weights["range"]
-                        if name != "network"})
+    interval, intervals = _interval_scores(network["return"], val_network["return"], actual["return"], test,
+                                           val, fitted, settings.interval.conformal(INTERVAL))
+    serving = Serving.fit(val_network, served_sources(val_forecasts), val_actual, fitted.floor, INTERVAL_NORMALISER,
+                          intervals.next_margin)
+    scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
+    served = serving.served(network, served_sources(forecasts), intervals.margin, scale)
+    val_served = serving.served(val_network, served_sources(val_forecasts))
+    model = {q: served[f"expected_{q}"] for q in COMBINED}
+    network, val_network = serving.network_on_level(network), serving.network_on_level(val_network)
     rms_baselines = [name for name in RMS_BASELINES if name in forecasts]
-    rms_of = {"model": served_rms, "network": network["range_rms"],
+    rms_of = {"model": served["expected_range_rms"], "network": network["range_rms"],
               **{name: forecasts[name]["range"] for name in rms_baselines}}
     qlikes = {name: {"qlike": score.qlike(f[:, 0], actual["range"][:, 0], fitted.floor),
                      "qlike_horizon": score.qlike(f, actual["range"], fitted.floor)} for name, f in rms_of.items()}
@@ -270,37 +273,38 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                            "network_qlike_skill": {name: score.skill(alone.qlike, qlikes[name]["qlike"])
                                                    for name in rms_baselines},
                            "network_qlike_p": {name: score.diebold_mariano(losses["network"], losses[name])
-                                               for name in rms_baselines}}
+                                               for name in rms_baselines},
+                           "rms_weights": serving.rms_weights}
+        weights = serving.weights[quantity]
         scores[quantity] = QuantityScores(
             **own.model_dump(), baselines=of,
             skill={name: score.skill(own.mae, b.mae) for name, b in of.items()},
             skill_horizon={name: score.skill(own.mae_horizon, b.mae_horizon) for name, b in of.items()},
             network=alone, network_skill={name: score.skill(alone.mae, b.mae) for name, b in of.items()},
             network_p={name: score.diebold_mariano(errors["network"], errors[name]) for name in of},
-            network_weight=weights[quantity]["network"].tolist(),
-            weights={name: w.tolist() for name, w in weights[quantity].items()}, **qlike_skill)
+            network_weight=weights["network"], weights=weights, **qlike_skill)
     mean_range = None
     if steps > 1:
-        val_har_rms = val_forecasts[Baseline.HAR_TOD_RMS]["range"]
-        val_rms_of = {"model": blend(weights["range"], val_network["range_rms"],
-                                     {name: val_forecasts[RMS_OF[Baseline(name)]]["range"] for name in weights["range"]
-                                      if name != "network"}),
-                      "network": val_network["range_rms"], Baseline.HAR_TOD_RMS: val_har_rms}
+        val_rms_of = {"model": val_served["expected_range_rms"], "network": val_network["range_rms"],
+                      Baseline.HAR_TOD_RMS: val_forecasts[Baseline.HAR_TOD_RMS]["range"]}
         mean = {name: _mean_range_qlike(rms_of[name], f, actual["range"], val_actual["range"], fitted.floor)
                 for name, f in val_rms_of.items()}
         mean_range = MeanRangeScores(steps=steps, qlike=mean["model"], network_qlike=mean["network"],
                                      har_qlike=mean[Baseline.HAR_TOD_RMS],
                                      qlike_skill=score.skill(mean["model"], mean[Baseline.HAR_TOD_RMS]),
                                      network_qlike_skill=score.skill(mean["network"], mean[Baseline.HAR_TOD_RMS]))
-    interval, intervals = _interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                                val, fitted, settings.interval.conformal(INTERVAL))
     validation = _validation_skill(val_network, val_actual, val_forecasts, fitted.floor)
-    served = {"expected_high": model["high"], "expected_low": model["low"], "expected_range": model["range"],
-              "expected_range_rms": served_rms, "interval_low": intervals.lower, "interval_high": intervals.upper,
-              "interval_margin": intervals.margin,
-              "network_range": network["range"], "network_range_rms": network["range_rms"]}
+    served |= {"interval_margin": intervals.margin, "network_range": network["range"],
+               "network_range_rms": network["range_rms"]}
     return CandleScores(head=head.name, steps=steps, **scores, mean_range=mean_range, interval=interval,
-                        validation=validation, **factors), served
+                        validation=validation), served, serving
+
+
+def served_sources(forecasts: dict[Baseline, dict[str, np.ndarray]]) -> dict[str, dict[str, np.ndarray]]:
+    """The baselines' forecasts as Serving blends them (evaluation.serving.SOURCES): HAR-X's, where the job has it,
+    and HAR + time of day's, each's medians ("high", "low", "range") with its root-mean-square range ("range_rms")."""
+    return {str(name): {**forecasts[name], "range_rms": forecasts[RMS_OF[name]]["range"]}
+            for name in map(Baseline, SOURCES) if name in forecasts}
 
 
 def _validation_skill(network: dict[str, np.ndarray], actual: dict[str, np.ndarray],
@@ -319,25 +323,6 @@ def _validation_skill(network: dict[str, np.ndarray], actual: dict[str, np.ndarr
         high_low_mae=score.skill(mae(network, "high") + mae(network, "low"), mae(bar, "high") + mae(bar, "low")))
 
 
-def calibrated(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray], val_actual: dict[str, np.ndarray],
-               floor: float) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, object]]:
-    """The network's forecasts of the high, the low and the range put on their level on validation, per step, as
-    its other choices (its epoch, the close's shrink) are made there and as HAR_TOD_LEVEL puts HAR + time of day:
-    each times the factor with the lowest MAE there (mae_factor: its median), and the range (floored at the smallest
-    range of the train split, `floor`: a forecast of 0 has no QLIKE) also times the one with the lowest QLIKE
-    (qlike_factor: its root mean square, "range_rms"). -> the test and the validation forecasts so put, and the
-    factors as CandleScores keeps them (median_factors, rms_factor), which predict applies."""
-    median_factors = {q: mae_factor(val_network[q], val_actual[q]) for q in COMBINED}
-    rms_factor = qlike_factor(np.maximum(val_network["range"], floor), val_actual["range"], floor)
-
-    def put(forecast: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return {**forecast, **{q: forecast[q] * median_factors[q] for q in COMBINED},
-                "range_rms": np.maximum(forecast["range"], floor) * rms_factor}
-
-    return put(network), put(val_network), {"median_factors": {q: f.tolist() for q, f in median_factors.items()},
-                                            "rms_factor": rms_factor.tolist()}
-
-
 def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np.ndarray, val_actual: np.ndarray,
                       floor: float) -> float | None:
     """QLIKE of the mean range over the steps forecast as the mean of the steps' root-mean-square ranges, times
@@ -348,39 +333,8 @@ def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np
     return score.qlike(forecast.mean(axis=1) * factor, mean, floor)
 
 
-# What users get of the high, low and range: the network's forecasts beside these baselines' (as fitted on the train
-# split), where the job has them; and, for the range's root mean square, each one's root-mean-square range
-SERVED_BASELINES = (Baseline.HARX, Baseline.HAR_TOD)
+# Each served baseline's root-mean-square range (Serving blends them: served_sources)
 RMS_OF = {Baseline.HARX: Baseline.HARX_RMS, Baseline.HAR_TOD: Baseline.HAR_TOD_RMS}
-
-
-def combine(network: dict[str, np.ndarray], val_network: dict[str, np.ndarray],
-            forecasts: dict[Baseline, dict[str, np.ndarray]], val_forecasts: dict[Baseline, dict[str, np.ndarray]],
-            val_actual: dict[str, np.ndarray]) -> tuple[dict[str, dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """The high and low excursions and the range as a weighted sum of the network's, HAR-X's (where the job has it)
-    and HAR + time of day's, the weights per quantity and step chosen on validation (baselines.combination_weights:
-    the network alone, a baseline alone, or a blend - whichever has the lowest MAE there; so what is served is never
-    worse there than HAR + time of day, or HAR-X), like every head's mix with its persistence. Each is a median
-    forecast of its own: the range's is not the high's plus the low's (the median of a sum is not the sum of the
-    medians). -> (quantity -> source ("network", or a Baseline's name) -> weights (H,), the combined quantities of the
-    test samples). `forecasts`, `val_forecasts`: the baselines' of the test and validation samples."""
-    sources = [name for name in SERVED_BASELINES if name in forecasts]
-    weights = {}
-    for q in COMBINED:
-        chosen = combination_weights([val_network[q], *(val_forecasts[name][q] for name in sources)], val_actual[q])
-        weights[q] = dict(zip(["network", *map(str, sources)], chosen))
-    return weights, {**network, **{q: blend(weights[q], network[q], {str(name): forecasts[name][q] for name in sources})
-                                   for q in COMBINED}}
-
-
-def blend(weights: dict[str, np.ndarray], network: np.ndarray, baselines: dict[str, np.ndarray]) -> np.ndarray:
-    """Σ weights[source] x that source's forecast: the network's (`network`) and each baseline's (`baselines`, by
-    the name `weights` gives it): what is served (combine's weights; predict serves them alike)."""
-    total = weights["network"] * network
-    for name, weight in weights.items():
-        if name != "network":
-            total = total + weight * baselines[name]
-    return total
 
 
 def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,

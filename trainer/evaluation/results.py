@@ -17,7 +17,7 @@ from ..model.settings import Engine
 from .names import Baseline
 
 # The bar the network's forecasts of the size of the coming candles are judged against: HAR + time of day put on its
-# level on validation, as the network's are (evaluate.calibrated), like with like
+# level on validation, as the network's are (evaluation.serving.Serving), like with like
 BAR = Baseline.HAR_TOD_LEVEL
 BAR_RMS = Baseline.HAR_TOD_LEVEL_RMS
 
@@ -84,7 +84,7 @@ class PointScores(_Record):
 
 class QuantityScores(PointScores):
     """What users get of a quantity - the network's forecast combined with HAR-X's and HAR + time of day's
-    (evaluate.combine) - and each baseline's (baselines.Baseline: no_change, persistence, ewma, har_tod,
+    (evaluation.serving) - and each baseline's (baselines.Baseline: no_change, persistence, ewma, har_tod,
     and har_tod_level: HAR + time of day put on its level on validation, as the network is, BAR); the network's own
     beside, and its weight per step in the combination (0: HAR alone)."""
     baselines: dict[str, PointScores]
@@ -94,8 +94,10 @@ class QuantityScores(PointScores):
     network_skill: dict[str, float | None]
     network_weight: list[float]
     # What is served, per step: the weight of the network and of each baseline beside it ("harx" where the job has
-    # HAR-X, "har_tod"), chosen on validation (evaluate.combine); summing to 1
+    # HAR-X, "har_tod"), chosen on validation by MAE (evaluation.serving.Serving); summing to 1
     weights: dict[str, list[float]] = {}
+    # The range: the weights of its served root mean square, chosen on validation by QLIKE, each source on its level
+    rms_weights: dict[str, list[float]] | None = None
     # The range: QLIKE skill at the next candle of the root-mean-square range, vs HAR's as fitted (har_tod_rms) and
     # on its validation level (har_tod_level_rms, BAR_RMS); None for the excursions
     qlike_skill: dict[str, float | None] | None = None
@@ -173,11 +175,6 @@ class CandleScores(_Record):
     range: QuantityScores
     interval: IntervalScores
     mean_range: MeanRangeScores | None = None  # None: one step
-    # Per step, what the network's forecasts (Head.candle_quantities) are multiplied by to be put on their level on
-    # validation (evaluate.calibrated): "high", "low", "range" -> their medians' (baselines.mae_factor); the range's
-    # root mean square's (baselines.qlike_factor). predict applies them.
-    median_factors: dict[str, list[float]]
-    rms_factor: list[float]
     validation: ValidationSkill
 
     def skill_vs(self, baseline: str = BAR) -> dict[str, float | None]:

@@ -234,6 +234,11 @@ def _candles_text(metrics: JobMetrics) -> str:
         lines.append(f"| {quantity} | " + " | ".join(_num(scores.skill.get(b)) for b in (
             Baseline.NO_CHANGE, Baseline.PERSISTENCE, Baseline.EWMA, Baseline.HAR_TOD, BAR, Baseline.HARX_LEVEL))
                      + f" | {alone} | {_num(scores.network_weight[0])} | {served} |")
+    if candles.range.rms_weights:
+        rms = ", ".join(f"{name} {weights[0]:.2f}" for name, weights in candles.range.rms_weights.items())
+        lines += ["", "The range's root mean square (what QLIKE scores; `expected_range_rms_pct`, the scale to size "
+                      "risk with) is a blend of its own: the network's, HAR-X's and HAR's, each on its level on "
+                      f"validation, the weights chosen there by QLIKE (at the next candle: {rms})."]
     interval = candles.interval
     lines += ["", f"80 % interval of the next close: the network's close widened by {interval.calibration} "
                   f"(residuals normalised by {VOLATILITY_NAMES.get(interval.normaliser, interval.normaliser)}); the "

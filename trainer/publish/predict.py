@@ -22,8 +22,7 @@ from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
 from ..errors import JobError, UserError
 from ..evaluation.baselines import Baseline
-from ..evaluation.evaluate import COMBINED, blend
-from ..evaluation.results import CandleScores
+from ..evaluation.evaluate import candle_head
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
 from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
 from ..run.rundir import CONFIG
@@ -152,53 +151,34 @@ def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
                                             every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
     step = timeframe_delta(prep.timeframe)
     index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
-    scores = job.metrics().candles
-    if scores is not None:
-        baselines = {Baseline.HAR_TOD: har.forecast(candles)}
+    if (serving := job.serving()) is not None:
+        sources = {str(Baseline.HAR_TOD): har.forecast(candles)}
         if (harx := job.harx()) is not None:  # it reads the feature rows: the volume surprise, the market's range
-            baselines[Baseline.HARX] = harx.forecast(frame)
-        # the interval's margin as evaluation had it then, inside the test split; after it, the next one
+            sources[str(Baseline.HARX)] = harx.forecast(frame)
+        # the interval's margin as evaluation had it then, inside the test split; after it, the one it ended at
         margin = job.interval_margin(index[0].to_datetime64().astype("datetime64[ns]"))
-        columns |= _expected_candles(baselines, har.floor, scores, prep, outputs, prices, candles,
-                                     scores.interval.margin if margin is None else margin)
+        head = candle_head(prep)
+        last_close = float(candles["close"].iloc[-1])
+        network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
+                                                              np.array([last_close])).items()}
+        columns |= _expected_candles(serving.served(
+            network, sources, margin, sources[str(Baseline.HAR_TOD)]["volatility"][serving.normaliser]), last_close)
     return pd.DataFrame(columns, index=index)
 
 
-def _expected_candles(baselines: dict[Baseline, dict], floor: float, scores: CandleScores, prep: Preprocessing,
-                      outputs: dict[str, np.ndarray], prices: dict[str, np.ndarray], candles: pd.DataFrame,
-                      margin: np.ndarray) -> dict[str, np.ndarray]:
-    """The candle head's expected high, low and range as evaluation served them on the test split
-    (predictions.npz's expected_*): the network's forecasts (Head.candle_quantities) put on their level on validation
-    (CandleScores.median_factors, rms_factor) and combined with HAR-X's and HAR + time of day's (`baselines`:
-    Har.forecast of each after the last candle; `floor`: HAR's smallest range), the weights chosen on validation
-    (QuantityScores.weights).
-    Each is a forecast of its own: the medians of the high and low ("expected_high", "expected_low"), of the range
-    ("expected_range_pct": high / low - 1 in percent, not expected_high / expected_low - 1), and the root-mean-square
-    range ("expected_range_rms_pct": the root of its expected square, what QLIKE scores: the scale to size risk with);
-    and the 80 % interval of the close ("close_80_low", "close_80_high": the network's close widened by `margin` x
-    the volatility it was calibrated with; the margin is split conformal's on validation, or adaptive conformal's:
-    as it stood at that time inside the test split, the one it ended the test split at after it)."""
-    head = next(h for h in prep.heads if h.name == scores.head)
-    last_close = float(candles["close"].iloc[-1])
-    network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
-                                                          np.array([last_close])).items()}
-    median = {q: network[q] * np.asarray(factor) for q, factor in scores.median_factors.items()}
-    baseline = baselines[Baseline.HAR_TOD]
-    network_rms = np.maximum(network["range"], floor) * np.asarray(scores.rms_factor)
-
-    def served(quantity: str, own: np.ndarray, key: str) -> np.ndarray:
-        weights = {name: np.asarray(w) for name, w in getattr(scores, quantity).weights.items()}
-        return blend(weights, own, {name: baselines[Baseline(name)][key] for name in weights if name != "network"})
-
-    combined = {q: served(q, median[q], q) for q in COMBINED}
-    rms = served("range", network_rms, "range_rms")
-    spread = np.asarray(margin) * baseline["volatility"][scores.interval.normaliser]
-    return {"expected_high": last_close * np.exp(combined["high"]),
-            "expected_low": last_close * np.exp(-combined["low"]),
-            "expected_range_pct": 100 * np.expm1(combined["range"]),
-            "expected_range_rms_pct": 100 * np.expm1(rms),
-            "close_80_low": last_close * np.exp(network["return"] - spread),
-            "close_80_high": last_close * np.exp(network["return"] + spread)}
+def _expected_candles(served: dict[str, np.ndarray], last_close: float) -> dict[str, np.ndarray]:
+    """What the job's Serving serves after the last candle (evaluation.serving: what evaluation served on the test
+    split, predictions.npz's expected_*), in price units and percent: the medians of the high and low
+    ("expected_high", "expected_low"), of the range ("expected_range_pct": high / low - 1 in percent, not
+    expected_high / expected_low - 1), the range's root mean square ("expected_range_rms_pct": the root of its
+    expected square, what QLIKE scores: the scale to size risk with), and the 80 % interval of the close
+    ("close_80_low", "close_80_high")."""
+    return {"expected_high": last_close * np.exp(served["expected_high"]),
+            "expected_low": last_close * np.exp(-served["expected_low"]),
+            "expected_range_pct": 100 * np.expm1(served["expected_range"]),
+            "expected_range_rms_pct": 100 * np.expm1(served["expected_range_rms"]),
+            "close_80_low": last_close * np.exp(served["interval_low"]),
+            "close_80_high": last_close * np.exp(served["interval_high"])}
 
 
 def resolve_job_dir(model_ref: str, symbol: str | None, timeframe: str | None) -> Path:

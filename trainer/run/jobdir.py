@@ -8,7 +8,8 @@ directory of another one is refused in one line naming it (cryptotrain is at 0.1
 preprocessing.json and har.json lacked what 3 holds (the heads' kinds, the network's level on validation, HAR's
 log variance); 3's metrics.json lacked what 4 holds (each head's validation gain and the network's own skill beside
 its mix with its persistence, the weights of what is served of the next candles, HAR-X's scores), and 4 adds
-harx.json (HAR-X, where the job has it).
+harx.json (HAR-X, where the job has it); 5 adds serving.json (what is served of the next candles: factors, weights,
+the interval's margin; before, in metrics.json's candles, whose range root mean square had the medians' weights).
 
 No TensorFlow, Keras or Matplotlib is imported here (the report reads job directories without them).
 """
@@ -34,12 +35,13 @@ from ..errors import UserError, cause
 from ..evaluation import charts
 from ..evaluation.baselines import Har
 from ..evaluation.results import JobMetrics
+from ..evaluation.serving import Serving
 from ..files import json_bytes, sha256_file
 
 if TYPE_CHECKING:
     import keras
 
-FORMAT = 4  # of the directories this version writes and reads
+FORMAT = 5  # of the directories this version writes and reads
 
 MANIFEST = "manifest.json"  # sha256 of every other file, and the format
 MODEL = "model.keras"
@@ -50,6 +52,7 @@ CONFIG = "config.yaml"  # the run's config, as published with the model
 PREDICTIONS = "predictions.npz"  # the test split: each head's forecasts, the actual and persistence close
 HAR = "har.json"  # the fitted HAR + time of day, with a head that forecasts high, low and close
 HARX = "harx.json"  # HAR-X (HAR + time of day with the network's extra inputs), where the job's features hold them
+SERVING = "serving.json"  # what is served of the size of the coming candles (evaluation.serving.Serving), with HAR
 
 T = TypeVar("T")
 
@@ -147,12 +150,15 @@ class JobDir:
     # ------------------------------------------------------------------------- writing
     @staticmethod
     def files(preprocessing: Preprocessing, metrics: JobMetrics, config: dict, history: pd.DataFrame,
-              predictions: dict[str, np.ndarray], har: Har | None, harx: Har | None = None) -> dict[str, bytes]:
+              predictions: dict[str, np.ndarray], har: Har | None, harx: Har | None = None,
+              serving: Serving | None = None) -> dict[str, bytes]:
         """Every file of a job's directory but its model and its manifest, by name, as the bytes `write` puts
         there (made where the job is evaluated: run.host). `predictions`: target_times, each head's forecasts on the
         test split in prices, and the actual and persistence close (actual_close, persistence_close) where a head
         forecasts the close."""
         files = {name: json_bytes(fitted.to_dict()) for name, fitted in ((HAR, har), (HARX, harx)) if fitted}
+        if serving is not None:
+            files[SERVING] = json_bytes(serving.model_dump(mode="json"))
         npz = io.BytesIO()
         np.savez(npz, **predictions)
         return files | {PREPROCESSING: json_bytes(preprocessing.to_dict()),
@@ -185,6 +191,10 @@ class JobDir:
     def har_tod(self) -> Har | None:
         """The job's HAR + time of day; None for a job without a head that forecasts high, low and close."""
         return self._read(HAR, _json, Har.from_dict) if (self.path / HAR).is_file() else None
+
+    def serving(self) -> Serving | None:
+        """What the job serves of the size of the coming candles (evaluation.serving); None without a candle head."""
+        return self._read(SERVING, _json, Serving.model_validate) if (self.path / SERVING).is_file() else None
 
     def harx(self) -> Har | None:
         """The job's HAR-X; None for a job without it (no candle head, or features without its inputs)."""

@@ -180,11 +180,11 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, result: FitResult, f
         unshrunk = windows.preprocessing.to_prices(outputs, test.last)
         scores = evaluate(predictions, test, prep, unshrunk, outputs=prep.to_prices(test_raw, test.last),
                           validation_gains=gains)
-        candles, served, fitted = None, {}, prepared.fitted
+        candles, served, serving, fitted = None, {}, None, prepared.fitted
         if fitted is not None:  # the size of the coming candles, against its baselines
             head = candle_head(prep)
             val_prices = prep.to_prices(val_outputs, val.last)[head.name]
-            candles, served = candle_scores(
+            candles, served, serving = candle_scores(
                 head, prep.candle_quantities(head, test_raw, predictions[head.name], test.last_close),
                 prep.candle_quantities(head, val_raw, val_prices, val.last_close), test, val, fitted, cfg.evaluation)
         scored = time.perf_counter() - evaluating
@@ -215,7 +215,7 @@ def evaluated(cfg: RunConfig, job: Job, prepared: Prepared, result: FitResult, f
         # Published with the model: where this machine keeps its runs and caches, and trains, is nobody's business.
         cfg.model_dump(mode="json", exclude={"output_dir", "cache_dir", "executor"}),
         result.history, {"target_times": test.target_times.astype("datetime64[ns]"), **predictions, **closes, **served},
-        None if fitted is None else fitted.har_tod, None if fitted is None else fitted.harx))
+        None if fitted is None else fitted.har_tod, None if fitted is None else fitted.harx, serving))
 
 
 def job_windows(cfg: RunConfig, timeframe: str, frame: pd.DataFrame,
