@@ -240,6 +240,11 @@ class HubServer:
         with self._lock:
             self._failures.setdefault(endpoint, deque()).extend(failures)
 
+    def recover(self) -> None:
+        """The failures injected and not yet answered dropped: the Hub works again."""
+        with self._lock:
+            self._failures.clear()
+
     def pending_failures(self) -> int:
         with self._lock:
             return sum(len(q) for q in self._failures.values())

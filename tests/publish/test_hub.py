@@ -355,6 +355,30 @@ def test_persistent_failure_is_a_one_line_job_error(hub, run_dir, monkeypatch):
     assert all(job.pushed_commit is None for job in Ledger(run_dir).jobs())
 
 
+def test_lfs_uploads_failing_past_the_clients_retries_end_in_one_line_and_the_same_push_lands_them_later(
+        hub, run_dir, monkeypatch):
+    """huggingface_hub retries an LFS upload itself, then its upload threads raise ("Error while uploading 'PATH' to
+    the Hub."): one line naming the file and what to do, exit 1, nothing committed; once the Hub works again the same
+    push lands every file in one commit."""
+    record_sleeps(monkeypatch)
+    hub.fail("lfs_upload", 500, times=1000)  # every LFS upload, past the client's retries
+    failed = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", REPO])
+    assert failed.exit_code == 1 and isinstance(failed.exception, SystemExit), failed.exception  # no traceback
+    [said] = [line for line in failed.output.splitlines() if line.startswith("error: ")]
+    assert re.fullmatch(rf"error: {REPO}: could not upload \S+/(model\.keras|predictions\.npz|[\w./]+) to the Hub "
+                        r"\(.*\); nothing was committed: run the same push again", said), said
+    assert hub.commits(REPO) == []
+
+    hub.recover()
+    again = CliRunner().invoke(main, ["push", str(run_dir), "--repo-id", REPO])
+    assert again.exit_code == 0, again.output
+    assert len(hub.commits(REPO)) == 1
+    for job in JOBS:
+        symbol, timeframe = job.split("_")
+        for name, content in local_files(run_dir, job).items():
+            assert hub.files(REPO)[f"{symbol}/{timeframe}/{name}"] == content, name
+
+
 def test_card_edited_on_the_hub_is_kept_unless_overwrite_cards(hub, run_dir, caplog):
     push_run_at(run_dir, repo_id=REPO, private=True, overwrite_cards=False, only=())
     pushed_card = hub.files(REPO)["BTCUSDT/1h/README.md"]

@@ -199,10 +199,20 @@ def _commit(api: HfApi, repo_id: str, files: dict[str, Path | bytes], message: s
 
 
 def _commit_on_head(api: HfApi, repo_id: str, files: dict[str, Path | bytes], message: str) -> CommitInfo:
+    """The commit, prepared on the head as it is now. An upload the client gave up on - its own retries spent on an
+    LFS upload, its upload threads raise RuntimeError("Error while uploading 'PATH' to the Hub.") from what failed
+    - is one line naming the file and what to do; nothing is committed then, and what was uploaded stays on the Hub
+    for the next try."""
     head = api.repo_info(repo_id).sha
     # Fresh operations each time: the client mutates them, and re-checks what is already there.
-    return api.create_commit(repo_id, [CommitOperationAdd(path, source) for path, source in files.items()],
-                             commit_message=message, parent_commit=head)
+    try:
+        return api.create_commit(repo_id, [CommitOperationAdd(path, source) for path, source in files.items()],
+                                 commit_message=message, parent_commit=head)
+    except RuntimeError as err:
+        path = re.search(r"uploading '([^']+)'", str(err))
+        what = f"could not upload {path.group(1)}" if path else f"could not push ({_one_line(err, None)})"
+        raise JobError(f"{repo_id}: {what} to the Hub ({_one_line(err.__cause__ or err, None)}); nothing was "
+                       "committed: run the same push again") from None
 
 
 def _cards_edited_on_hub(api: HfApi, repo_id: str, cards: dict[str, bytes]) -> list[str]:
