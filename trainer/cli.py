@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import shlex
-import signal
 import sys
 import traceback
 from pathlib import Path
@@ -18,9 +17,8 @@ import click
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from . import __version__
-from .errors import RAY_MISSING, Interrupted, JobError, RunStopped, Terminated, UserError
-from .run.engine import TENSORFLOW_INSTALL, engine_for, import_tensorflow, installed, keras_for_a_model, keras_on_jax
-from .run.supervisor import ray_driver_in_a_child
+from .errors import Interrupted, JobError, RunStopped, UserError
+from .run.engine import TENSORFLOW_INSTALL, engine_for, import_tensorflow, keras_for_a_model, keras_on_jax
 
 
 class _Cli(click.Group):
@@ -188,25 +186,13 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     given = {"kind": executor, "address": ray_address, "workers": workers, "cpus_per_worker": cpus_per_worker,
              "gpus_per_worker": gpus_per_worker}
     on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
-    if on.kind == "ray":
-        if not installed("ray"):  # said now, not after seconds of importing TensorFlow
-            raise UserError(RAY_MISSING)
-        from .run.reachable import check_cluster
+    from .run.process import set_up_run
 
-        check_cluster(on.address)  # likewise
-        ray_driver_in_a_child(click.get_current_context().find_root().call_on_close)
-    if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
-        _require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
-    if engine_for(cfg.train.pack) == "jax":
-        if cfg.train.pack in (1, "auto") and not installed("tensorflow"):
-            click.echo("TensorFlow is not installed: training on Keras's JAX backend", err=True)
-        keras_on_jax()
-    else:
-        import_tensorflow()
+    set_up_run(cfg, on, click.get_current_context().find_root().call_on_close, lambda line: click.echo(line, err=True))
     from .report.console import JobProgress, print_resume_hint, print_run_end
+    from .report.html import report_at_end
     from .run.runner import run_config
 
-    signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
     publish = None
     if push:  # the Hub's client, imported for a run that pushes
         from .publish.hub import push_pending as publish
@@ -217,31 +203,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     except Interrupted as stop:
         print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)
         sys.exit(stop.exit_code)
-    print_run_end(outcome, _write_report(outcome.run_dir))
+    print_run_end(outcome, report_at_end(outcome.run_dir))
     sys.exit(0 if outcome.complete else 1)
-
-
-def _write_report(run_dir: Path) -> Path | None:
-    """The run's report.html, at its end; a report that cannot be written never fails the run."""
-    try:
-        from .report.html import write_report
-        from .run.rundir import RunDir
-
-        with RunDir.open(run_dir) as run:
-            return write_report(run)
-    except Exception as exc:
-        logging.getLogger(__name__).warning("report.html not written: %s", exc)
-        return None
-
-
-def _terminated(signum, frame):
-    raise Terminated()
-
-
-def _require(module: str, option: str, install: str) -> None:
-    """An option whose package is missing is refused when the command starts, before any work."""
-    if not installed(module):
-        raise UserError(f"{option} needs the {module} package, which is not installed: {install}")
 
 
 @main.command()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import logging
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -41,9 +42,22 @@ from ..run.ledger import JobRecord
 from ..run.rundir import CONFIG, DeviceTime, RunDir
 from .console import verdict
 
+log = logging.getLogger(__name__)
+
 REPORT = "report.html"
 T = TypeVar("T")
 ZOOM_BARS = 60  # the close-up of the test split's last bars, where forecast and persistence can be told apart
+
+
+def report_at_end(run_dir: Path) -> Path | None:
+    """A run's report.html, written at its end; None, and a warning, where it cannot be: a report never fails a
+    run."""
+    try:
+        with RunDir.open(run_dir) as run:
+            return write_report(run)
+    except Exception as exc:
+        log.warning("report.html not written: %s", exc)
+        return None
 
 
 def write_report(run: RunDir, out: Path | None = None) -> Path:
