@@ -132,7 +132,7 @@ def train(family: str, series: list[str], epochs: int, scratch: Path, overrides:
     started = time.perf_counter()
     cfg = load_config(config, overrides)
     # Only the series that exist (not every symbol has both timeframes); a failed job shows in the table.
-    run_config(cfg, make_jobs(cfg, only=tuple(series)), JobProgress())
+    run_config(cfg, make_jobs(cfg, only=tuple(series)), JobProgress(), engine="tensorflow")
     seconds = time.perf_counter() - started
     found = {}
     for name in series:

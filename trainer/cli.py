@@ -188,7 +188,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     on = cfg.executor.model_copy(update={key: value for key, value in given.items() if value is not None})
     from .run.process import set_up_run
 
-    set_up_run(cfg, on, click.get_current_context().find_root().call_on_close, lambda line: click.echo(line, err=True))
+    engine = set_up_run(cfg, on, click.get_current_context().find_root().call_on_close,
+                        lambda line: click.echo(line, err=True))
     from .report.console import JobProgress, print_resume_hint, print_run_end
     from .report.html import report_at_end
     from .run.runner import run_config
@@ -197,8 +198,8 @@ def run(config_path, overrides, only, timeframes, new_run, retries, retry_failed
     if push:  # the Hub's client, imported for a run that pushes
         from .publish.hub import push_pending as publish
     try:
-        outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries,
-                             push=publish, retry_failed=retry_failed, executor=on, host_workers=host_workers,
+        outcome = run_config(cfg, jobs, JobProgress(verbose=verbose), new_run=new_run, retries=retries, push=publish,
+                             retry_failed=retry_failed, executor=on, host_workers=host_workers, engine=engine,
                              **({} if stale_after is None else {"stale_after": stale_after}))
     except Interrupted as stop:
         print_resume_hint(shlex.join(["cryptotrain", *sys.argv[1:]]), stop.jobs)

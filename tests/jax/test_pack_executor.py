@@ -149,7 +149,7 @@ def test_a_packed_run_packs_jobs_of_like_lengths_and_says_how_many_lanes_idle(tm
     raw["train"] |= {"epochs": 1, "pack": 2, "batch_size": 8}
     cfg = RunConfig.model_validate(raw)
     with caplog.at_level(logging.INFO, logger="trainer.run.packing"):
-        outcome = run_config(cfg, make_jobs(cfg), host_workers=2)
+        outcome = run_config(cfg, make_jobs(cfg), host_workers=2, engine="jax")
     assert [record.status for record in outcome.records] == ["done"] * 4
     packs = [re.fullmatch(r"training packed, 2 jobs in one step: (\w+), (\w+); (\d+) % of its lanes idle \((\d+) "
                           r"steps an epoch\)", record.getMessage())

@@ -361,7 +361,7 @@ def test_a_job_on_absolute_levels_predicts_as_its_scaler_says_and_reports(tmp_pa
     raw["heads"][0]["kind"] = "plain"
     raw["train"]["epochs"] = 1
     cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).complete
+    assert run_config(cfg, make_jobs(cfg), engine="tensorflow").complete
     job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
 
     candles = load_candles(cfg, "BTCUSDT", "1h")
@@ -435,7 +435,7 @@ def test_a_quantile_head_trains_scores_and_forecasts_its_quantiles_in_order(tmp_
     raw["heads"].append({"name": "close_q", "kind": "quantile", "columns": ["close"], "quantiles": [0.1, 0.5, 0.9]})
     raw["train"]["epochs"] = 2
     cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg)).complete
+    assert run_config(cfg, make_jobs(cfg), engine="tensorflow").complete
     job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
     scores = json.loads((job_dir / "metrics.json").read_text())["heads"]["close_q"]
     assert scores["quantiles"]["levels"] == [0.1, 0.5, 0.9] and scores["quantiles"]["nominal"] == pytest.approx(0.8)
@@ -454,7 +454,7 @@ def test_a_job_with_the_market_input_trains_and_predict_reads_its_references(tmp
     raw = tiny_config_dict(tmp_path, cache_dir=str(tmp_path / "cache"))
     raw["features"]["market"] = {"symbols": "run"}
     cfg = RunConfig.model_validate(raw)
-    assert run_config(cfg, make_jobs(cfg, only=("BTCUSDT_1h",))).complete
+    assert run_config(cfg, make_jobs(cfg, only=("BTCUSDT_1h",)), engine="tensorflow").complete
     job_dir = cfg.run_dir / "jobs" / "BTCUSDT_1h"
     prep = JobDir(job_dir).preprocessing()
     assert prep.input_columns[-1] == "market_range" and [r.symbol for r in prep.market] == ["ETHUSDT"]

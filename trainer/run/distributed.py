@@ -410,30 +410,30 @@ if ray is not None:
 
     @ray.remote
     class _Worker:
-        """One TensorFlow context and its compiled-model cache, for as many jobs as it is given one at a time; or,
-        packing, one model on Keras's JAX backend that trains `pack` jobs at a time (packing.PackExecutor)."""
+        """The trainer a local run has (executors.in_process_trainer), in a Ray actor of its own: one TensorFlow
+        context and its compiled-model cache, for as many jobs as it is given one at a time; or, packing, one model on
+        Keras's JAX backend that trains `pack` jobs at a time."""
 
         def __init__(self, cfg: RunConfig, cpus: float, pack: int | None) -> None:
             self.cfg = cfg
-            if pack is not None:
+            engine = "tensorflow" if pack is None else "jax"  # the driver's choice (its runtime_env's KERAS_BACKEND)
+            if engine == "jax":
                 from .engine import tensorflow_unimported
 
-                tensorflow_unimported()  # Keras is on JAX here (its runtime_env's KERAS_BACKEND)
-                from .packing import PackExecutor
+                tensorflow_unimported()
+            else:
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+                from .engine import import_tensorflow
 
-                gc.freeze()  # the imports live as long as the worker: collections skip them (long_lived_frozen)
-                self.packer = PackExecutor(cfg, pack, Inline())  # its CPUs are the jobs' (cpus_per_worker)
-                return
-            os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-            from .engine import import_tensorflow
+                import_tensorflow()  # as the command imports it
+                from ..model.device import setup
 
-            import_tensorflow()  # as the command imports it
-            from ..model.device import setup
-            from ..model.training import ModelCache
+                setup(cfg.train, cpus=max(1, round(cpus)))
+            from .executors import in_process_trainer
 
-            setup(cfg.train, cpus=max(1, round(cpus)))
-            gc.freeze()  # as above
-            self.packer, self.cache = None, ModelCache()
+            gc.freeze()  # the imports live as long as the worker: collections skip them (long_lived_frozen)
+            # a local run's trainer, its host work inline (the worker's CPUs are its jobs': cpus_per_worker)
+            self.trainer = in_process_trainer(cfg, engine, pack or 1, Inline())
 
         def pid(self) -> int:
             return os.getpid()
@@ -464,24 +464,13 @@ if ray is not None:
 
         def _train(self, jobs: list[Job], prepared: list[Prepared], tmp: Path,
                    outboxes: dict[str, _Outbox]) -> list[JobOutput | Exception]:
-            """Each job's outcome: packed, or the one job with TensorFlow."""
+            """Each job's outcome, from the worker's trainer."""
             events = _OutboxEvents(outboxes)
             ship = {job.name: _ShipCheckpoints(tmp / job.name / "backup", outboxes[job.name]) for job in jobs}
-            if self.packer is not None:
-                for job, rows in zip(jobs, prepared, strict=True):
-                    self.packer.submit(job, rows, tmp / job.name / "backup", callbacks=(ship[job.name],),
-                                       tensorboard=tmp / job.name / "tensorboard")
-                return [outcome for _, outcome in self.packer.wait(events)]
-            from .pipeline import train_one
-
-            [job], [rows] = jobs, prepared
-            try:
-                return [train_one(self.cfg, job, rows, tmp / job.name / "backup", self.cache, events, Inline(),
-                                  callbacks=(ship[job.name],), tensorboard=tmp / job.name / "tensorboard")]
-            except Exception as exc:
-                if not isinstance(exc, (JobError, _MailboxLost)):
-                    self.cache.forget()  # the model may be in a broken state (e.g. after out-of-memory)
-                return [exc]
+            for job, rows in zip(jobs, prepared, strict=True):
+                self.trainer.submit(job, rows, tmp / job.name / "backup", callbacks=(ship[job.name],),
+                                    tensorboard=tmp / job.name / "tensorboard")
+            return [outcome for _, outcome in self.trainer.wait(events)]
 
     def _shipped(outcome: JobOutput | Exception, directory: Path) -> _Shipped | Exception:
         """A job's outcome as it travels to the driver: its files as bytes, or the exception it failed with (as

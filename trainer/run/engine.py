@@ -77,10 +77,16 @@ def engine_for(pack: int | str) -> str:
             raise UserError(f"{TENSORFLOW_MISSING}; or train on Keras's JAX backend: pip install {jax_missing}")
         return "jax"
     if pack == "auto" and installed("jax"):
-        import jax
-
-        return "jax" if jax.default_backend() != "cpu" else "tensorflow"
+        return "jax" if on_accelerator() else "tensorflow"
     return "tensorflow"
+
+
+def on_accelerator() -> bool:
+    """Whether JAX sees an accelerator: where packing pays (on a CPU it gains nothing: benchmarks/RESULTS.md,
+    bench-pack), so where `--pack auto` packs (engine_for; packing.plan_pack's K)."""
+    import jax
+
+    return jax.default_backend() != "cpu"
 
 
 def keras_on_jax() -> None:

@@ -40,6 +40,26 @@ class Executor(Protocol):
         to `events`."""
 
 
+class Trainer(Executor, Protocol):
+    """An executor that trains in this process (the driver's in a local run, a Ray worker's): in_process_trainer
+    builds one. Its jobs can be given callbacks of their own, fired after their checkpoint's (a Ray worker's, sending
+    it), and where their TensorBoard logs go (default: the run's directory for them, pipeline.tensorboard_dir)."""
+
+    def submit(self, job: Job, prepared: Prepared, backup: Path, callbacks: tuple = (),
+               tensorboard: Path | None = None) -> None: ...
+
+
+def in_process_trainer(cfg: RunConfig, engine: str, capacity: int, host: Host) -> Trainer:
+    """The one place a trainer in this process is made, for the engine chosen before Keras was imported
+    (engine.engine_for): on "jax", `capacity` jobs packed in one step (packing.PackExecutor; a job alone is a pack
+    of one); on "tensorflow", one at a time (LocalExecutor)."""
+    if engine == "jax":
+        from .packing import PackExecutor
+
+        return PackExecutor(cfg, capacity, host)
+    return LocalExecutor(cfg, host)
+
+
 class LocalExecutor:
     """One job at a time, in this process: one TensorFlow context, one compiled model per shape (ModelCache)."""
 
@@ -54,17 +74,18 @@ class LocalExecutor:
         # a model the config cannot build is bad input
         self.target_shapes = output_shapes(self.cache.model_for(cfg.network, cfg.train), cfg.heads)
         self.training_seconds = 0.0
-        self._next: tuple[Job, Prepared, Path] | None = None
+        self._next: tuple | None = None
 
-    def submit(self, job: Job, prepared: Prepared, backup: Path) -> None:
-        self._next = (job, prepared, backup)
+    def submit(self, job: Job, prepared: Prepared, backup: Path, callbacks: tuple = (),
+               tensorboard: Path | None = None) -> None:
+        self._next = (job, prepared, backup, callbacks, tensorboard or tensorboard_dir(self.cfg.run_dir, job.name))
 
     def wait(self, events: Events) -> list[tuple[Job, JobOutput | BaseException]]:
-        job, prepared, backup = self._next
+        job, prepared, backup, callbacks, tensorboard = self._next
         self._next = None
         try:
-            result = train_one(self.cfg, job, prepared, backup, self.cache, events, self.host,
-                               tensorboard=tensorboard_dir(self.cfg.run_dir, job.name))
+            result = train_one(self.cfg, job, prepared, backup, self.cache, events, self.host, callbacks,
+                               tensorboard)
             self.training_seconds += result.training_seconds
             return [(job, result)]
         except Exception as exc:  # KeyboardInterrupt and SystemExit go on up: the driver stops
@@ -74,24 +95,28 @@ class LocalExecutor:
 
 
 @contextlib.contextmanager
-def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int, note: Callable[[str], None] = lambda line: None,
+def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int, engine: str,
+                  note: Callable[[str], None] = lambda line: None,
                   host_workers: int | str = "auto") -> Iterator[Executor]:
-    """The executor of `jobs` jobs: packed when train.pack asks for it and this process's Keras runs on JAX (the CLI
-    chooses the backend before Keras is imported: `run --pack`); `note` is told the pack's size and why, and where
-    the host work runs (`host_workers`: run --host-workers, host.host_workers)."""
-    backend = keras.backend.backend()
-    pack = None  # jobs a Ray worker packs; None: one at a time, with TensorFlow
-    if backend == "tensorflow" and cfg.train.pack not in (1, "auto"):
+    """The executor of `jobs` jobs, for the engine chosen for this process before Keras was imported (`engine`:
+    engine.engine_for's, "jax" or "tensorflow"): in this process (in_process_trainer), or on Ray workers, each with
+    the same trainer of its own; `note` is told the pack's size and why, and where the host work runs
+    (`host_workers`: run --host-workers, host.host_workers)."""
+    if engine != keras.backend.backend():
+        raise UserError(f"the run's engine is {engine}, and this process's Keras runs on {keras.backend.backend()}: "
+                        f"set KERAS_BACKEND={engine} before Keras is imported (`cryptotrain run` does)")
+    if engine == "tensorflow" and cfg.train.pack not in (1, "auto"):
         raise UserError(f"train.pack {cfg.train.pack} trains on Keras's JAX backend, and this process's Keras "
-                        f"runs on {backend}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
-    if backend == "jax":  # packed: K jobs a step (a job alone is a pack of one)
-        from .packing import PackExecutor, plan_pack
+                        f"runs on {engine}: set KERAS_BACKEND=jax before Keras is imported (run --pack does)")
+    pack = None  # jobs a Ray worker packs; None: one at a time, with TensorFlow
+    if engine == "jax":  # packed: K jobs a step (a job alone is a pack of one)
+        from .packing import plan_pack
 
         plan = plan_pack(cfg.train.pack, jobs, cfg.network, cfg.train, cfg.data.max_rows)
         at_a_time = f"{plan.k} job{'s' * (plan.k > 1)} at a time"
         if executor.kind == "local":
             with _host(host_workers, plan.k, note) as host, long_lived_frozen():
-                workers = PackExecutor(cfg, plan.k, host)
+                workers = in_process_trainer(cfg, engine, plan.k, host)
                 note(f"packed training on {plan.device}: {at_a_time} ({plan.why}); compiled steps kept in "
                      f"{workers.compilation_cache}")
                 yield workers
@@ -111,7 +136,7 @@ def open_executor(cfg: RunConfig, executor: ExecutorConfig, jobs: int, note: Cal
                             layer.index, layer.kind, "; ".join(layer.blockers))
         if executor.kind == "local":
             with _host(host_workers, 1, note) as host, long_lived_frozen():
-                yield LocalExecutor(cfg, host)
+                yield in_process_trainer(cfg, engine, 1, host)
             return
     from .distributed import RayExecutor
 

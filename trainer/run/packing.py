@@ -35,6 +35,7 @@ from ..model.resume import assign
 from ..model.sequence import JobTraining
 from ..model.settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
 from ..model.trained import Forecasts
+from .engine import on_accelerator
 from .jobs import Job
 from .pipeline import (
     Events,
@@ -94,7 +95,7 @@ def plan_pack(requested: int | str, jobs: int, spec: NetworkSpec, train: TrainCo
         k = max(1, min(int(requested), jobs))
         return PackPlan(k, device, "a job alone" if int(requested) == 1 else
                         f"--pack {requested}" + (f" ({jobs} jobs)" if k < int(requested) else ""))
-    if jax.default_backend() == "cpu":
+    if not on_accelerator():
         return PackPlan(1, device, "auto: one job at a time on a CPU (packing gains nothing there)")
     stats = jax.devices()[0].memory_stats() or {}
     per_job = job_bytes(spec, train, rows or ASSUMED_ROWS)

@@ -14,9 +14,10 @@ from .supervisor import ray_driver_in_a_child
 
 
 def set_up_run(cfg: RunConfig, executor: ExecutorConfig, at_close: Callable[[Callable[[], None]], None],
-               say: Callable[[str], None]) -> None:
-    """This process, for a run of `cfg` on `executor`: UserError where an option's package or a cluster is missing,
-    before any work; `at_close`: what registers a call once the command's last line is out (click's)."""
+               say: Callable[[str], None]) -> str:
+    """This process, for a run of `cfg` on `executor`; the engine chosen ("jax" or "tensorflow": run_config's).
+    UserError where an option's package or a cluster is missing, before any work; `at_close`: what registers a call
+    once the command's last line is out (click's)."""
     if executor.kind == "ray":
         if not installed("ray"):  # said now, not after seconds of importing TensorFlow
             raise UserError(RAY_MISSING)
@@ -26,13 +27,14 @@ def set_up_run(cfg: RunConfig, executor: ExecutorConfig, at_close: Callable[[Cal
         ray_driver_in_a_child(at_close)
     if cfg.train.tensorboard:  # Keras's callback would fail each job at the end of its first epoch without it
         require("tensorboard", "train.tensorboard (--tensorboard)", "pip install 'tensorboard>=2.16'")
-    if engine_for(cfg.train.pack) == "jax":
+    if (engine := engine_for(cfg.train.pack)) == "jax":
         if cfg.train.pack in (1, "auto") and not installed("tensorflow"):
             say("TensorFlow is not installed: training on Keras's JAX backend")
         keras_on_jax()
     else:
         import_tensorflow()
     signal.signal(signal.SIGTERM, _terminated)  # stop as Ctrl-C does: release the job, say how to resume
+    return engine
 
 
 def require(module: str, option: str, install: str) -> None:

@@ -70,20 +70,21 @@ class Outcome:
 def run_config(cfg: RunConfig, jobs: list[Job], display: Display | None = None, new_run: bool = False,
                retries: int = 1, push: Push | None = None, retry_failed: bool = False,
                executor: ExecutorConfig | None = None, stale_after: float = STALE_AFTER,
-               host_workers: int | str = "auto") -> Outcome:
+               host_workers: int | str = "auto", *, engine: str) -> Outcome:
     """Train the jobs in this process, or (executor.kind "ray") on Ray workers; this process is the driver
     either way: it alone touches the run directory and its ledger. What happens goes to `display` (the CLI's
     report.console.JobProgress; by default nowhere). `push` (`run --push`: publish.hub.push_pending) publishes the
     jobs done, every PUSH_EVERY_S and at the end. `stale_after`: seconds without a heartbeat after which another
     process sharing the run directory takes a running job over. `host_workers`: processes for the jobs' host work
-    (run.host). Interrupted (Ctrl-C, SIGTERM): raises errors.Interrupted once the jobs under way are released to
-    resume."""
+    (run.host). `engine`: what this process trains on, chosen before Keras was imported (engine.engine_for: what
+    `cryptotrain run`'s set-up chose, process.set_up_run). Interrupted (Ctrl-C, SIGTERM): raises
+    errors.Interrupted once the jobs under way are released to resume."""
     if push is not None and not cfg.hub.repo_id:
         raise UserError("--push needs hub.repo_id in the config (or --set hub.repo_id=NS/NAME)")
     display = display or Display()
     with contextlib.ExitStack() as opened:
         # A model the config cannot build, or a cluster that is not there, is said before a run directory records it.
-        with open_executor(cfg, executor or cfg.executor, len(jobs), display.note, host_workers) as workers:
+        with open_executor(cfg, executor or cfg.executor, len(jobs), engine, display.note, host_workers) as workers:
             run = opened.enter_context(RunDir.create(cfg, new_run, display.note, stale_after))
             run_dir, ledger = run.path, run.ledger
             names = [job.name for job in jobs]
