@@ -41,3 +41,13 @@ def assert_fired_as_fit_fires_them(hooks: Hooks, epochs: int) -> None:
     for i, (hook, epoch) in enumerate(hooks.fired[1:-1], start=1):
         same = all(np.array_equal(a, b) for a, b in zip(hooks.weights[i], hooks.weights[i - 1], strict=True))
         assert same == (hook == "epoch_begin"), (hook, epoch)
+
+
+class Quiet:
+    """Training events (model.trained.Events) that go nowhere: for a job a test trains without a display."""
+
+    def training_started(self, job: str, epochs: int, done: int) -> None:
+        pass
+
+    def epoch_ended(self, job: str, epoch: int, logs: dict) -> None:
+        pass

@@ -23,7 +23,7 @@ from pathlib import Path
 from trainer import files
 from trainer.cli import main
 from trainer.model import callbacks, resume
-from trainer.run import artifacts, executors, pipeline
+from trainer.run import artifacts, pipeline, trainers
 
 
 def pause_once(original, marker: Path, when=lambda *a, **k: True, after: bool = False):
@@ -52,7 +52,7 @@ def pause_once(original, marker: Path, when=lambda *a, **k: True, after: bool = 
 def log_epochs(epoch_log: Path, patch=setattr) -> None:
     """Append "JOB EPOCH" to epoch_log for every epoch begun; `patch` (monkeypatch.setattr in a test's own
     process) puts the hooks in place."""
-    train_one, on_epoch_begin = executors.train_one, callbacks.StepTimer.on_epoch_begin
+    train_one, on_epoch_begin = trainers.train_one, callbacks.StepTimer.on_epoch_begin
     training_now = {}  # the job whose epochs begin
 
     def train_one_named(cfg, job, *args, **kwargs):
@@ -64,7 +64,7 @@ def log_epochs(epoch_log: Path, patch=setattr) -> None:
             log.write(f"{training_now.get('job', 'packed')} {epoch + 1}\n")
         on_epoch_begin(self, epoch, logs)
 
-    patch(executors, "train_one", train_one_named)
+    patch(trainers, "train_one", train_one_named)
     patch(callbacks.StepTimer, "on_epoch_begin", on_epoch_begin_logged)
 
 

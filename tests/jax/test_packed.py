@@ -195,6 +195,7 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
     """Each job of a pack checkpoints every epoch in its own backup directory (resume.EpochCheckpoint, as a job
     trained alone does); a new pack — a new process after a kill — resumes each from its own, one of them an epoch
     further back (its latest checkpoint lost), and every job ends as in a pack that ran through."""
+    from tests.hooks import Quiet
     from trainer.model.packed import Pack, PackedJob
     from trainer.model.resume import CHECKPOINTS
     from trainer.model.sequence import JobTraining
@@ -208,7 +209,7 @@ def test_a_pack_interrupted_goes_on_from_each_jobs_own_checkpoint_and_ends_as_on
                 for k, (name, (train_set, val_set)) in enumerate(sets.items())]
         packed = Pack(build(), jobs, BATCH, VALIDATION_BATCH)
         for job in jobs:  # each with its own sequence, as trainer.run.packing gives it
-            training = JobTraining(job.view, train, backups / job.name)
+            training = JobTraining(job.view, train, backups / job.name, job.name, Quiet())
             job.follow(training)
             training.start(lambda: None)
         packed.train(epochs)

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
-from tests.hooks import Hooks, assert_fired_as_fit_fires_them
+from tests.hooks import Hooks, Quiet, assert_fired_as_fit_fires_them
 from tests.model.test_models import HAR_HEAD, har_windows
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
@@ -47,7 +47,7 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     monkeypatch.setattr(WindowTrainer, "train_step", lambda self, data: (traces.append(1), train_step(self, data))[1])
     cache = ModelCache()
     model = cache.model_for(cfg.network, cfg.train)
-    fit(model, _windows(cfg, "BTCUSDT", model), cfg.train, tmp_path / "btc")
+    fit(model, _windows(cfg, "BTCUSDT", model), cfg.train, tmp_path / "btc", "job", Quiet())
     model.optimizer.learning_rate = 1e-6  # as ReduceLROnPlateau leaves it: the reuse must reset it
     train_function = model.train_function
     traces_after_first_job = len(traces)
@@ -59,14 +59,14 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     monkeypatch.setattr(pywrap_tfe, "TFE_ContextClearCaches", lambda *a: (cache_clears.append(1), clear_caches(*a)))
     reused = cache.model_for(cfg.network, cfg.train)
     eth = _windows(cfg, "ETHUSDT", reused)
-    reused_result = fit(reused, eth, cfg.train, tmp_path / "eth-reused")
+    reused_result = fit(reused, eth, cfg.train, tmp_path / "eth-reused", "job", Quiet())
     assert cache_clears == []
     assert reused is model and cache.builds == 1
     assert reused.train_function is train_function
     assert len(traces) == traces_after_first_job  # nothing traced again
 
     fresh = ModelCache().model_for(cfg.network, cfg.train)
-    fresh_result = fit(fresh, eth, cfg.train, tmp_path / "eth-fresh")
+    fresh_result = fit(fresh, eth, cfg.train, tmp_path / "eth-fresh", "job", Quiet())
     assert fresh is not model
     pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
 
@@ -101,13 +101,13 @@ def test_a_shape_used_again_after_another_reuses_its_model_and_matches_its_first
     other = RunConfig.model_validate(raw)
     cache = ModelCache()
     model = cache.model_for(first.network, first.train)
-    before = fit(model, _windows(first, "BTCUSDT", model), first.train, tmp_path / "before")
+    before = fit(model, _windows(first, "BTCUSDT", model), first.train, tmp_path / "before", "job", Quiet())
     between = cache.model_for(other.network, other.train)
-    fit(between, _windows(other, "ETHUSDT", between), other.train, tmp_path / "between")
+    fit(between, _windows(other, "ETHUSDT", between), other.train, tmp_path / "between", "job", Quiet())
     again = cache.model_for(first.network, first.train)
     assert again is model and cache.builds == 2
     assert keras.mixed_precision.dtype_policy().name == "float32"
-    after = fit(again, _windows(first, "BTCUSDT", again), first.train, tmp_path / "after")
+    after = fit(again, _windows(first, "BTCUSDT", again), first.train, tmp_path / "after", "job", Quiet())
     pd.testing.assert_frame_equal(after.history, before.history, rtol=1e-6)
 
 
@@ -163,7 +163,7 @@ def test_the_saved_model_is_the_trained_network_loadable_without_custom_objects(
     with nothing registered and it predicts what the trained model predicts."""
     model = ModelCache.of_process().model_for(cfg.network, cfg.train)
     btc = _windows(cfg, "BTCUSDT", model)
-    fit(model, btc, cfg.train, tmp_path / "backup")
+    fit(model, btc, cfg.train, tmp_path / "backup", "job", Quiet())
     model.save(tmp_path / "model.keras")
 
     loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
@@ -183,7 +183,7 @@ def _fit_fresh(cfg, windows_of, backup_dir, **callbacks):
     (what test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_model checks), so that a
     test's second fit needs no second trace."""
     model = ModelCache.of_process().model_for(cfg.network, cfg.train)
-    return model, fit(model, windows_of(model), cfg.train, backup_dir, **callbacks)
+    return model, fit(model, windows_of(model), cfg.train, backup_dir, "job", Quiet(), **callbacks)
 
 
 class EpochsBegun(keras.callbacks.Callback):
@@ -301,7 +301,7 @@ def test_a_checkpoint_holds_the_optimizer_state(tmp_path, monkeypatch):
     steps_per_epoch = int(model.optimizer.iterations.numpy())
     assert steps_per_epoch > 0 and any(np.abs(v).sum() > 0 for v in saved_state[2:])
     windows = _windows(cfg, "BTCUSDT", model)
-    fit(model, windows, cfg.train, tmp_path / "backup")
+    fit(model, windows, cfg.train, tmp_path / "backup", "job", Quiet())
     assert int(model.optimizer.iterations.numpy()) == 3 * steps_per_epoch
 
 
@@ -371,7 +371,7 @@ def test_a_har_heads_windows_train_on_the_device_and_its_saved_model_reads_them(
     high, low = (windows.preprocessing.heads[0].columns.index(c) for c in ("high", "low"))
     np.testing.assert_allclose(y["ohlc_range"].numpy()[..., 0],
                                windows.val.y["ohlc"][..., high] - windows.val.y["ohlc"][..., low], atol=2e-4)
-    fit(model, windows, cfg.train, tmp_path / "backup")
+    fit(model, windows, cfg.train, tmp_path / "backup", "job", Quiet())
     model.save(tmp_path / "model.keras")
     loaded = keras.saving.load_model(tmp_path / "model.keras", compile=False)
     expected, predicted = (predict_fixed_batches(m, windows.test.x) for m in (model, loaded))
@@ -423,3 +423,25 @@ def test_a_job_resumed_on_the_other_engine_says_so(tmp_path, monkeypatch, caplog
         assert resume(backup, model).epochs == 1
     assert [r.getMessage() for r in caplog.records] == [
         "backup: going on after epoch 1 on Keras's tensorflow backend, from a checkpoint trained on jax"]
+
+
+def test_a_jobs_observers_are_the_same_in_the_same_order_on_either_loop(tmp_path):
+    """JobTraining gives both loops (Keras's fit, a pack) a job's observers, fired after its deciding callbacks: its
+    checkpoint's writer, the caller's own (a Ray worker's), its progress, its TensorBoard writer (train.tensorboard:
+    the one layout on both engines); close() closes that writer."""
+    from trainer.model.callbacks import EpochSummaries, ReportProgress
+    from trainer.model.resume import CheckpointWriter
+    from trainer.model.sequence import JobTraining
+
+    raw = tiny_config_dict(tmp_path)
+    raw["train"]["tensorboard"] = True
+    cfg = RunConfig.model_validate(raw)
+    model = ModelCache.of_process().model_for(cfg.network, cfg.train)
+    own = Hooks()
+    training = JobTraining(model, cfg.train, tmp_path / "backup", "BTCUSDT_1h", Quiet(), tmp_path / "logs", [own])
+    assert [type(c) for c in training.observers] == [CheckpointWriter, Hooks, ReportProgress, EpochSummaries]
+    assert training.observers[1] is own and training.observers[3].log_dir == tmp_path / "logs"
+    training.close()
+    quiet = JobTraining(model, cfg.train.model_copy(update={"tensorboard": False}), tmp_path / "other", "job",
+                        Quiet(), tmp_path / "logs")
+    assert [type(c) for c in quiet.observers] == [CheckpointWriter, ReportProgress]

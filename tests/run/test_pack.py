@@ -134,6 +134,8 @@ def test_a_pack_killed_mid_run_resumes_each_job_after_its_own_epoch_and_ends_as_
         metrics = json.loads((directory / "metrics.json").read_text())
         assert metrics["epochs_run"] == len(history) and np.isfinite(metrics["best_val_loss"])
         assert metrics["engine"]["name"] == "jax" and metrics["engine"]["jobs"] in (1, 2)  # a pack of the job's own
+        # its (pack's) training steps' time, its validation not in it, as a job's alone (tests/run/test_run.py)
+        assert 0 < metrics["train_step_seconds"] < sum(metrics["timing"]["epochs"])
         # --tensorboard without TensorFlow: each epoch's losses, as Keras's callback writes them, in whichever
         # process trained it (the killed one's event file too; an epoch it ended but had not logged may lack)
         logs, losses = tmp_path / "run" / "tensorboard" / job, pd.read_csv(directory / "history.csv")

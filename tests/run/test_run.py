@@ -52,6 +52,8 @@ def test_every_job_writes_complete_verified_artifacts(trained_run):
         metrics = json.loads((job_dir / "metrics.json").read_text())
         assert metrics["data"]["synthetic"] is False and metrics["data"]["source"].endswith(f"{job}.csv.gz")
         assert metrics["engine"] == {"name": "tensorflow", "jobs": 1, "precision": "float32", "device": "cpu"}
+        # its training steps' time, its validation not in it, as a packed job's (tests/run/test_pack.py)
+        assert 0 < metrics["train_step_seconds"] < sum(metrics["timing"]["epochs"])
         for head in ("ohlc", "bb"):
             scores = metrics["heads"][head]
             assert scores["skill"] == pytest.approx(1 - scores["model"]["mae"] / scores["persistence"]["mae"])

@@ -25,9 +25,9 @@ class StopOnNaN(keras.callbacks.Callback):
 
 class StepTimer(keras.callbacks.Callback):
     """Seconds spent in train steps (each epoch up to its validation, where the loop says when that starts:
-    on_test_begin, which Keras's fit fires and a pack does not), to tell training time from per-job overhead, and each
-    epoch's wall time, validation included (`epochs`). Timed per epoch, not per batch: a per-batch callback makes
-    every step wait for the device."""
+    on_test_begin, which Keras's fit fires and a pack too, once its training steps are done), to tell training
+    time from per-job overhead, and each epoch's wall time, validation included (`epochs`). Timed per epoch, not
+    per batch: a per-batch callback makes every step wait for the device."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -260,6 +260,9 @@ class Pack:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_end", epoch, logs)
             for k in running:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
+            jax.block_until_ready(train_sum)  # its training steps done (validation, dispatched, runs on): as fit,
+            for k in running:  # the step timer stops there
+                _fire(jobs[k], jobs[k].callbacks, "on_test_begin")
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
             ended = []
             for k in running:  # not one that an observer failed while the epoch trained: the epoch is not its

@@ -25,6 +25,12 @@ class Engine(BaseModel):
     precision: str  # Keras's dtype policy, e.g. float32, mixed_bfloat16
     device: str  # e.g. "cpu", "gpu: NVIDIA H100 80GB HBM3"
 
+    def describe(self) -> str:
+        """E.g. "Keras on JAX, 40 jobs in one step, mixed_bfloat16, on gpu: NVIDIA H100 80GB HBM3" (the report's and
+        the model card's)."""
+        how = "alone" if self.jobs == 1 else f"{self.jobs} jobs in one step"
+        return f"Keras on {'JAX' if self.name == 'jax' else 'TensorFlow'}, {how}, {self.precision}, on {self.device}"
+
 
 # ----------------------------------------------------------------------------- model layers
 class ModelConfig(Strict):

@@ -8,6 +8,7 @@ import json
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
@@ -24,7 +25,7 @@ from .models import build_network, compile_settings
 from .resume import assign
 from .sequence import JobTraining
 from .settings import INFERENCE_BATCH_SIZE, Engine, NetworkSpec, TrainConfig
-from .trained import FitResult
+from .trained import Events, FitResult
 
 log = logging.getLogger(__name__)
 
@@ -132,24 +133,28 @@ def model_signature(spec: NetworkSpec, train: TrainConfig) -> str:
 
 
 # ----------------------------------------------------------------------------- fitting
-def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: Path,
-        callbacks: list[keras.callbacks.Callback] = ()) -> FitResult:
-    """Train with early stopping (best weights restored), LR reduction and per-epoch backups: the job's sequence
-    (sequence.JobTraining), its epochs run by Keras's fit.
+def fit(model: WindowTrainer, windows: Windows, train: TrainConfig, backup_dir: Path, name: str, events: Events,
+        tensorboard: Path | None = None, callbacks: Sequence[keras.callbacks.Callback] = ()) -> FitResult:
+    """Train job `name` with early stopping (best weights restored), LR reduction and per-epoch backups: the job's
+    sequence (sequence.JobTraining: its progress to `events`, its epoch logs under `tensorboard`), its epochs run by
+    Keras's fit.
 
     If `backup_dir` holds the checkpoint of an interrupted run of this job, training resumes after its last
     finished epoch (see resume); if that run had ended training, none is trained. The backup is left in place:
     the caller deletes it once the job's artifacts are safe (trainer.model.resume has how).
     """
-    job = JobTraining(model, train, backup_dir, callbacks)
-    if job.trains:
-        model.feed_for(windows)
-    job.start(lambda: model.warm_start(windows.train))
-    if job.trains:
-        model.fit(DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed),
-                  validation_data=DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE),
-                  initial_epoch=job.first_epoch, epochs=job.end, verbose=0, shuffle=False,  # shuffled by the feed
-                  callbacks=job.callbacks)
+    job = JobTraining(model, train, backup_dir, name, events, tensorboard, callbacks)
+    try:
+        if job.trains:
+            model.feed_for(windows)
+        job.start(lambda: model.warm_start(windows.train))
+        if job.trains:
+            model.fit(DeviceFeed.batches(windows.train, train.batch_size, shuffle_seed=train.seed),
+                      validation_data=DeviceFeed.batches(windows.val, INFERENCE_BATCH_SIZE),
+                      initial_epoch=job.first_epoch, epochs=job.end, verbose=0, shuffle=False,  # shuffled by the feed
+                      callbacks=job.callbacks)
+    finally:
+        job.close()
     return job.result(tensorflow_engine())
 
 

@@ -249,8 +249,9 @@ def _candles_text(metrics: JobMetrics) -> str:
 
 
 def _training_text(metrics: JobMetrics) -> str:
+    engine = f" Trained with {metrics.engine.describe()}." if metrics.engine else ""
     return (f"{metrics.epochs_run} epoch(s) (best: epoch {metrics.best_epoch}, validation loss "
-            f"{_num(metrics.best_val_loss)}), {metrics.seconds:.0f} s. Loss curves and the test-split "
+            f"{_num(metrics.best_val_loss)}), {metrics.seconds:.0f} s.{engine} Loss curves and the test-split "
             f"forecast are in `{PLOT}`, per-epoch losses in `{HISTORY}`.")
 
 

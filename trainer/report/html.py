@@ -498,9 +498,11 @@ def _job_facts(job: _Job) -> str:
                       + ", ".join(maes)))
     facts.append(("training", f"{m.epochs_run} epochs, best {m.best_epoch} (val loss "
                               f"{number(m.best_val_loss, '.5g')}); {number(m.seconds, '.1f')} s from loading to "
-                              "evaluation, "
-                              f"{number(m.train_step_seconds, '.3f')} s per train step, "
-                              f"RSS {number(m.rss_mb, '.0f')} MB"))
+                              f"evaluation, {number(m.train_step_seconds, '.1f')} s of it in training steps"
+                              + (" (its pack's)" if m.engine and m.engine.jobs > 1 else "")
+                              + f", RSS {number(m.rss_mb, '.0f')} MB"))
+    if m.engine is not None:
+        facts.append(("engine", m.engine.describe()))
     return "<dl class=facts>" + "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts) + "</dl>"
 
 

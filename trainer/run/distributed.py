@@ -410,7 +410,7 @@ if ray is not None:
 
     @ray.remote
     class _Worker:
-        """The trainer a local run has (executors.in_process_trainer), in a Ray actor of its own: one TensorFlow
+        """The trainer a local run has (trainers.in_process_trainer), in a Ray actor of its own: one TensorFlow
         context and its compiled-model cache, for as many jobs as it is given one at a time; or, packing, one model on
         Keras's JAX backend that trains `pack` jobs at a time."""
 
@@ -429,7 +429,7 @@ if ray is not None:
                 from ..model.device import setup
 
                 setup(cfg.train, cpus=max(1, round(cpus)))
-            from .executors import in_process_trainer
+            from .trainers import in_process_trainer
 
             gc.freeze()  # the imports live as long as the worker: collections skip them (long_lived_frozen)
             # a local run's trainer, its host work inline (the worker's CPUs are its jobs': cpus_per_worker)

@@ -28,7 +28,6 @@ import keras
 from ..config import RunConfig
 from ..errors import UserError, first_line, out_of_memory
 from ..evaluation.results import JobMetrics
-from ..model.callbacks import EpochSummaries, ReportProgress
 from ..model.models import build_network, output_shapes
 from ..model.packed import JobState, Pack, PackedJob, PackSteps, windows_job
 from ..model.resume import assign
@@ -287,26 +286,22 @@ class PackExecutor:
     def _train(self, items: list[_Submitted],
                events: Events) -> tuple[dict[str, JobTraining], _Trained, Callable[[], None]]:
         """The jobs trained in one pack, each with its own sequence (sequence.JobTraining, as a job trained alone):
-        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence, its
-        packed job, its state on the host and its forecasts (Pack.forecasts); and the pack's end (Pack.end, then its
-        TensorBoard writers closed), left to the caller. The pack's device buffers are released before it returns (or
-        raises): the next pack, or a half of this one, trains in their room."""
+        going on from its backup directory's checkpoint, or from the heads' warm start; each job's sequence,
+        its packed job, its state on the host and its forecasts (Pack.forecasts); and the pack's end
+        (Pack.end, then its jobs' sequences closed: their TensorBoard writers), left to the caller. The
+        pack's device buffers are released before it returns (or raises): the next pack, or a half of this
+        one, trains in their room."""
         model, began = self.model, time.perf_counter()
         assign(model.variables, self.initial)
         assign(model.optimizer.variables, self.initial_optimizer)
-        trainings, summaries, pack = {}, [], None
+        trainings, pack = {}, None
         try:
             jobs = [windows_job(item.job.name, item.prepared.windows, self.cfg.train.seed) for item in items]
             pack = Pack(model, jobs, self.cfg.train.batch_size, INFERENCE_BATCH_SIZE, self._steps)
             self._steps = pack.steps  # the next pack's, and each half's after an out-of-memory
             for item, packed in zip(items, jobs, strict=True):
-                # An epoch is reported after the job's own callbacks (a Ray worker's, sending its checkpoint) have
-                # seen it, as pipeline.train_one does: an epoch shown is one the driver holds.
-                callbacks = [*item.callbacks, ReportProgress(events, packed.name)]
-                if self.cfg.train.tensorboard:
-                    summaries.append(EpochSummaries(item.tensorboard))
-                    callbacks.append(summaries[-1])
-                training = trainings[packed.name] = JobTraining(packed.view, self.cfg.train, item.backup, callbacks)
+                training = trainings[packed.name] = JobTraining(packed.view, self.cfg.train, item.backup, packed.name,
+                                                                events, item.tensorboard, item.callbacks)
                 packed.follow(training)
                 training.start(partial(pack.warm_start, packed, self.warm_starts))
             pack.train(self.cfg.train.epochs)
@@ -315,8 +310,8 @@ class PackExecutor:
         except BaseException:  # a job that failed ends without on_train_end
             if pack is not None:
                 pack.release()  # now, not when the collector reaches it (what raised holds it until it goes)
-            for summary in summaries:
-                summary.close()
+            for training in trainings.values():
+                training.close()
             raise
         finally:
             self.training_seconds += time.perf_counter() - began
@@ -326,8 +321,8 @@ class PackExecutor:
             try:
                 pack.end()
             finally:
-                for summary in summaries:
-                    summary.close()
+                for training in trainings.values():
+                    training.close()
         return trainings, trained, end
 
 

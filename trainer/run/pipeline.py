@@ -35,7 +35,7 @@ from ..errors import JobError
 from ..evaluation.baselines import Baselines, cached_baselines
 from ..evaluation.evaluate import candle_head, candle_scores, choose_shrink, evaluate
 from ..evaluation.results import DataInfo, JobMetrics, Timing
-from ..model.trained import Diverged, FitResult, Forecasts
+from ..model.trained import Diverged, Events, FitResult, Forecasts
 from .jobdir import JobDir
 from .jobs import Job
 
@@ -43,15 +43,6 @@ if TYPE_CHECKING:
     import keras
 
     from ..model.training import ModelCache
-
-
-class Events(Protocol):
-    """Where a job's training progress goes: the driver's display (report.console.JobProgress), or, from a Ray
-    worker, a mailbox actor the driver reads."""
-
-    def training_started(self, job: str, epochs: int, done: int) -> None: ...
-
-    def epoch_ended(self, job: str, epoch: int, logs: dict) -> None: ...
 
 
 class Host(Protocol):
@@ -136,23 +127,16 @@ def train_one(cfg: RunConfig, job: Job, prepared: Prepared, backup_dir: Path, ca
               host: Host, callbacks: tuple[keras.callbacks.Callback, ...] = (),
               tensorboard: Path | None = None) -> JobResult:
     """Train one job, then evaluate it on `host`. `backup_dir` holds its epoch checkpoints: an interrupted or extended
-    job goes on from the last one there. With train.tensorboard, Keras's TensorBoard callback writes the job's epoch
-    logs into `tensorboard`. JobError: the job failed for its own reasons (a non-finite loss, say)."""
-    import keras
-
-    from ..model.callbacks import ReportProgress
+    job goes on from the last one there. With train.tensorboard, the job's epoch logs go into `tensorboard`
+    (sequence.JobTraining). JobError: the job failed for its own reasons (a non-finite loss, say)."""
     from ..model.models import forecasts
     from ..model.training import fit  # TensorFlow's: a packed run (packing.PackExecutor) never imports it
 
     started = time.perf_counter()
-    if cfg.train.tensorboard:
-        callbacks = (*callbacks, keras.callbacks.TensorBoard(log_dir=str(tensorboard), histogram_freq=0,
-                                                             write_graph=False, update_freq="epoch"))
     model = cache.model_for(cfg.network, cfg.train)
     windows = prepared.windows
     with named_after(prepared.implausible, prepared.data):  # a diverged loss names the candles
-        # An epoch is reported after the given callbacks (a Ray worker's, sending its checkpoint) have seen it.
-        result = fit(model, windows, cfg.train, backup_dir, callbacks=[*callbacks, ReportProgress(events, job.name)])
+        result = fit(model, windows, cfg.train, backup_dir, job.name, events, tensorboard, callbacks)
     outputs = forecasts(model, windows)
     trained = time.perf_counter() - started
     release_free_memory()

@@ -30,12 +30,13 @@ from ..evaluation.results import JobMetrics, JobSummary
 from ..files import atomic_write, remove_abandoned_temp_files
 from ..model.resume import budget_plan
 from . import artifacts
-from .executors import Executor, open_executor
+from .executors import open_executor
 from .jobdir import FORMAT, JobDir, JobFileError
 from .jobs import Job, make_jobs
 from .ledger import STALE_AFTER, Heartbeat, JobRecord, Ledger, LostClaim
 from .pipeline import Events, JobOutput, Prepared, prepare
 from .rundir import TIMING, DeviceTime, RunDir
+from .trainers import Executor
 
 log = logging.getLogger(__name__)
 
