@@ -68,10 +68,11 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
 
 def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_order(tmp_path, monkeypatch):
     """A packed job's callbacks see the hooks a job trained alone fires, in the same order (tests/hooks.py: the
-    epoch begins before it trains). Its checkpoint is written once the next epoch is on its way to the device (the
-    device does not wait for the disk). A Ray worker's callback sends each epoch's checkpoint to the driver: the
-    epoch is shown only after it (as for a job trained alone), so an epoch the driver shows is one it holds, and a
-    worker killed between the two never shows it twice (tests/ray/test_ray_runs.py's SIGKILL of a pack's worker)."""
+    epoch begins before it trains, its validation ends before it does). Its checkpoint is written once the next epoch
+    is on its way to the device (the device does not wait for the disk). A Ray worker's callback sends each epoch's
+    checkpoint to the driver: the epoch is shown only after it (as for a job trained alone), so an epoch the driver
+    shows is one it holds, and a worker killed between the two never shows it twice (tests/ray/test_ray_runs.py's
+    SIGKILL of a pack's worker)."""
     from tests.conftest import tiny_config_dict
     from tests.hooks import Hooks, assert_fired_as_fit_fires_them
     from trainer.config import RunConfig

@@ -240,12 +240,15 @@ def candle_scores(head: HeadTarget, network: dict[str, np.ndarray], val_network:
                  for name, by_quantity in fitted.forecast(test.first_target_rows).items()}
     val_forecasts = {name: {q: v[:, :steps] for q, v in by_quantity.items()}
                      for name, by_quantity in fitted.forecast(val.first_target_rows).items()}
-    interval, intervals = _interval_scores(network["return"], val_network["return"], actual["return"], test,
-                                           val, fitted, settings.interval.conformal(INTERVAL))
+    method = settings.interval.conformal(INTERVAL)
+    scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
+    intervals = _conformal(network["return"], val_network["return"], actual["return"], scale, test, val, fitted,
+                           method)
     serving = Serving.fit(val_network, served_sources(val_forecasts), val_actual, fitted.floor, INTERVAL_NORMALISER,
                           intervals.next_margin)
-    scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     served = serving.served(network, served_sources(forecasts), intervals.margin, scale)
+    interval = _interval_scores(served["interval_low"], served["interval_high"], actual["return"], scale, intervals,
+                                test, fitted, method)
     val_served = serving.served(val_network, served_sources(val_forecasts))
     model = {q: served[f"expected_{q}"] for q in COMBINED}
     network, val_network = serving.network_on_level(network), serving.network_on_level(val_network)
@@ -337,17 +340,22 @@ def _mean_range_qlike(forecast: np.ndarray, val_forecast: np.ndarray, actual: np
 RMS_OF = {Baseline.HARX: Baseline.HARX_RMS, Baseline.HAR_TOD: Baseline.HAR_TOD_RMS}
 
 
-def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, test: SplitWindows,
-                     val: SplitWindows, fitted: Baselines,
-                     method: Conformal) -> tuple[IntervalScores, Intervals]:
-    """The interval of the method (trainer.evaluation.intervals) around the network's close: its scores, and its
-    intervals of the return on the test samples."""
+def _conformal(model: np.ndarray, val_model: np.ndarray, actual: np.ndarray, scale: np.ndarray, test: SplitWindows,
+               val: SplitWindows, fitted: Baselines, method: Conformal) -> Intervals:
+    """The method's margins (trainer.evaluation.intervals) around the network's close on the test samples,
+    calibrated on the validation samples, the residuals in units of HAR's volatility forecast (INTERVAL_NORMALISER)."""
     steps = model.shape[1]
-    scale = fitted.volatility(test.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_scale = fitted.volatility(val.first_target_rows)[INTERVAL_NORMALISER][:, :steps]
     val_actual = fitted.actual(val.first_target_rows)["return"][:, :steps]
-    intervals = method.intervals(Forecasts(val_model, val_model, val_actual, val_scale, val.first_target_rows),
-                                 Forecasts(model, model, actual, scale, test.first_target_rows))
+    return method.intervals(Forecasts(val_model, val_model, val_actual, val_scale, val.first_target_rows),
+                            Forecasts(model, model, actual, scale, test.first_target_rows))
+
+
+def _interval_scores(low: np.ndarray, high: np.ndarray, actual: np.ndarray, scale: np.ndarray, intervals: Intervals,
+                     test: SplitWindows, fitted: Baselines, method: Conformal) -> IntervalScores:
+    """The scores of the interval served on the test samples ([low, high] of the return: what Serving made of the
+    method's margins) next to the static and EWMA-scaled quantiles' of the same coverage."""
+    steps = low.shape[1]
     quantiles = fitted.quantile_forecasts(test.first_target_rows)
     at = [fitted.levels.index(level) for level in INTERVAL_LEVELS]
     bounds = {name: tuple(quantiles[name]["return"][i, :, :steps] for i in at) for name in ("static", "ewma_scaled")}
@@ -359,9 +367,9 @@ def _interval_scores(model: np.ndarray, val_model: np.ndarray, actual: np.ndarra
                                 pinball=float(np.mean([score.pinball(b[:, 0], actual[:, 0], level)
                                                        for b, level in zip((low, high), INTERVAL_LEVELS)])))
 
-    own, of = scored(intervals.lower, intervals.upper), {name: scored(*pair) for name, pair in bounds.items()}
+    own, of = scored(low, high), {name: scored(*pair) for name, pair in bounds.items()}
     return IntervalScores(**own.model_dump(), nominal=INTERVAL, normaliser=INTERVAL_NORMALISER,
                           margin=intervals.next_margin.tolist(), baselines=of,
                           pinball_skill={name: score.skill(own.pinball, b.pinball) for name, b in of.items()},
                           level=None if intervals.level is None else intervals.level.tolist(),
-                          **method.settings()), intervals
+                          **method.settings())

@@ -26,6 +26,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 from .baselines import combination_weights, mae_factor, qlike_factor
+from .intervals import widened
 from .scores import qlike_losses
 
 # The quantities served as medians, and the sources of each blend beside the network (where the job has them)
@@ -93,8 +94,9 @@ class Serving(BaseModel):
         served["expected_range_rms"] = _blend(self.rms_weights, own["range_rms"],
                                               {n: f["range_rms"] for n, f in levelled.items()})
         if volatility is not None:
-            spread = np.asarray(self.margin if margin is None else margin) * volatility
-            served |= {"interval_low": network["return"] - spread, "interval_high": network["return"] + spread}
+            low, high = widened(network["return"], network["return"],
+                                np.asarray(self.margin if margin is None else margin), volatility)
+            served |= {"interval_low": low, "interval_high": high}
         return served
 
 

@@ -257,7 +257,7 @@ class Pack:
             # Meanwhile the observers see the last epoch end (its checkpoint written, then progress)
             # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
             for k, epoch, logs in ended:
-                _fire(jobs[k], jobs[k].observers, "on_epoch_end", epoch, logs)
+                _epoch_ended(jobs[k], jobs[k].observers, epoch, logs)
             for k in running:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
             jax.block_until_ready(train_sum)  # its training steps done (validation, dispatched, runs on): as fit,
@@ -270,7 +270,7 @@ class Pack:
                 # as Keras's fit logs them: each the mean over the epoch's samples, then validation's
                 logs = {name: float(total[k]) / n_train[k] for name, total in train_sum.items()}
                 logs |= {f"val_{name}": float(total[k]) / max(n_val[k], 1) for name, total in val_sum.items()}
-                if _fire(job, job.callbacks, "on_epoch_end", epoch, logs):
+                if _epoch_ended(job, job.callbacks, epoch, logs):
                     job.history.append(logs)
                     job.epoch += 1
                     ended.append((k, epoch, logs))
@@ -287,7 +287,7 @@ class Pack:
         released or not: the last epoch's observers (its checkpoint written, then progress), then their
         on_train_end. An observer that fails fails its job (its `error`)."""
         for k, epoch, logs in self._ended:
-            _fire(self.jobs[k], self.jobs[k].observers, "on_epoch_end", epoch, logs)
+            _epoch_ended(self.jobs[k], self.jobs[k].observers, epoch, logs)
         self._ended = []
         for job in self.jobs:
             if not job.view.failed:
@@ -412,6 +412,12 @@ def _fire(job: PackedJob, callbacks: Sequence[keras.callbacks.Callback], hook: s
         job.error, job.view.failed = exc, True
         return False
     return True
+
+
+def _epoch_ended(job: PackedJob, callbacks: Sequence[keras.callbacks.Callback], epoch: int, logs: dict) -> bool:
+    """An epoch's end as Keras's fit fires it: on_test_end with its validation's logs, then on_epoch_end (_fire)."""
+    validation = {name.removeprefix("val_"): value for name, value in logs.items() if name.startswith("val_")}
+    return _fire(job, callbacks, "on_test_end", validation) and _fire(job, callbacks, "on_epoch_end", epoch, logs)
 
 
 def _per_job(flags, like):

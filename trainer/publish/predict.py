@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
@@ -21,11 +22,16 @@ from ..data.market import apply_market
 from ..data.validate import timeframe_delta
 from ..data.windows import Preprocessing
 from ..errors import JobError, UserError
-from ..evaluation.baselines import Baseline
+from ..evaluation.baselines import Baseline, Har
 from ..evaluation.evaluate import candle_head
 from ..run.artifacts import STAGING_PREFIX, jobs_dir
 from ..run.jobdir import MANIFEST, PREPROCESSING, JobConfig, JobDir
 from ..run.rundir import CONFIG
+
+if TYPE_CHECKING:
+    import keras
+
+    from ..evaluation.serving import Serving
 
 
 class CandleRecord(BaseModel):
@@ -119,51 +125,75 @@ def track_record(job_dir: Path) -> TrackRecord:
 
 def predict_next(job_dir: Path, candles: pd.DataFrame, config: JobConfig,
                  references: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
-    """The next `horizon` candles after the last of `candles` (with a market input: the last whose reference
-    candles are given, Prediction.left_out says how many were not used): index = their open times (UTC), columns =
-    the heads' columns in price units ("head.column" where two heads share a column). `config`: the job's;
-    `references`: the candles of its market input's reference series (symbol -> candles), where it has one."""
-    job = JobDir(job_dir)
-    prep = job.preprocessing()
-    frame = compute_features(candles, config.features)
-    if prep.market:  # the forecast follows the last candle whose market input is known
-        frame = apply_market(frame, references or {}, prep.market)
-        candles = candles.loc[:frame.index[-1]]
-    x, last = prep.make_inputs(frame)
-    har = job.har_tod()
-    inputs = prep.model_inputs(x, prep.forecast_inputs(None if har is None else har.inputs(candles)))
-    import keras  # here: status and report, which import this module's types, never load Keras
+    """The next `horizon` candles after the last of `candles` (Forecaster.next), the job's files read for it."""
+    return Forecaster.load(job_dir, config).next(candles, references)
 
-    if keras.backend.backend() == "tensorflow":  # before TensorFlow touches a GPU: memory growth, threads
-        from ..model.device import setup
 
-        setup(config.train)
-    model = job.model()
-    outputs = {name: np.asarray(value) for name, value in model(inputs, training=False).items()}
-    prices = prep.to_prices(prep.point(outputs), last)
-    every = prep.to_prices(outputs, last)  # a quantile head's every level
-    horizon, heads = prep.horizon, prep.heads
-    all_columns = [c for head in heads for c in head.columns]
-    shared = len(set(all_columns)) < len(all_columns)
-    columns = {}
-    for head in heads:  # "head.column" where two heads share a column
-        columns |= head.spec.served_columns(prices[head.name].reshape(horizon, len(head.columns)),
-                                            every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
-    step = timeframe_delta(prep.timeframe)
-    index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
-    if (serving := job.serving()) is not None:
-        sources = {str(Baseline.HAR_TOD): har.forecast(candles)}
-        if (harx := job.harx()) is not None:  # it reads the feature rows: the volume surprise, the market's range
-            sources[str(Baseline.HARX)] = harx.forecast(frame)
-        # the interval's margin as evaluation had it then, inside the test split; after it, the one it ended at
-        margin = job.interval_margin(index[0].to_datetime64().astype("datetime64[ns]"))
-        head = candle_head(prep)
-        last_close = float(candles["close"].iloc[-1])
-        network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
-                                                              np.array([last_close])).items()}
-        columns |= _expected_candles(serving.served(
-            network, sources, margin, sources[str(Baseline.HAR_TOD)]["volatility"][serving.normaliser]), last_close)
-    return pd.DataFrame(columns, index=index)
+@dataclass(frozen=True)
+class Forecaster:
+    """A trained job read once for forecasting (its preprocessing, model, HAR + time of day, HAR-X and Serving), then
+    asked for the candles after any candles given (`next`), as often as asked: a loop over the test split's windows,
+    or one forecast per new candle, loads the model once."""
+    job: JobDir
+    config: JobConfig
+    prep: Preprocessing
+    model: keras.Model
+    har: Har | None
+    harx: Har | None
+    serving: Serving | None
+
+    @classmethod
+    def load(cls, job_dir: Path, config: JobConfig) -> Forecaster:
+        """`config`: the job's (JobDir.config)."""
+        import keras  # here: status and report, which import this module's types, never load Keras
+
+        if keras.backend.backend() == "tensorflow":  # before TensorFlow touches a GPU: memory growth, threads
+            from ..model.device import setup
+
+            setup(config.train)
+        job = JobDir(job_dir)
+        return cls(job, config, job.preprocessing(), job.model(), job.har_tod(), job.harx(), job.serving())
+
+    def next(self, candles: pd.DataFrame, references: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
+        """The next `horizon` candles after the last of `candles` (with a market input: the last whose reference
+        candles are given, Prediction.left_out says how many were not used): index = their open times (UTC),
+        columns = the heads' columns in price units ("head.column" where two heads share a column), and what the
+        job serves of their size (_expected_candles). `references`: the candles of its market input's reference
+        series (symbol -> candles), where it has one."""
+        prep, har = self.prep, self.har
+        frame = compute_features(candles, self.config.features)
+        if prep.market:  # the forecast follows the last candle whose market input is known
+            frame = apply_market(frame, references or {}, prep.market)
+            candles = candles.loc[:frame.index[-1]]
+        x, last = prep.make_inputs(frame)
+        inputs = prep.model_inputs(x, prep.forecast_inputs(None if har is None else har.inputs(candles)))
+        # Keras's traced predict step: its first call traces it (under a second), each one after a few ms
+        outputs = {name: np.asarray(value) for name, value in self.model.predict_on_batch(inputs).items()}
+        prices = prep.to_prices(prep.point(outputs), last)
+        every = prep.to_prices(outputs, last)  # a quantile head's every level
+        horizon, heads = prep.horizon, prep.heads
+        all_columns = [c for head in heads for c in head.columns]
+        shared = len(set(all_columns)) < len(all_columns)
+        columns = {}
+        for head in heads:  # "head.column" where two heads share a column
+            columns |= head.spec.served_columns(prices[head.name].reshape(horizon, len(head.columns)),
+                                                every[head.name][0], lambda c, h=head: f"{h.name}.{c}" if shared else c)
+        step = timeframe_delta(prep.timeframe)
+        index = pd.DatetimeIndex([candles.index[-1] + step * k for k in range(1, horizon + 1)], name="timestamp")
+        if (serving := self.serving) is not None:
+            sources = {str(Baseline.HAR_TOD): har.forecast(candles)}
+            if self.harx is not None:  # it reads the feature rows: the volume surprise, the market's range
+                sources[str(Baseline.HARX)] = self.harx.forecast(frame)
+            # the interval's margin as evaluation had it then, inside the test split; after it, the one it ended at
+            margin = self.job.interval_margin(index[0].to_datetime64().astype("datetime64[ns]"))
+            head = candle_head(prep)
+            last_close = float(candles["close"].iloc[-1])
+            network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],
+                                                                  np.array([last_close])).items()}
+            columns |= _expected_candles(serving.served(
+                network, sources, margin, sources[str(Baseline.HAR_TOD)]["volatility"][serving.normaliser]),
+                last_close)
+        return pd.DataFrame(columns, index=index)
 
 
 def _expected_candles(served: dict[str, np.ndarray], last_close: float) -> dict[str, np.ndarray]:
