@@ -138,7 +138,7 @@ class Forecaster:
     config: JobConfig
     prep: Preprocessing
     model: keras.Model
-    har: Har | None
+    har_tod: Har | None
     harx: Har | None
     serving: Serving | None
 
@@ -160,7 +160,7 @@ class Forecaster:
         columns = the heads' columns in price units ("head.column" where two heads share a column), and what the
         job serves of their size (_expected_candles). `references`: the candles of its market input's reference
         series (symbol -> candles), where it has one."""
-        prep, har = self.prep, self.har
+        prep, har = self.prep, self.har_tod
         frame = compute_features(candles, self.config.features)
         if prep.market:  # the forecast follows the last candle whose market input is known
             frame = apply_market(frame, references or {}, prep.market)
