@@ -133,6 +133,24 @@ def test_an_interrupted_write_leaves_no_entry(tmp_path, candles, monkeypatch):
     assert entries(tmp_path) == []  # neither a partial entry nor a temp file
 
 
+def test_an_entry_another_process_wrote_meanwhile_is_left_as_it_is(tmp_path, candles, monkeypatch):
+    """Two processes sharing a run prepare the same job at once: both miss, both compute, the second to finish finds
+    the first's entry (its key names its content) and leaves it in place - replaced, it would go to a drive's
+    trash - and a hit is served from it afterwards."""
+    first, _ = load_features(candles, SPEC, tmp_path)
+    entry = entries(tmp_path)[0]
+    before = entry.stat()
+    monkeypatch.setattr(features_module.store, "load", lambda directory, key: None)  # this process missed it
+    recomputed, hit = load_features(candles, SPEC, tmp_path)
+    assert not hit and entries(tmp_path) == [entry]
+    assert (entry.stat().st_ino, entry.stat().st_mtime_ns) == (before.st_ino, before.st_mtime_ns)  # not replaced
+    monkeypatch.undo()
+    again, hit = load_features(candles, SPEC, tmp_path)
+    assert hit
+    pd.testing.assert_frame_equal(again, first, check_exact=True)
+    pd.testing.assert_frame_equal(recomputed, first, check_exact=True)
+
+
 @pytest.mark.parametrize("obstacle", ["a file where the cache directory should be",
                                       "a directory where an entry should be"])
 def test_a_cache_that_cannot_be_written_is_only_slower(tmp_path, candles, caplog, obstacle):

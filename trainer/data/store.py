@@ -104,8 +104,7 @@ _unwritable: set[Path] = set()  # cache directories found unwritable in this pro
 def _write(directory: Path, key: str, frame: pd.DataFrame) -> None:
     body = b"".join((frame.index.as_unit("ns").asi8.tobytes(), frame.to_numpy(np.float64).T.tobytes()))
     header = {"columns": [str(column) for column in frame.columns], "rows": len(frame), "crc32": zlib.crc32(body)}
-    atomic_write(directory / f"{key}{SUFFIX}", lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body),
-                 durable=False)  # its checksum finds what a power cut left of it
+    _write_entry(directory / f"{key}{SUFFIX}", json.dumps(header).encode() + b"\n" + body)
 
 
 ARRAYS_SUFFIX = ".arrays"
@@ -137,9 +136,16 @@ def save_arrays(directory: Path, key: str, arrays: dict[str, np.ndarray]) -> Non
     of the body: their values one after the other); where the cache cannot be written, as save()."""
     body = b"".join(np.ascontiguousarray(value, np.float64).tobytes() for value in arrays.values())
     header = {"arrays": [[name, list(np.shape(value))] for name, value in arrays.items()], "crc32": zlib.crc32(body)}
-    _kept(directory, lambda: atomic_write(directory / f"{key}{ARRAYS_SUFFIX}",
-                                          lambda tmp: tmp.write_bytes(json.dumps(header).encode() + b"\n" + body),
-                                          durable=False))
+    _kept(directory, lambda: _write_entry(directory / f"{key}{ARRAYS_SUFFIX}",
+                                          json.dumps(header).encode() + b"\n" + body))
+
+
+def _write_entry(path: Path, content: bytes) -> None:
+    """An entry written atomically (no fsync: its checksum finds what a power cut left of it), unless one is there
+    already: its key names its content, so another process wrote the same bytes (two processes sharing a run
+    prepare the same jobs ahead), and replacing it would only send the first to a drive's trash."""
+    if not path.is_file():  # a directory in the way: the rename fails and save() says so
+        atomic_write(path, lambda tmp: tmp.write_bytes(content), durable=False)
 
 
 def _discard(path: Path, why: str) -> None:
