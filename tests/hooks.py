@@ -25,6 +25,9 @@ class Hooks(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         self._saw("epoch_begin", epoch)
 
+    def on_test_begin(self, logs=None):
+        self._saw("test_begin")
+
     def on_test_end(self, logs=None):
         self._saw("test_end")
 
@@ -37,10 +40,11 @@ class Hooks(keras.callbacks.Callback):
 
 def assert_fired_as_fit_fires_them(hooks: Hooks, epochs: int) -> None:
     """on_train_begin; each epoch's on_epoch_begin before it trains (the weights the previous epoch, or the start,
-    left), on_test_end once its validation is over and on_epoch_end after (the weights it trained); on_train_end."""
+    left), on_test_begin and on_test_end around its validation and on_epoch_end after (the weights it trained);
+    on_train_end."""
     assert hooks.fired == [("train_begin", None),
-                           *((hook, None if hook == "test_end" else epoch) for epoch in range(epochs)
-                             for hook in ("epoch_begin", "test_end", "epoch_end")),
+                           *((hook, epoch if hook.startswith("epoch") else None) for epoch in range(epochs)
+                             for hook in ("epoch_begin", "test_begin", "test_end", "epoch_end")),
                            ("train_end", None)], hooks.fired
     for i, (hook, epoch) in enumerate(hooks.fired[1:-1], start=1):
         same = all(np.array_equal(a, b) for a, b in zip(hooks.weights[i], hooks.weights[i - 1], strict=True))

@@ -257,7 +257,7 @@ class Pack:
             # Meanwhile the observers see the last epoch end (its checkpoint written, then progress)
             # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
             for k, epoch, logs in ended:
-                _epoch_ended(jobs[k], jobs[k].observers, epoch, logs)
+                _observed_end(jobs[k], epoch, logs)
             for k in running:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
             jax.block_until_ready(train_sum)  # its training steps done (validation, dispatched, runs on): as fit,
@@ -287,7 +287,7 @@ class Pack:
         released or not: the last epoch's observers (its checkpoint written, then progress), then their
         on_train_end. An observer that fails fails its job (its `error`)."""
         for k, epoch, logs in self._ended:
-            _epoch_ended(self.jobs[k], self.jobs[k].observers, epoch, logs)
+            _observed_end(self.jobs[k], epoch, logs)
         self._ended = []
         for job in self.jobs:
             if not job.view.failed:
@@ -418,6 +418,11 @@ def _epoch_ended(job: PackedJob, callbacks: Sequence[keras.callbacks.Callback], 
     """An epoch's end as Keras's fit fires it: on_test_end with its validation's logs, then on_epoch_end (_fire)."""
     validation = {name.removeprefix("val_"): value for name, value in logs.items() if name.startswith("val_")}
     return _fire(job, callbacks, "on_test_end", validation) and _fire(job, callbacks, "on_epoch_end", epoch, logs)
+
+
+def _observed_end(job: PackedJob, epoch: int, logs: dict) -> bool:
+    """An epoch's end as the job's observers see it, after the fact: its validation's begin and end, then its own."""
+    return _fire(job, job.observers, "on_test_begin") and _epoch_ended(job, job.observers, epoch, logs)
 
 
 def _per_job(flags, like):
