@@ -134,13 +134,13 @@ class Forecaster:
     """A trained job read once for forecasting (its preprocessing, model, HAR + time of day, HAR-X and Serving), then
     asked for the candles after any candles given (`next`), as often as asked: a loop over the test split's windows,
     or one forecast per new candle, loads the model once."""
-    job: JobDir
     config: JobConfig
     prep: Preprocessing
     model: keras.Model
     har_tod: Har | None
     harx: Har | None
     serving: Serving | None
+    margins: dict[np.datetime64, np.ndarray]  # the interval's margin at each test sample (JobDir.interval_margins)
 
     @classmethod
     def load(cls, job_dir: Path, config: JobConfig) -> Forecaster:
@@ -152,7 +152,9 @@ class Forecaster:
 
             setup(config.train)
         job = JobDir(job_dir)
-        return cls(job, config, job.preprocessing(), job.model(), job.har_tod(), job.harx(), job.serving())
+        serving = job.serving()
+        return cls(config, job.preprocessing(), job.model(), job.har_tod(), job.harx(), serving,
+                   {} if serving is None else job.interval_margins())
 
     def next(self, candles: pd.DataFrame, references: dict[str, pd.DataFrame] | None = None) -> pd.DataFrame:
         """The next `horizon` candles after the last of `candles` (with a market input: the last whose reference
@@ -185,7 +187,7 @@ class Forecaster:
             if self.harx is not None:  # it reads the feature rows: the volume surprise, the market's range
                 sources[str(Baseline.HARX)] = self.harx.forecast(frame)
             # the interval's margin as evaluation had it then, inside the test split; after it, the one it ended at
-            margin = self.job.interval_margin(index[0].to_datetime64().astype("datetime64[ns]"))
+            margin = self.margins.get(index[0].to_datetime64().astype("datetime64[ns]"))
             head = candle_head(prep)
             last_close = float(candles["close"].iloc[-1])
             network = {q: v[0] for q, v in prep.candle_quantities(head, outputs, prices[head.name],

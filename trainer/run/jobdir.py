@@ -238,17 +238,15 @@ class JobDir:
                                   saved["persistence_close"].reshape(len(times)).astype(float))
         return self._read(PREDICTIONS, load)
 
-    def interval_margin(self, first_target: np.datetime64) -> np.ndarray | None:
-        """The margin (per step, in units of its volatility) the 80 % interval of the close had at the test sample
-        whose first target is at `first_target`, from predictions.npz: adaptive conformal's moves along the test
-        split. None when no test sample has its first target then (or the file, of an earlier cryptotrain, holds
-        no margins)."""
-        def load(path: Path) -> np.ndarray | None:
+    def interval_margins(self) -> dict[np.datetime64, np.ndarray]:
+        """The margin (per step, in units of its volatility) the 80 % interval of the close had at each test sample,
+        by the time of its first target, from predictions.npz: adaptive conformal's moves along the test split.
+        Empty where the file (of an earlier cryptotrain) holds no margins."""
+        def load(path: Path) -> dict[np.datetime64, np.ndarray]:
             with np.load(path) as saved:
                 if "interval_margin" not in saved:
-                    return None
-                at = np.flatnonzero(saved["target_times"].astype("datetime64[ns]") == first_target)
-                return saved["interval_margin"][at[0]] if len(at) else None
+                    return {}
+                return dict(zip(saved["target_times"].astype("datetime64[ns]"), saved["interval_margin"]))
         return self._read(PREDICTIONS, load)
 
     def _read(self, name: str, load: Callable[[Path], object], parse: Callable[[object], T] | None = None) -> T:
