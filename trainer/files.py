@@ -3,6 +3,7 @@ terminal at file-descriptor level."""
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -36,6 +37,19 @@ def temp_path(path: Path) -> Path:
     EpochCheckpoint moves a file it no longer needs there, so that nothing is deleted, for a drive's trash to
     keep)."""
     return path.with_name(f"{TEMP_PREFIX}{os.getpid()}-{path.name}")  # same suffix: Keras, numpy, pandas check it
+
+
+@contextlib.contextmanager
+def one_at_a_time(directory: Path) -> Iterator[None]:
+    """This machine's processes enter one at a time for `directory`: an exclusive flock on the directory itself
+    (nothing is written for it, so nothing reaches a drive's trash, and a read-only directory can be locked too),
+    released on leaving. A FUSE mount without locks of its own (Google Drive on Colab) gets the kernel's."""
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # the lock goes with it
 
 
 def remove_abandoned_temp_files(directory: Path) -> None:

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import subprocess
+import sys
+import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -11,7 +16,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from tests.conftest import CANDLES_DIR
+from tests.conftest import CANDLES_DIR, REPO
 from trainer import files
 from trainer.config import FeaturesConfig
 from trainer.data import features as features_module
@@ -149,6 +154,40 @@ def test_an_entry_another_process_wrote_meanwhile_is_left_as_it_is(tmp_path, can
     assert hit
     pd.testing.assert_frame_equal(again, first, check_exact=True)
     pd.testing.assert_frame_equal(recomputed, first, check_exact=True)
+
+
+def test_two_processes_writing_one_entry_at_once_leave_the_first(tmp_path, candles):
+    """The race the test above cannot make: this process computes an entry while another, holding the cache
+    directory, is writing the same one. This one waits for it, finds the entry and leaves it (a replaced entry would
+    go to a drive's trash); nothing temporary is left."""
+    load_features(candles, SPEC, tmp_path / "elsewhere")
+    made = entries(tmp_path / "elsewhere")[0]
+    cache = tmp_path / "cache"
+    (cache / "features").mkdir(parents=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import os, shutil, sys\nfrom pathlib import Path\n"
+         "from trainer.files import one_at_a_time\n"
+         "with one_at_a_time(Path(sys.argv[1]).parent):\n"
+         "    print('holding', flush=True); sys.stdin.readline(); shutil.copyfile(sys.argv[2], sys.argv[1])\n"
+         "    print(os.stat(sys.argv[1]).st_ino)",
+         str(cache / "features" / made.name), str(made)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        assert other.stdout.readline() == "holding\n"
+        computed = []
+        writer = threading.Thread(target=lambda: computed.append(load_features(candles, SPEC, tmp_path / "cache")))
+        writer.start()
+        deadline = time.monotonic() + 60
+        while "->" not in Path("/proc/locks").read_text():  # this process waits on the other's lock
+            assert writer.is_alive() and time.monotonic() < deadline
+            time.sleep(0.01)
+        written = other.communicate("go\n", timeout=30)[0]
+        writer.join(timeout=60)
+    finally:
+        other.kill()
+    assert other.returncode == 0 and computed and not computed[0][1]
+    assert entries(cache) == [cache / "features" / made.name]  # nothing temporary beside it
+    assert os.stat(cache / "features" / made.name).st_ino == int(written)  # the other's, not replaced
 
 
 @pytest.mark.parametrize("obstacle", ["a file where the cache directory should be",

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ..files import atomic_write
+from ..files import atomic_write, one_at_a_time
 
 log = logging.getLogger(__name__)
 
@@ -143,9 +143,12 @@ def save_arrays(directory: Path, key: str, arrays: dict[str, np.ndarray]) -> Non
 def _write_entry(path: Path, content: bytes) -> None:
     """An entry written atomically (no fsync: its checksum finds what a power cut left of it), unless one is there
     already: its key names its content, so another process wrote the same bytes (two processes sharing a run
-    prepare the same jobs ahead), and replacing it would only send the first to a drive's trash."""
-    if not path.is_file():  # a directory in the way: the rename fails and save() says so
-        atomic_write(path, lambda tmp: tmp.write_bytes(content), durable=False)
+    prepare the same jobs ahead), and replacing it would only send the first to a drive's trash. The look and the
+    write are one step for this machine's processes (one_at_a_time), so two never both find it missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with one_at_a_time(path.parent):
+        if not path.is_file():  # a directory in the way: the rename fails and save() says so
+            atomic_write(path, lambda tmp: tmp.write_bytes(content), durable=False)
 
 
 def _discard(path: Path, why: str) -> None:
