@@ -25,9 +25,10 @@ os.environ.setdefault("CRYPTOTRAIN_CPUS", str(max(1, len(os.sched_getaffinity(0)
                                                   // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))))
 
 # What XLA compiles in the JAX processes the tests start (`run --pack`, a Ray worker that packs, `run` without
-# TensorFlow) is compiled without LLVM's costly passes: the same computations, for a quarter less CPU
-# (tests/run/test_pack.py: 201 -> 146 core-seconds, side by side, 2026-12-07, 2-core AMD EPYC). A pack's jobs equal to
-# the same jobs alone, to the last bit, is checked at XLA's default level: tests/test_jax.py sets its own flags.
+# TensorFlow) is compiled without LLVM's costly passes: the same computations, for less CPU (tests/run/test_pack.py
+# alone, runs interleaved, 2026-12-07, 2-core AMD EPYC: 132-187 busy core-seconds, mean 158, in 5 runs against 177-201,
+# mean 192, in 3 at XLA's defaults: this machine's noise is as large, the gain likely but not sure). A pack's jobs equal
+# to the same jobs alone, to the last bit, is checked at XLA's default level: tests/test_jax.py sets its own flags.
 os.environ.setdefault("XLA_FLAGS", "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
 
 if os.environ.get("KERAS_BACKEND") == "jax":  # tests/jax's process (tests/test_jax.py), set up as a JAX run's is:
