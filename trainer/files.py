@@ -42,11 +42,14 @@ def temp_path(path: Path) -> Path:
 @contextlib.contextmanager
 def one_at_a_time(directory: Path) -> Iterator[None]:
     """This machine's processes enter one at a time for `directory`: an exclusive flock on the directory itself
-    (nothing is written for it, so nothing reaches a drive's trash, and a read-only directory can be locked too),
-    released on leaving. A FUSE mount without locks of its own (Google Drive on Colab) gets the kernel's."""
+    (nothing is written for it, so nothing reaches a drive's trash), released on leaving. A FUSE mount without locks
+    of its own (Google Drive on Colab) gets the kernel's. Where the filesystem refuses the lock (NFS takes an
+    exclusive one only on a file open for writing), unlocked: for what it guards (store's entries), a second writer
+    costs time, never correctness."""
     descriptor = os.open(directory, os.O_RDONLY)
     try:
-        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with contextlib.suppress(OSError):
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
         yield
     finally:
         os.close(descriptor)  # the lock goes with it

@@ -2,6 +2,7 @@
 in the key), atomic writes, and damaged entries detected, reported and recomputed."""
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -188,6 +189,20 @@ def test_two_processes_writing_one_entry_at_once_leave_the_first(tmp_path, candl
     assert other.returncode == 0 and computed and not computed[0][1]
     assert entries(cache) == [cache / "features" / made.name]  # nothing temporary beside it
     assert os.stat(cache / "features" / made.name).st_ino == int(written)  # the other's, not replaced
+
+
+def test_a_filesystem_that_refuses_the_lock_still_gets_its_entries(tmp_path, candles, monkeypatch, caplog):
+    """NFS grants an exclusive flock only on a file open for writing, never on a directory: the entry is written
+    without it (a second writer would only cost time), and the cache is not taken for unwritable."""
+    def refused(descriptor, operation):
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(files.fcntl, "flock", refused)
+    with caplog.at_level(logging.WARNING):
+        first, hit = load_features(candles, SPEC, tmp_path)
+        again, hit_again = load_features(candles, SPEC, tmp_path)
+    assert (hit, hit_again) == (False, True) and len(entries(tmp_path)) == 1 and not caplog.records
+    pd.testing.assert_frame_equal(again, first, check_exact=True)
 
 
 @pytest.mark.parametrize("obstacle", ["a file where the cache directory should be",

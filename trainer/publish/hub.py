@@ -27,6 +27,7 @@ written or raised: error texts are scrubbed of it.
 """
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
 import os
@@ -56,7 +57,6 @@ from pydantic import ValidationError
 
 from ..config import HubConfig
 from ..errors import JobError, UserError
-from ..files import one_at_a_time
 from ..retries import retry_wait
 from ..run.artifacts import jobs_dir
 from ..run.jobdir import MANIFEST, JobDir
@@ -65,6 +65,7 @@ from ..run.rundir import RunDir
 from .cards import RunCardRow, job_card, job_row, run_card, written_by_cryptotrain
 from .plots import PLOT, job_plot
 
+PUSH_LOCK = ".push.lock"  # in the run directory: one push at a time
 CARD = "README.md"
 RETRY_STATUSES = (429, 500, 502, 503, 504)
 TRANSIENT_ERRORS = (httpx2.NetworkError, httpx2.TimeoutException, httpx2.RemoteProtocolError)
@@ -132,8 +133,7 @@ def push_jobs(run: RunDir, job_names: list[str], hub: HubConfig, overwrite_cards
     _check_distinct(targets)
     api = _api(token)
     pushed = {}
-    with one_at_a_time(run_dir):  # each makes the run card from the ledger's record of what is pushed: two at
-        # once could each leave out the other's jobs
+    with _push_lock(run_dir):
         for repo_id in dict.fromkeys(t.repo_id for t in targets):
             repo_targets = [t for t in targets if t.repo_id == repo_id]
             with _hub_errors(repo_id, token, "push to"):
@@ -390,6 +390,15 @@ def _hub_config(hub: HubConfig, repo_id: str | None, private: bool | None, run_d
         return HubConfig(repo_id=repo_id, private=private, path_template=hub.path_template)
     except ValidationError as exc:
         raise UserError(f"--repo-id {repo_id}: {exc.errors()[0]['msg'].removeprefix('Value error, ')}") from None
+
+
+@contextmanager
+def _push_lock(run_dir: Path) -> Iterator[None]:
+    """Processes sharing a run directory push one at a time: each makes the run card from the ledger's record
+    of what is pushed, so two at once could each leave out the other's jobs."""
+    with open(run_dir / PUSH_LOCK, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file is closed
+        yield
 
 
 def _keras_folder(model_file: Path) -> dict[str, bytes]:
