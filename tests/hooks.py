@@ -1,7 +1,10 @@
 """The hooks a job's training fires, whichever loop trains it (trainer.model.sequence.JobTraining): recorded by a
 callback given to a job trained alone (tests/model/test_training.py, Keras's fit on TensorFlow) and to a packed one
-(tests/jax/test_pack_executor.py), and checked against the one order both must fire them in."""
+(tests/jax/test_pack_executor.py), and checked against the one order both must fire them in; and what its times
+(the step timer's, each epoch's) hold, checked alike on both."""
 from __future__ import annotations
+
+import time
 
 import keras
 import numpy as np
@@ -49,6 +52,29 @@ def assert_fired_as_fit_fires_them(hooks: Hooks, epochs: int) -> None:
     for i, (hook, epoch) in enumerate(hooks.fired[1:-1], start=1):
         same = all(np.array_equal(a, b) for a, b in zip(hooks.weights[i], hooks.weights[i - 1], strict=True))
         assert same == (hooks.fired[i - 1][0] != "epoch_begin"), (hook, epoch)  # the epoch trains after it begins
+
+
+class Slow(keras.callbacks.Callback):
+    """An observer (a callback the caller gives a job) that takes `seconds` at each epoch's end, as a checkpoint
+    written to a slow disk does. A pack runs it while the device trains the next epoch."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+
+    def on_epoch_end(self, epoch, logs=None):
+        time.sleep(self.seconds)
+
+
+def assert_timed_without_observers(step_seconds: float, epoch_seconds: tuple[float, ...] | list[float],
+                                   slow: Slow) -> None:
+    """A job's times mean one thing on either loop: its training steps' time (compilation included) within its
+    epochs', each epoch's from its begin to its validation's end; the observers' time (`slow`'s) in neither, though
+    they ran in between (on a pack, meanwhile). The epochs after the first compile nothing: the tiny job's take a
+    fraction of `slow`'s time."""
+    assert len(epoch_seconds) >= 2 and 0 < step_seconds < sum(epoch_seconds), (step_seconds, epoch_seconds)
+    assert max(epoch_seconds[1:]) < slow.seconds / 2, epoch_seconds
+    assert step_seconds - epoch_seconds[0] < slow.seconds / 2, (step_seconds, epoch_seconds)
 
 
 class Quiet:

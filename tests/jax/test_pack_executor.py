@@ -66,15 +66,16 @@ def test_a_pack_the_device_cannot_hold_trains_in_halves_each_job_as_in_a_pack_th
             assert len(said) == 1, halved.output
 
 
-def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_order(tmp_path, monkeypatch):
+def test_a_packed_jobs_hooks_its_checkpoint_writes_its_progress_and_its_times_are_a_jobs_alone(tmp_path, monkeypatch):
     """A packed job's callbacks see the hooks a job trained alone fires, in the same order (tests/hooks.py: the
     epoch begins before it trains, its validation ends before it does). Its checkpoint is written once the next epoch
     is on its way to the device (the device does not wait for the disk). A Ray worker's callback sends each epoch's
     checkpoint to the driver: the epoch is shown only after it (as for a job trained alone), so an epoch the driver
     shows is one it holds, and a worker killed between the two never shows it twice (tests/ray/test_ray_runs.py's
-    SIGKILL of a pack's worker)."""
+    SIGKILL of a pack's worker). Its times hold what the same job's alone do (tests/model/test_training.py): a slow
+    observer, run while the device trains the next epoch, is in neither its steps' nor its epochs'."""
     from tests.conftest import tiny_config_dict
-    from tests.hooks import Hooks, assert_fired_as_fit_fires_them
+    from tests.hooks import Hooks, Slow, assert_fired_as_fit_fires_them, assert_timed_without_observers
     from trainer.config import RunConfig
     from trainer.data import Job
     from trainer.model import packed, resume
@@ -107,17 +108,18 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_and_its_progress_come_in_orde
         lambda tmp, arrays: (order.append(("written", int(arrays["epoch"]))), write(tmp, arrays))[1]))
     packer = PackExecutor(cfg, 2, Inline())
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
-    hooks = {job.name: Hooks() for job in jobs}
+    hooks, slow = {job.name: Hooks() for job in jobs}, Slow(1.5)
     for job in jobs:
         (tmp_path / job.name).mkdir()
         packer.submit(job, prepare(cfg, job, packer.target_shapes), tmp_path / job.name,
-                      callbacks=(Shipped(job.name), hooks[job.name]))
+                      callbacks=(Shipped(job.name), hooks[job.name], *((slow,) if job == jobs[0] else ())))
     outcomes = packer.wait(Shown())
     assert not [outcome for _, outcome in outcomes if isinstance(outcome, BaseException)], outcomes
     # each epoch's batches drawn once a job (both of the pack's), each checkpoint written once a job
     assert list(dict.fromkeys(order)) == [("dispatched", 1), ("dispatched", 2), ("written", 1), ("written", 2)], order
-    for job in jobs:
+    for job, output in outcomes:
         assert_fired_as_fit_fires_them(hooks[job.name], cfg.train.epochs)
+        assert_timed_without_observers(output.metrics.train_step_seconds, output.metrics.timing.epochs, slow)
         assert [(what, epoch) for what, name, epoch in seen if name == job.name] == \
             [("checkpoint sent", 1), ("shown", 1), ("checkpoint sent", 2), ("shown", 2)], seen
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 from tensorflow.python import pywrap_tfe
 
 from tests.conftest import tiny_config_dict
-from tests.hooks import Hooks, Quiet, assert_fired_as_fit_fires_them
+from tests.hooks import Hooks, Quiet, Slow, assert_fired_as_fit_fires_them, assert_timed_without_observers
 from tests.model.test_models import HAR_HEAD, har_windows
 from trainer.config import RunConfig, TrainConfig
 from trainer.data import load_candles
@@ -71,12 +71,15 @@ def test_second_job_of_a_shape_reuses_the_traced_train_step_and_matches_a_fresh_
     pd.testing.assert_frame_equal(reused_result.history, fresh_result.history, rtol=1e-6)
 
 
-def test_a_jobs_hooks_fire_as_in_a_pack(tmp_path):
-    """The order tests/jax/test_pack_executor.py checks a packed job's hooks in (tests/hooks.py)."""
+def test_a_jobs_hooks_fire_and_its_times_hold_what_a_packed_jobs_do(tmp_path):
+    """The order tests/jax/test_pack_executor.py checks a packed job's hooks in, and what it checks its times hold,
+    for the same job (tests/hooks.py)."""
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
-    hooks = Hooks()
-    _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "backup", callbacks=[hooks])
+    hooks, slow = Hooks(), Slow(1.5)
+    _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "backup",
+                           callbacks=[hooks, slow])
     assert_fired_as_fit_fires_them(hooks, cfg.train.epochs)
+    assert_timed_without_observers(result.step_seconds, result.epoch_seconds, slow)
 
 
 def test_a_new_shape_builds_a_new_model(cfg):

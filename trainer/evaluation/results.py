@@ -244,8 +244,8 @@ class JobMetrics(_Record):
     best_val_loss: float
     seconds: float
     # the time in its training steps in this process, its validation not included, its first epoch's compilation
-    # included (callbacks.StepTimer); a packed job's: its pack's, which its jobs share, and in which the host writes
-    # the epoch before's checkpoints and progress while the device trains: where the host takes longer, counted in
+    # included (callbacks.StepTimer), on either engine; a packed job's: its pack's, which its jobs share (the host's
+    # writing of the epoch before's checkpoints and progress meanwhile not in it, as a job's alone is not)
     train_step_seconds: float | None = None
     rss_mb: float | None = None
     engine: Engine | None = None  # None in runs of an earlier cryptotrain

@@ -24,7 +24,8 @@ Each job trains as it would alone:
   its own. The pack's state crosses to the host in one transfer an epoch; the callbacks that decide the next
   epoch (early stopping, LR reduction, the checkpoint taking the state; the timer) run then, and its observers (the
   checkpoint's writer, progress) once the next epoch is on its way: the device does not wait for the
-  disk (the last epoch's run when the caller says: Pack.end, beside the jobs' evaluation);
+  disk (the last epoch's run when the caller says: Pack.end, beside the jobs' evaluation), and its times (the step
+  timer's, the epoch's) end when the device's work does, not when the observers do, as a job's alone leave them out;
 - a job that has stopped, or that a callback failed (StopOnNaN: its loss is no longer finite), is frozen: its
   weights, moments and step count stay as they are (not just given zero gradients) while the others go on.
 
@@ -33,8 +34,9 @@ Imports no TensorFlow: it runs where only JAX is installed (KERAS_BACKEND=jax).
 from __future__ import annotations
 
 import math
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -73,7 +75,8 @@ class PackedJob:
     end: int | None = None  # the epoch it trains to (None: Pack.train's `epochs`)
     # filled in by training
     history: list[dict[str, float]] = field(default_factory=list)
-    # each epoch's wall time, its pack's (the same for every job that trained in it), validation included
+    # each epoch's wall time, its pack's (the same for every job that trained in it): from its begin until its
+    # validation was done, as a job's alone (the observers of the epoch before, which ran meanwhile, not in it)
     epoch_seconds: list[float] = field(default_factory=list)
     error: Exception | None = None  # what failed the job (a callback's: StopOnNaN's Diverged), else None
     view: JobView | None = None  # the job as a model (its weights), once packed
@@ -254,15 +257,16 @@ class Pack:
             weights = {"trainable": self.state["trainable"], "non_trainable": self.state["non_trainable"]}
             val_batches = _batches([np.arange(n) for n in n_val], self.validation_batch_size, active)
             val_sum, self.state["non_trainable"] = self.steps.val_epoch(weights, x_val, y_val, *val_batches)
+            # its training steps done (validation, dispatched, runs on): the step timer stops at that moment,
+            # whatever the host is doing then
+            validated = _when_done(train_sum, val_sum, [jobs[k] for k in running])
             # Meanwhile the observers see the last epoch end (its checkpoint written, then progress)
             # and this one begin: they read the host's copy of the state that epoch ended with (self._host)
             for k, epoch, logs in ended:
                 _observed_end(jobs[k], epoch, logs)
             for k in running:
                 _fire(jobs[k], jobs[k].observers, "on_epoch_begin", jobs[k].epoch)
-            jax.block_until_ready(train_sum)  # its training steps done (validation, dispatched, runs on): as fit,
-            for k in running:  # the step timer stops there
-                _fire(jobs[k], jobs[k].callbacks, "on_test_begin")
+            seconds = validated() - began  # the epoch's, as a job's alone: its steps and validation, not observers
             train_sum, val_sum, self._host = jax.device_get((train_sum, val_sum, self.state))  # one transfer
             ended = []
             for k in running:  # not one that an observer failed while the epoch trained: the epoch is not its
@@ -274,7 +278,6 @@ class Pack:
                     job.history.append(logs)
                     job.epoch += 1
                     ended.append((k, epoch, logs))
-            seconds = time.perf_counter() - began
             for k, _, _ in ended:
                 jobs[k].epoch_seconds.append(seconds)
         for job in jobs:
@@ -398,6 +401,35 @@ class PackSteps:
 
     def _zero_logs(self, jobs: int) -> dict:
         return {name: jnp.zeros(jobs) for name in ("loss", *(name for name, _, _ in self._logged))}
+
+
+def _when_done(train_sum, val_sum, running: list[PackedJob]) -> Callable[[], float]:
+    """Waits for the device on a thread of its own while the host goes on: for an epoch's training steps
+    (`train_sum` ready), then fires the `running` jobs' on_test_begin there, at that moment (their validation
+    begins, as fit fires it: the step timer stops); then for its validation (`val_sum`). Returns the wait's end: it
+    joins the thread, raises what the device raised (out of memory, say) and returns when the validation was done
+    (time.perf_counter)."""
+    outcome: list[float | BaseException] = []
+
+    def wait() -> None:
+        try:
+            jax.block_until_ready(train_sum)
+            for job in running:
+                _fire(job, job.callbacks, "on_test_begin")
+            jax.block_until_ready(val_sum)
+            outcome.append(time.perf_counter())
+        except BaseException as exc:  # the host's to raise
+            outcome.append(exc)
+
+    thread = threading.Thread(target=wait, name="pack-epoch-done", daemon=True)
+    thread.start()
+
+    def validated() -> float:
+        thread.join()
+        if isinstance(done := outcome[0], BaseException):
+            raise done
+        return done
+    return validated
 
 
 def _fire(job: PackedJob, callbacks: Sequence[keras.callbacks.Callback], hook: str, *args) -> bool:
