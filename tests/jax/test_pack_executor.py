@@ -108,7 +108,7 @@ def test_a_packed_jobs_hooks_its_checkpoint_writes_its_progress_and_its_times_ar
         lambda tmp, arrays: (order.append(("written", int(arrays["epoch"]))), write(tmp, arrays))[1]))
     packer = PackExecutor(cfg, 2, Inline())
     jobs = [Job(symbol, "1h") for symbol in ("BTCUSDT", "ETHUSDT")]
-    hooks, slow = {job.name: Hooks() for job in jobs}, Slow(1.5)
+    hooks, slow = {job.name: Hooks() for job in jobs}, Slow(3.0)
     for job in jobs:
         (tmp_path / job.name).mkdir()
         packer.submit(job, prepare(cfg, job, packer.target_shapes), tmp_path / job.name,

@@ -75,7 +75,7 @@ def test_a_jobs_hooks_fire_and_its_times_hold_what_a_packed_jobs_do(tmp_path):
     """The order tests/jax/test_pack_executor.py checks a packed job's hooks in, and what it checks its times hold,
     for the same job (tests/hooks.py)."""
     cfg = RunConfig.model_validate(tiny_config_dict(tmp_path))
-    hooks, slow = Hooks(), Slow(1.5)
+    hooks, slow = Hooks(), Slow(3.0)
     _, result = _fit_fresh(cfg, lambda model: _windows(cfg, "BTCUSDT", model), tmp_path / "backup",
                            callbacks=[hooks, slow])
     assert_fired_as_fit_fires_them(hooks, cfg.train.epochs)
