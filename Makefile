@@ -12,7 +12,7 @@ FAMILIES = v7 v8_stable v8_aligned
 # from a bare clone installs first, and a second call does not install again (unless pyproject.toml changed).
 STAMP   = $(VENV)/.installed-$(TF_EXTRA)
 
-.PHONY: help install check-install test test-fast demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack bench-family lint clean
+.PHONY: help install check-install test test-all test-fast demo train-all bench bench-features bench-run bench-throughput bench-skill bench-baselines bench-ray bench-pack bench-family lint clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/'
@@ -47,7 +47,10 @@ check-install:   ## what a user gets: a fresh venv, a plain `pip install` of thi
 # more). Each worker holds ~2.5 GB. The session's trained run and fork server are shared by the workers.
 TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; print(min(8, max(2, 3 * len(os.sched_getaffinity(0)) // 2)))")
 
-test: $(STAMP)   ## the whole suite: tiny configs, real components, the bundled candles (7–15 min on 2 cores, CPU-bound)
+test: $(STAMP)   ## the suite: tiny configs, real components, the bundled candles; all but the bench tier (~7 min on 2 cores)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not bench"
+
+test-all: $(STAMP) ## the suite and the bench tier: every benchmark that trains, run at its least size (what CI runs)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: $(STAMP) ## the unit tier: no training, no TensorFlow process started, no Ray (~45 s; CONTRIBUTING.md)

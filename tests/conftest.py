@@ -147,6 +147,13 @@ def own_session_environ(**extra: str) -> dict[str, str]:
     return {**{key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST_")}, **extra}
 
 
+def same_selection(config: pytest.Config) -> list[str]:
+    """The marker expression this session was given (`-m`), as options for a pytest session a test starts: `make
+    test` leaves out the bench tier in tests/jax and tests/ray too."""
+    expression = config.getoption("markexpr")
+    return ["-m", expression] if expression else []
+
+
 def _session_directory(tmp_path_factory) -> Path:
     """The test session's own temporary directory: under pytest-xdist, the one above each worker's."""
     shared = tmp_path_factory.getbasetemp()

@@ -1,5 +1,6 @@
 """Every benchmark runs in the suite, on the bundled candles and the least work that still goes through all of its
-code: a benchmark that breaks fails here, in the commit that broke it. The figures mean nothing at this size
+code: a benchmark that breaks fails here, in the commit that broke it (those that train are marked `bench`: `make
+test-all` and CI run them, `make test` leaves them out). The figures mean nothing at this size
 (benchmarks/RESULTS.md holds the measured ones); what is checked is that each runs, finishes and writes figures that
 are numbers."""
 from __future__ import annotations
@@ -60,6 +61,7 @@ def test_bench_baselines(tmp_path):
 
 
 @pytest.mark.train
+@pytest.mark.bench
 def test_bench_skill(tmp_path):
     out = tmp_path / "skill.json"
     assert benchmark("bench_skill").main([
@@ -86,6 +88,7 @@ def test_bench_skill(tmp_path):
 
 
 @pytest.mark.train
+@pytest.mark.bench
 def test_bench_throughput(tmp_path):
     out = tmp_path / "throughput.json"
     benchmark("bench_throughput").main(["--families", "v7", "--batch-sizes", "16", "--budget", "0.05",
@@ -96,6 +99,7 @@ def test_bench_throughput(tmp_path):
 
 
 @pytest.mark.train
+@pytest.mark.bench
 def test_bench_run(tmp_path):
     out = tmp_path / "run.json"
     benchmark("bench_run").main(["--data", str(CANDLES_DIR), "--jobs", "1", "--epochs", "1", "--rows", "600",
@@ -120,6 +124,7 @@ def test_bench_family_config_of_one_coin_keeps_its_market_references(tmp_path):
 
 
 @pytest.mark.train
+@pytest.mark.bench
 def test_bench_family(tmp_path):
     out = tmp_path / "family.json"
     benchmark("bench_family").main(["--family", "quickstart", "--max-jobs", "1", "--epochs", "2", "--host-compare",

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import own_session_environ
+from tests.conftest import own_session_environ, same_selection
 
 pytestmark = [pytest.mark.train, pytest.mark.processes]  # a JAX process of its own
 
@@ -25,13 +25,13 @@ def compilation_cache(directory: Path) -> dict[str, str]:
     return {"JAX_COMPILATION_CACHE_DIR": str(directory), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0.2"}
 
 
-def test_the_jax_backend_tests_pass(tmp_path):
+def test_the_jax_backend_tests_pass(tmp_path, pytestconfig):
     """All of tests/jax in one process: its start (Keras, JAX, pytest: ~5 s of CPU) is paid once, and a computation
     one file compiled is in memory for the next (2026-11-29, this 2-core Xeon: 80 s, against 235 s in the suite for
     a process a file)."""
     pytest.importorskip("jax")  # the dev extra installs it; the `jax` extra for users
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                             str(Path(__file__).parent / "jax")],
+                             *same_selection(pytestconfig), str(Path(__file__).parent / "jax")],
                             env=own_session_environ(KERAS_BACKEND="jax", XLA_FLAGS=XLA_ONE_THREAD,
                                                     **compilation_cache(tmp_path / "xla")),
                             capture_output=True, text=True)

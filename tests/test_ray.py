@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import own_session_environ
+from tests.conftest import own_session_environ, same_selection
 
 pytestmark = [pytest.mark.train, pytest.mark.processes]  # Ray clusters, and `cryptotrain` processes killed
 
@@ -29,7 +29,7 @@ PYTEST_ON_LOOPBACK = """if True:
 """
 
 
-def test_the_ray_tests_pass_where_nothing_but_the_loopback_is(tmp_path):
+def test_the_ray_tests_pass_where_nothing_but_the_loopback_is(tmp_path, pytestconfig):
     pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
     if shutil.which("unshare") is None:
         pytest.skip("unshare is not installed (util-linux): the Ray tests need a network namespace of their own")
@@ -38,7 +38,7 @@ def test_the_ray_tests_pass_where_nothing_but_the_loopback_is(tmp_path):
         pytest.skip(f"this machine refuses a network namespace ({refused.stderr.strip()[-300:]}): the Ray tests "
                     "need one of their own")
     result = subprocess.run([*NAMESPACE, sys.executable, "-c", PYTEST_ON_LOOPBACK, "-q", "-p", "no:cacheprovider",
-                             f"--basetemp={tmp_path / 'ray'}",
+                             f"--basetemp={tmp_path / 'ray'}", *same_selection(pytestconfig),
                              str(Path(__file__).parent / "ray")],
                             capture_output=True, text=True, cwd=Path(__file__).parents[1], env=own_session_environ())
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]

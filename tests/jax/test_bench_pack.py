@@ -10,7 +10,8 @@ import pytest
 import yaml
 from conftest import CANDLES_DIR, tiny_config_dict
 
-pytestmark = pytest.mark.skipif(keras.backend.backend() != "jax", reason="on Keras's JAX backend: tests/test_jax.py")
+pytestmark = [pytest.mark.bench,
+              pytest.mark.skipif(keras.backend.backend() != "jax", reason="on Keras's JAX backend: tests/test_jax.py")]
 
 
 def test_bench_pack_measures_one_job_and_packs(tmp_path):

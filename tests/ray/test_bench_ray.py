@@ -8,7 +8,7 @@ from tests.conftest import on_loopback_only
 from tests.test_benchmarks import benchmark, written
 
 pytest.importorskip("ray", reason="Ray is an optional extra: pip install 'cryptotrain[ray]'")
-pytestmark = [pytest.mark.processes, on_loopback_only]
+pytestmark = [pytest.mark.processes, pytest.mark.bench, on_loopback_only]
 
 
 def test_bench_ray(tmp_path):
