@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 	@# uncompiled: where PYTHONDONTWRITEBYTECODE is set (many containers), every process compiled it anew (0.1 s of
 	@# CPU each; an edited file is compiled anew when imported, as before).
 	$(PY) -m pip install --quiet --no-compile -e ".[$(EXTRAS)]"
-	$(PY) -m compileall -qq -j 0 -x '/tests?/' \
+	$(PY) -m compileall -qq -j 0 -x 'site-packages/.+/tests?/' \
 	  "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" trainer || true
 	@$(CLI) --version
 	@touch $@
